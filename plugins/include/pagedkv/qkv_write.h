@@ -1,0 +1,95 @@
+// Fused QKV preprocess + paged KV write: parameters and launcher (kernels/qkv_write*.cu implement it).
+//
+//   T tokens, H query heads, KVH KV heads, D head_dim, R rotary dims (<= D, even)
+//   qkv   [T, (H + 2*KVH) * D]  fp16|bf16, rows = tokens, columns = [q heads | k heads | v heads]
+//   bias  [(H + 2*KVH) * D]     same dtype, optional
+//   qOut  [T, H * D]            fp16|bf16 like qkv, or fp8 e4m3 (qOutFP8, divided by qScale)
+//   pool  through meta.poolDescs[meta.poolIndex] (the layout's dtype, see kv_layout.h)
+//   status [kStatusFields] int32 (step_metadata.h), must be zeroed by the caller before the launch
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "pagedkv/kv_layout.h"
+#include "pagedkv/step_metadata.h"
+
+namespace pagedkv {
+
+enum class IODType : int32_t { kFP16 = 0, kBF16 = 1 };  // qkv / q dtype
+
+enum class RopeStyle : int32_t {
+    kNone = 0,
+    kNeox = 1,  // GPT-NeoX: pairs (i, i + R/2), "rotate half"
+    kGptj = 2,  // GPT-J: pairs (2i, 2i + 1), interleaved
+};
+
+enum class RopeScaling : int32_t {
+    kNone = 0,
+    kLinear = 1,  // inv_freq / factor
+    kLlama3 = 2,  // Llama-3 smooth wavelength-dependent scaling
+    // YaRN / LongRoPE: add here. They change only the inverse frequencies and the attention factor
+    // (RopeParams::mscale), which is why the kernel takes a table and a multiplier, not a formula.
+};
+
+constexpr int32_t kMaxRotaryPairs = 128;  // head_dim 256, full rotary
+
+struct RopeParams {
+    RopeStyle style;
+    int32_t rotaryDim;   // R, even, <= D; dims >= R pass through
+    float mscale;        // multiplies cos and sin (1 unless YaRN-like scaling)
+    float invFreq[kMaxRotaryPairs];  // [R/2] angle = position * invFreq[i]; computed by computeInvFreq
+};
+
+struct RopeConfig {  // the user-facing description (plugin attributes), turned into RopeParams on the host
+    RopeStyle style = RopeStyle::kNeox;
+    int32_t rotaryDim = 0;  // 0 -> head_dim
+    float theta = 10000.f;
+    RopeScaling scaling = RopeScaling::kNone;
+    float factor = 1.f;
+    float lowFreqFactor = 1.f;
+    float highFreqFactor = 4.f;
+    int32_t originalMaxPositions = 8192;
+};
+
+// Host: RopeConfig -> RopeParams (inverse frequencies in double, rounded once to float).
+// Returns false for an invalid config (odd or oversized rotary dim, non-positive theta/factor).
+bool computeRopeParams(RopeConfig const& cfg, int32_t headDim, RopeParams& out);
+
+struct QKVWriteParams {
+    // ---- shapes
+    int32_t numQHeads;   // H
+    int32_t numKVHeads;  // KVH (H % KVH == 0)
+    int32_t headDim;     // D in {64, 128, 256}
+    IODType ioDType;
+    // ---- inputs
+    void const* qkv;   // [T, (H + 2*KVH) * D]
+    void const* bias;  // [(H + 2*KVH) * D] or nullptr
+    int32_t const* positionIds;  // [T] explicit RoPE positions, or nullptr -> pastLens[b] + i
+    StepMetadata meta;
+    // ---- pool
+    KVLayout layout;
+    CacheDType cacheDType;
+    int32_t layer;     // layer within the pool group
+    float kScale;      // quantized caches: stored = x / kScale
+    float vScale;
+    // ---- RoPE
+    RopeParams rope;
+    // ---- outputs
+    void* qOut;        // [T, H * D]
+    bool qOutFP8;      // store q as fp8 e4m3 (q / qScale)
+    float qScale;
+    bool zeroVTail;    // after the write, zero the V rows past the sequence's end in its last page
+    int32_t* status;   // [kStatusFields]
+};
+
+// Validates the parameters that the host can check (head dims, dtypes, heads divisibility, layout vs
+// counts, pointer presence) and launches one kernel on `stream`. Never syncs. Returns cudaErrorInvalidValue
+// with a message through lastErrorMessage() on invalid parameters.
+cudaError_t launchQKVWrite(QKVWriteParams const& params, cudaStream_t stream);
+
+// Human-readable reason of the last cudaErrorInvalidValue returned by a pagedkv launcher (thread-local).
+char const* lastErrorMessage();
+
+}  // namespace pagedkv

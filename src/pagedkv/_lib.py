@@ -1,0 +1,78 @@
+"""Locating and loading the shared libraries the wheel ships in ``pagedkv/lib``.
+
+``PAGEDKV_LIB_DIR`` overrides the search (e.g. a CMake build tree during development).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import sys
+from pathlib import Path
+
+CAPI_NAME = "libpagedkv_capi.so"
+PLUGINS_NAME = "libpagedkv_plugins.so"
+TESTHOST_NAME = "pagedkv_testhost"
+
+
+def lib_dirs() -> list[Path]:
+    dirs = []
+    if os.environ.get("PAGEDKV_LIB_DIR"):
+        dirs.append(Path(os.environ["PAGEDKV_LIB_DIR"]))
+    dirs.append(Path(__file__).resolve().parent / "lib")
+    # Editable installs put the compiled files in site-packages while the sources stay in the checkout.
+    for entry in sys.path:
+        if entry:
+            dirs.append(Path(entry) / "pagedkv" / "lib")
+    seen, out = set(), []
+    for d in dirs:
+        if d not in seen:
+            seen.add(d)
+            out.append(d)
+    return out
+
+
+def find_file(name: str) -> Path | None:
+    for d in lib_dirs():
+        if (d / name).is_file():
+            return d / name
+    return None
+
+
+def require_file(name: str) -> Path:
+    path = find_file(name)
+    if path is None:
+        raise FileNotFoundError(f"{name} not found in {[str(d) for d in lib_dirs()]}; "
+                                "install pagedkv with `pip install .` or set PAGEDKV_LIB_DIR")
+    return path
+
+
+def plugin_library_path() -> Path:
+    """Path of the TensorRT plugin library (for ``IPluginRegistry.load_library`` / polygraphy ``--plugins``)."""
+    return require_file(PLUGINS_NAME)
+
+
+@functools.lru_cache(maxsize=None)
+def capi() -> ctypes.CDLL:
+    """The C API library, loaded once. Signatures are declared by ``pagedkv._capi``."""
+    lib = ctypes.CDLL(str(require_file(CAPI_NAME)))
+    lib.pagedkv_capi_version.restype = ctypes.c_int32
+    lib.pagedkv_build_info.restype = ctypes.c_char_p
+    lib.pagedkv_last_error.restype = ctypes.c_char_p
+    return lib
+
+
+def build_info() -> dict[str, str]:
+    raw = capi().pagedkv_build_info().decode()
+    return dict(item.split("=", 1) for item in raw.split(";") if "=" in item)
+
+
+class CapiError(RuntimeError):
+    """A C API entry returned an error; the message is the launcher's reason."""
+
+
+def check(rc: int, what: str) -> None:
+    if rc != 0:
+        reason = capi().pagedkv_last_error().decode() or "(no reason recorded)"
+        raise CapiError(f"{what} failed with CUDA error {rc}: {reason}")

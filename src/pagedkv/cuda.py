@@ -1,0 +1,177 @@
+"""Device memory, streams and copies through cuda-python (``cuda.bindings.runtime``), never torch.
+
+Everything the runtime allocates on the device (KV pools, step-metadata buffers, kernel I/O in tests)
+goes through ``DeviceBuffer`` so that ownership and release are explicit (context manager / ``close``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+
+class CudaError(RuntimeError):
+    pass
+
+
+@functools.lru_cache(maxsize=None)
+def _rt():
+    from cuda.bindings import runtime
+
+    return runtime
+
+
+def check(result, what: str = "CUDA call"):
+    """Unpack a cuda-python result tuple, raising ``CudaError`` on failure."""
+    rt = _rt()
+    if isinstance(result, tuple):
+        err, *rest = result
+    else:
+        err, rest = result, []
+    if err != rt.cudaError_t.cudaSuccess:
+        _, name = rt.cudaGetErrorName(err)
+        _, desc = rt.cudaGetErrorString(err)
+        raise CudaError(f"{what}: {name.decode() if isinstance(name, bytes) else name}: "
+                        f"{desc.decode() if isinstance(desc, bytes) else desc}")
+    if not rest:
+        return None
+    return rest[0] if len(rest) == 1 else tuple(rest)
+
+
+def device_count() -> int:
+    """Number of CUDA devices, 0 when there is no driver or no device (never raises)."""
+    try:
+        rt = _rt()
+        err, n = rt.cudaGetDeviceCount()
+        return int(n) if err == rt.cudaError_t.cudaSuccess else 0
+    except Exception:  # no cuda-python / no driver library
+        return 0
+
+
+def why_no_gpu() -> str | None:
+    """None when a CUDA device is usable, else a one-line reason (for skips and ``pagedkv doctor``)."""
+    try:
+        rt = _rt()
+    except Exception as exc:  # pragma: no cover - cuda-python is a dependency
+        return f"cuda-python not importable: {exc}"
+    try:
+        err, n = rt.cudaGetDeviceCount()
+    except Exception as exc:
+        return f"CUDA runtime unusable: {exc}"
+    if err != rt.cudaError_t.cudaSuccess:
+        _, name = rt.cudaGetErrorName(err)
+        return f"no CUDA device: cudaGetDeviceCount -> {name.decode() if isinstance(name, bytes) else name}"
+    if n == 0:
+        return "no CUDA device: cudaGetDeviceCount -> 0"
+    return None
+
+
+def mem_get_info() -> tuple[int, int]:
+    """(free, total) bytes of the current device."""
+    free, total = check(_rt().cudaMemGetInfo(), "cudaMemGetInfo")
+    return int(free), int(total)
+
+
+def synchronize() -> None:
+    check(_rt().cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+
+
+class Stream:
+    """A CUDA stream (non-blocking); ``handle`` is the integer ``cudaStream_t`` for the C API."""
+
+    def __init__(self):
+        rt = _rt()
+        self._stream = check(rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking), "cudaStreamCreate")
+
+    @property
+    def handle(self) -> int:
+        return int(self._stream)
+
+    @property
+    def raw(self):
+        return self._stream
+
+    def synchronize(self) -> None:
+        check(_rt().cudaStreamSynchronize(self._stream), "cudaStreamSynchronize")
+
+    def close(self) -> None:
+        if self._stream is not None:
+            check(_rt().cudaStreamDestroy(self._stream), "cudaStreamDestroy")
+            self._stream = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class DeviceBuffer:
+    """``nbytes`` of device memory from ``cudaMalloc``; freed by ``close()`` or the context manager."""
+
+    def __init__(self, nbytes: int):
+        if nbytes < 0:
+            raise ValueError(f"nbytes: must be >= 0, got {nbytes}")
+        self.nbytes = int(nbytes)
+        self.ptr = int(check(_rt().cudaMalloc(max(self.nbytes, 1)), f"cudaMalloc({self.nbytes})"))
+
+    @classmethod
+    def from_array(cls, array: np.ndarray, stream: Stream | None = None) -> "DeviceBuffer":
+        array = np.ascontiguousarray(array)
+        buf = cls(array.nbytes)
+        buf.upload(array, stream)
+        if stream is not None:
+            stream.synchronize()  # the source may be a temporary
+        return buf
+
+    def upload(self, array: np.ndarray, stream: Stream | None = None, offset: int = 0) -> None:
+        array = np.ascontiguousarray(array)
+        if offset + array.nbytes > self.nbytes:
+            raise ValueError(f"upload: {array.nbytes} bytes at offset {offset} exceed the buffer's {self.nbytes}")
+        rt = _rt()
+        kind = rt.cudaMemcpyKind.cudaMemcpyHostToDevice
+        if stream is None:
+            check(rt.cudaMemcpy(self.ptr + offset, array.ctypes.data, array.nbytes, kind), "cudaMemcpy H2D")
+        else:
+            check(rt.cudaMemcpyAsync(self.ptr + offset, array.ctypes.data, array.nbytes, kind, stream.raw),
+                  "cudaMemcpyAsync H2D")
+
+    def download(self, shape, dtype, stream: Stream | None = None, offset: int = 0) -> np.ndarray:
+        out = np.empty(shape, dtype=dtype)
+        if offset + out.nbytes > self.nbytes:
+            raise ValueError(f"download: {out.nbytes} bytes at offset {offset} exceed the buffer's {self.nbytes}")
+        rt = _rt()
+        kind = rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        if stream is None:
+            check(rt.cudaMemcpy(out.ctypes.data, self.ptr + offset, out.nbytes, kind), "cudaMemcpy D2H")
+        else:
+            check(rt.cudaMemcpyAsync(out.ctypes.data, self.ptr + offset, out.nbytes, kind, stream.raw),
+                  "cudaMemcpyAsync D2H")
+            stream.synchronize()
+        return out
+
+    def fill_bytes(self, value: int, stream: Stream | None = None) -> None:
+        rt = _rt()
+        if stream is None:
+            check(rt.cudaMemset(self.ptr, value, self.nbytes), "cudaMemset")
+        else:
+            check(rt.cudaMemsetAsync(self.ptr, value, self.nbytes, stream.raw), "cudaMemsetAsync")
+
+    def close(self) -> None:
+        if self.ptr:
+            check(_rt().cudaFree(self.ptr), "cudaFree")
+            self.ptr = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):  # last resort; deterministic release is close()/with
+        try:
+            if getattr(self, "ptr", 0):
+                self.close()
+        except Exception:
+            pass

@@ -1,0 +1,38 @@
+"""Markers: `gpu` tests skip without a CUDA device and `trt` tests without TensorRT, each naming why.
+
+Tolerances per dtype are stated once, here (TOLERANCES), and used by every numeric test.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from pagedkv import cuda
+
+# (atol, rtol) of a kernel output against the float64 reference, by the dtype of the compared output.
+TOLERANCES = {
+    "float32": (1e-5, 1e-5),
+    "float16": (2e-3, 2e-3),
+    "bfloat16": (1.6e-2, 1.6e-2),
+    # quantized caches: compared after dequantization, one quantization step of the stored value
+    "float8_e4m3fn": (0.0, 0.0625 + 1e-6),  # e4m3: 3 mantissa bits -> relative step 2^-3, half of it rounding
+    "int8": (0.5 + 1e-6, 0.0),               # in units of the scale: rounding to the nearest integer
+}
+
+
+def _trt_missing() -> str | None:
+    if importlib.util.find_spec("tensorrt") is None:
+        return "TensorRT Python runtime not installed (it is not installable in this workplace)"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    no_gpu = cuda.why_no_gpu()
+    no_trt = _trt_missing()
+    for item in items:
+        if no_gpu and "gpu" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=f"gpu: {no_gpu}"))
+        if no_trt and "trt" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=f"trt: {no_trt}"))
