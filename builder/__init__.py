@@ -1,0 +1,1 @@
+"""Builder: find attention blocks in exported graphs, rewrite them into the pagedkv plugins, build and compare."""

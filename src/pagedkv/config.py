@@ -1,0 +1,205 @@
+"""The two plugins' attribute sets, in one place.
+
+Each dataclass here is one plugin's attributes as an ONNX node carries them (``to_attributes`` /
+``from_attributes``) and as the C++ plugin reads them as fields (same names, INT -> kINT32,
+FLOAT -> kFLOAT32, per the TensorRT ONNX parser). The builder writes nodes from them, the references and the
+kernel bindings take them as parameters. ``docs/plugin_io.md`` is the human-readable contract; the C++
+creators list the same names in ``getFieldNames``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from dataclasses import dataclass, field
+
+from pagedkv.layout import CacheDType, KVLayout, PageLayout
+
+PLUGIN_NAMESPACE = "pagedkv"
+ONNX_DOMAIN = "pagedkv"  # custom domain: the ONNX parser ignores it, ONNX tools then don't mistake the op
+WRITE_PLUGIN_NAME = "PagedKVQKVWrite"  # never an ONNX/TensorRT op name (built-in importers win)
+ATTENTION_PLUGIN_NAME = "PagedKVAttention"
+PLUGIN_VERSION = "1"
+
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
+
+
+class RopeStyle(enum.IntEnum):
+    NONE = 0
+    NEOX = 1  # GPT-NeoX: pairs (i, i + R/2), "rotate half"
+    GPTJ = 2  # GPT-J: pairs (2i, 2i + 1), interleaved
+
+
+class RopeScaling(enum.IntEnum):
+    NONE = 0
+    LINEAR = 1
+    LLAMA3 = 2
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    style: RopeStyle = RopeStyle.NEOX
+    rotary_dim: int = 0  # 0 -> head_dim
+    theta: float = 10000.0
+    scaling: RopeScaling = RopeScaling.NONE
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_positions: int = 8192
+
+    def resolved_rotary_dim(self, head_dim: int) -> int:
+        r = self.rotary_dim or head_dim
+        if r <= 0 or r > head_dim or r % 2:
+            raise ValueError(f"rope_rotary_dim: must be even and in (0, head_dim={head_dim}], got {r}")
+        return r
+
+
+def _attrs(obj) -> dict:
+    out = {}
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if isinstance(v, RopeConfig):
+            for rf in dataclasses.fields(v):
+                rv = getattr(v, rf.name)
+                out[f"rope_{rf.name}"] = float(rv) if isinstance(rv, float) else int(rv)
+        elif isinstance(v, bool):
+            out[f.name] = int(v)
+        elif isinstance(v, enum.IntEnum):
+            out[f.name] = int(v)
+        elif isinstance(v, float):
+            out[f.name] = float(v)
+        elif isinstance(v, int):
+            out[f.name] = int(v)
+    return out
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """Where a layer's K/V live: the pool group's geometry and dtype (shared by both plugins)."""
+
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    num_layers: int  # layers in the pool group
+    layer_index: int  # this layer within the group
+    pool_index: int = 0  # row of the `kv_pools` engine input
+    cache_dtype: CacheDType = CacheDType.FP16
+    page_layout: PageLayout = PageLayout.HND
+    sink_tokens: int = 0  # cyclic cache only
+    cyclic_len: int = 0  # 0: linear cache
+    k_scale: float = 1.0  # quantized caches: x ~= stored * k_scale
+    v_scale: float = 1.0
+
+    def layout(self) -> KVLayout:
+        return KVLayout(self.num_layers, self.num_kv_heads, self.page_size, self.head_dim,
+                        PageLayout(self.page_layout), self.sink_tokens, self.cyclic_len)
+
+
+def _check_common(num_q_heads: int, pool: PoolConfig) -> None:
+    if pool.head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim: expected one of {SUPPORTED_HEAD_DIMS}, got {pool.head_dim}")
+    if num_q_heads <= 0 or pool.num_kv_heads <= 0 or num_q_heads % pool.num_kv_heads:
+        raise ValueError(f"num_q_heads={num_q_heads}: must be a positive multiple of num_kv_heads={pool.num_kv_heads}")
+    if not 0 <= pool.layer_index < pool.num_layers:
+        raise ValueError(f"layer_index: expected in [0, num_layers={pool.num_layers}), got {pool.layer_index}")
+    if CacheDType(pool.cache_dtype) == CacheDType.NVFP4:
+        raise ValueError("cache_dtype: NVFP4 (4) is reserved in the layout but not implemented yet")
+    for name in ("k_scale", "v_scale"):
+        v = getattr(pool, name)
+        if not (math.isfinite(v) and v > 0):
+            raise ValueError(f"{name}: must be finite and > 0, got {v}")
+    pool.layout()  # geometry checks
+
+
+@dataclass(frozen=True)
+class WriteConfig:
+    """Attributes of the ``PagedKVQKVWrite`` plugin (fused bias + RoPE + quantize + paged KV write)."""
+
+    num_q_heads: int
+    pool: PoolConfig
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    has_bias: bool = False
+    explicit_positions: bool = False  # take RoPE positions from the `position_ids` input
+    zero_v_tail: bool = True
+    q_out_fp8: bool = False
+    q_scale: float = 1.0
+
+    def __post_init__(self):
+        _check_common(self.num_q_heads, self.pool)
+        if self.rope.style != RopeStyle.NONE:
+            self.rope.resolved_rotary_dim(self.pool.head_dim)
+
+    def to_attributes(self) -> dict:
+        attrs = _attrs(self)
+        attrs.update(_attrs(self.pool))
+        return attrs
+
+    @classmethod
+    def from_attributes(cls, attrs: dict) -> "WriteConfig":
+        return _split_pool(cls, attrs)
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Attributes of the ``PagedKVAttention`` plugin."""
+
+    num_q_heads: int
+    pool: PoolConfig
+    window: int = 0  # <= 0: full causal
+    attention_sinks: int = 0  # with window > 0: the first positions stay visible
+    softmax_scale: float = 0.0  # 0 -> 1/sqrt(head_dim)
+    logit_softcap: float = 0.0  # > 0: cap * tanh(logits / cap)
+    q_fp8: bool = False
+    q_scale: float = 1.0
+
+    def __post_init__(self):
+        _check_common(self.num_q_heads, self.pool)
+
+    @property
+    def resolved_softmax_scale(self) -> float:
+        return self.softmax_scale if self.softmax_scale > 0 else 1.0 / math.sqrt(self.pool.head_dim)
+
+    def to_attributes(self) -> dict:
+        attrs = _attrs(self)
+        attrs.update(_attrs(self.pool))
+        return attrs
+
+    @classmethod
+    def from_attributes(cls, attrs: dict) -> "AttentionConfig":
+        return _split_pool(cls, attrs)
+
+
+def _split_pool(cls, attrs: dict):
+    pool_names = {f.name for f in dataclasses.fields(PoolConfig)}
+    pool_attrs = {k: v for k, v in attrs.items() if k in pool_names}
+    rest = {k: v for k, v in attrs.items() if k not in pool_names}
+    missing = {f.name for f in dataclasses.fields(PoolConfig)
+               if f.default is dataclasses.MISSING} - set(pool_attrs)
+    if missing:
+        raise ValueError(f"{cls.__name__}: missing attribute(s) {sorted(missing)}")
+    pool = PoolConfig(**{k: (CacheDType(v) if k == "cache_dtype" else PageLayout(v) if k == "page_layout" else v)
+                         for k, v in pool_attrs.items()})
+    kwargs = {}
+    rope_kwargs = {}
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key, value in rest.items():
+        if key in ("plugin_version", "plugin_namespace"):
+            continue
+        if key.startswith("rope_") and "rope" in known:
+            rope_kwargs[key[len("rope_"):]] = value
+        elif key in known and key not in ("pool", "rope"):
+            kwargs[key] = value
+        else:
+            raise ValueError(f"{cls.__name__}: unknown attribute {key!r}={value!r}")
+    if "rope" in known:
+        rope_fields = {f.name for f in dataclasses.fields(RopeConfig)}
+        bad = set(rope_kwargs) - rope_fields
+        if bad:
+            raise ValueError(f"{cls.__name__}: unknown attribute(s) {sorted('rope_' + b for b in bad)}")
+        if "style" in rope_kwargs:
+            rope_kwargs["style"] = RopeStyle(rope_kwargs["style"])
+        if "scaling" in rope_kwargs:
+            rope_kwargs["scaling"] = RopeScaling(rope_kwargs["scaling"])
+        kwargs["rope"] = RopeConfig(**rope_kwargs)
+    return cls(pool=pool, **kwargs)
