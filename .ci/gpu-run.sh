@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The GPU suite, run on the device machine (H200) from the repository root:
+#   bash .ci/gpu-run.sh [stages...]      stages: setup build tests sanitize bench  (default: all)
+# It installs the Python wheels the machine's image lacks from .whl/ (fetch them here first with
+# `bash .ci/fetch-gpu-wheels.sh`), builds pagedkv for sm_90 there (TensorRT headers from the carried
+# kernel-lens wheel: the machine has no network), runs the `gpu` tests, compute-sanitizer memcheck and
+# racecheck on the kernels, and the benchmarks side by side with FlashInfer. Logs go to $OUT (or ./out).
+set -uo pipefail
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+stages=${*:-setup build tests sanitize bench}
+export PYTHONUNBUFFERED=1
+export FLASHINFER_CUDA_ARCH_LIST=9.0
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+rc=0
+log() { echo "== $(date +%T) $*" | tee -a "$OUT/summary.txt"; }
+
+has() { [[ " $stages " == *" $1 "* ]]; }
+
+if has setup; then
+  log "setup: wheels -> /tmp/site"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    > "$OUT/setup.log" 2>&1 || { log "wheel install failed"; cat "$OUT/setup.log"; exit 1; }
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee -a "$OUT/summary.txt"
+fi
+
+if has build; then
+  log "build (sm_90)"
+  export PAGEDKV_KERNEL_LENS_WHEEL=$PWD/.whl/build/kernel_lens-2.0.1-py3-none-any.whl
+  t0=$(date +%s)
+  python3 -m pip install --no-build-isolation --no-deps --no-cache-dir . \
+      -Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90 -Cbuild-dir=/tmp/pkv-build -Cbuild.verbose=false \
+      > "$OUT/build.log" 2>&1 || { log "BUILD FAILED"; tail -60 "$OUT/build.log"; exit 1; }
+  log "build ok in $(( $(date +%s) - t0 )) s"
+  (cd /tmp && python3 -m pagedkv.cli doctor) 2>&1 | tee -a "$OUT/summary.txt"
+fi
+
+if has tests; then
+  log "gpu tests"
+  python3 -m pytest -q -m gpu -p no:cacheprovider --timeout=900 -rfEs --junitxml="$OUT/gpu-tests.xml" tests \
+    > "$OUT/gpu-tests.log" 2>&1
+  t=$?; [ $t -ne 0 ] && rc=$t
+  tail -40 "$OUT/gpu-tests.log" | tee -a "$OUT/summary.txt"
+fi
+
+if has sanitize; then
+  for tool in memcheck racecheck; do
+    log "compute-sanitizer $tool"
+    compute-sanitizer --tool $tool --error-exitcode 99 --target-processes all \
+      python3 .ci/gpu_sanitize_cases.py > "$OUT/sanitize-$tool.log" 2>&1
+    t=$?; [ $t -ne 0 ] && rc=$t
+    tail -8 "$OUT/sanitize-$tool.log" | tee -a "$OUT/summary.txt"
+  done
+fi
+
+if has bench; then
+  for b in write attention; do
+    if [ -f benchmarks/bench_$b.py ]; then
+      log "benchmark $b"
+      timeout 420 python3 benchmarks/bench_$b.py --json "$OUT/bench_$b.json" > "$OUT/bench_$b.log" 2>&1
+      t=$?; [ $t -ne 0 ] && { log "bench $b exit $t"; rc=$t; }
+      tail -40 "$OUT/bench_$b.log" | tee -a "$OUT/summary.txt"
+    fi
+  done
+fi
+log "done rc=$rc"
+exit $rc
