@@ -150,6 +150,8 @@ class KVLayout:
     def token_slot(self, pos):
         """Cache position -> slot in the sequence's block list (the seed's ``getKVTokenIdx``)."""
         pos = np.asarray(pos, dtype=np.int64)
+        if np.any(pos < 0):
+            raise ValueError(f"pos: cache positions must be >= 0, got {int(np.min(pos))}")
         if not self.cyclic_len:
             return pos
         ring = self.sink_tokens + self.bubble_len + (pos - self.sink_tokens) % self.cyclic_len
