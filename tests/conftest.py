@@ -1,6 +1,6 @@
 """Markers: `gpu` tests skip without a CUDA device and `trt` tests without TensorRT, each naming why.
 
-Tolerances per dtype are stated once, here (TOLERANCES), and used by every numeric test.
+Tolerances per dtype are stated once, in pagedkv.tolerances (TOLERANCES, re-exported here).
 """
 
 from __future__ import annotations
@@ -11,17 +11,7 @@ import pytest
 
 from pagedkv import cuda
 
-# (atol, rtol) of a kernel output against the float64 reference, by the dtype of the compared output.
-TOLERANCES = {
-    "float32": (1e-5, 1e-5),
-    "float16": (2e-3, 2e-3),
-    "bfloat16": (1.6e-2, 1.6e-2),
-    # Quantized caches, IN UNITS OF THE SCALE (compare x / scale): one rounding of the stored value.
-    # e4m3: 3 mantissa bits -> relative half-step 2^-4 (1/16 = 0.0625); below 2^-6 (subnormals) the step is
-    # absolute, 2^-9, so half of it, 2^-10, is the absolute term.
-    "float8_e4m3fn": (2.0**-10 + 1e-9, 0.0625 + 1e-6),
-    "int8": (0.5 + 1e-6, 0.0),  # rounding to the nearest integer
-}
+from pagedkv.tolerances import TOLERANCES  # noqa: E402,F401  (stated once, in the package)
 
 
 def _trt_missing() -> str | None:
