@@ -83,16 +83,16 @@ def _list_creators(testhost: str | None, plugins: str | None):
     if not testhost or not plugins:
         return "unavailable: test host or plugin library not found"
     try:
-        out = subprocess.run([testhost, "list", "--lib", plugins], capture_output=True, text=True, timeout=60)
+        out = subprocess.run([testhost, "info", "--lib", plugins], capture_output=True, text=True, timeout=60)
     except Exception as exc:
         return f"unavailable: {exc}"
     if out.returncode != 0:
         return f"test host failed (exit {out.returncode}): {out.stderr.strip()[-500:]}"
-    text = out.stdout.strip()
     try:
-        return json.loads(text)
+        info = json.loads(out.stdout)
     except json.JSONDecodeError:
-        return text.splitlines()
+        return f"unreadable test host output: {out.stdout.strip()[:500]}"
+    return [f"{c['name']} v{c['version']} ns={c['namespace']} ({len(c['fields'])} fields)" for c in info["creators"]]
 
 
 def _print_doctor(report: dict) -> None:

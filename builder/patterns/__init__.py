@@ -1,0 +1,84 @@
+"""Registered attention structures. Each module recognizes one way exporters write attention and turns it
+into an ``AttentionMatch``: the q/k/v tensors that enter attention, the past/present tensors, the attention
+output, and what the structure itself says about heads, scale, mask and window.
+
+Adding a structure: write a module with ``NAME``, ``ANCHOR_OPS`` (the (domain, op_type) pairs a past-KV input
+enters) and ``match(view, anchors) -> list[AttentionMatch]``, and list it in ``REGISTRY``. The shared work
+(tracing q/k/v back to the projections, measuring RoPE and the mask, emitting the plugin nodes) stays in
+``pagedkv.builder.rewrite`` / ``pagedkv.builder.graph_info``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from pagedkv.builder.graph_info import GraphView, RewriteError, describe
+
+
+@dataclass(frozen=True)
+class KVAnchor:
+    """A past-KV graph input, the node it enters and the graph output (present) that node produces."""
+
+    past: str  # the graph input
+    node: onnx.NodeProto
+    present: str
+    entry: str  # the tensor that enters ``node``: the past input or an identity alias of it
+
+
+@dataclass
+class AttentionMatch:
+    pattern: str
+    anchor: onnx.NodeProto  # the node errors and the report name
+    past_key: str
+    past_value: str
+    present_key: str
+    present_value: str
+    q_end: str  # attention inputs (after RoPE), traced back to the projections by the rewrite
+    k_end: str
+    v_end: str
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    out: str  # attention output as [batch, seq, heads * head_dim], the o_proj input
+    scale: float  # softmax scale found outside the q chain (the q chain's own factors are added later)
+    logit_softcap: float = 0.0
+    mask: str | None = None  # in-graph mask to measure, or None when `window` is known
+    mask_true_visible: bool = True  # boolean masks: True = attend
+    window: int | None = None
+    sinks: int = 0
+    rope_tables: tuple[np.ndarray, np.ndarray, int] | None = None  # (cos, sin, interleaved) inside the op
+    repeat: tuple[str, str] | None = None  # (present, repeated) K tensors of an in-graph GQA repeat
+    v_repeat: tuple[str, str] | None = None  # the same for V
+    notes: list[str] = field(default_factory=list)
+
+
+def heads_from_shape(view: GraphView, past: str, node: onnx.NodeProto) -> tuple[int, int]:
+    shape = view.static_shape(past)
+    if not shape or len(shape) != 4 or shape[1] is None or shape[3] is None:
+        raise RewriteError(f"{describe(node)}: expected past input {past!r} as [batch, kv_heads, past, head_dim] "
+                           f"with static kv_heads and head_dim, got {shape}")
+    return int(shape[1]), int(shape[3])
+
+
+from pagedkv.builder.patterns import contrib_gqa, decomposed, onnx_attention  # noqa: E402
+
+REGISTRY = (decomposed, onnx_attention, contrib_gqa)
+
+
+def match_all(view: GraphView, anchors: list[KVAnchor]) -> list[AttentionMatch]:
+    by_pattern: dict = {}
+    for anchor in anchors:
+        key = (anchor.node.domain or "", anchor.node.op_type)
+        pattern = next((p for p in REGISTRY if key in p.ANCHOR_OPS), None)
+        if pattern is None:
+            known = sorted(f"{d + '::' if d else ''}{op}" for p in REGISTRY for d, op in p.ANCHOR_OPS)
+            raise RewriteError(f"{describe(anchor.node)}: past input {anchor.past!r} enters it, but no pattern "
+                               f"recognizes a {key[1]} there (known: {', '.join(known)})")
+        by_pattern.setdefault(pattern, []).append(anchor)
+    matches = []
+    for pattern, group in by_pattern.items():
+        matches += pattern.match(view, group)
+    return matches

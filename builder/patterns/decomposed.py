@@ -1,0 +1,179 @@
+"""Fully decomposed attention (PyTorch's legacy exporter, transformers' eager/SDPA paths, the synthetic
+``decomposed`` and ``contrib_rotary`` forms)::
+
+    past_k ─┐                                        past_v ─┐
+    k ──────Concat(axis 2) ─> present.k              v ──────Concat(axis 2) ─> present.v
+              └ [repeat: Unsqueeze/Expand/Reshape]              └ [repeat]
+                └ Transpose(-1, -2) [Mul sqrt(s)]                 │
+    q [Mul sqrt(s)] ─ MatMul ─ [Mul|Div s] ─ Add(mask)|Where ─ Softmax(-1) ─ MatMul ─ Transpose ─ Reshape ─> o_proj
+"""
+
+from __future__ import annotations
+
+import onnx
+
+from pagedkv.builder.graph_info import (GraphView, RewriteError, describe, follow_output, layout_chain,
+                                        trace_projection)
+from pagedkv.builder.patterns import AttentionMatch, KVAnchor, heads_from_shape
+
+NAME = "decomposed"
+ANCHOR_OPS = {("", "Concat")}
+REPEAT_OPS = {"Unsqueeze", "Expand", "Reshape", "Tile"}
+PASS_OPS = {"Cast", "Identity"}
+
+
+def _next(view: GraphView, tensor: str, where: onnx.NodeProto) -> onnx.NodeProto:
+    """The one data consumer of ``tensor`` (Shape readers and graph outputs aside)."""
+    users = [n for n in view.consumers.get(tensor, []) if n.op_type not in ("Shape", "Size")]
+    if len(users) != 1:
+        raise RewriteError(f"{describe(where)}: expected {tensor!r} to feed exactly one node on the way to "
+                           f"attention, it feeds {[describe(u) for u in users]}")
+    return users[0]
+
+
+def _scalar_factor(view: GraphView, node: onnx.NodeProto, data: str) -> float | None:
+    """x * c, c * x or x / c with a constant scalar c -> the factor; else None."""
+    if node.op_type not in ("Mul", "Div"):
+        return None
+    other = [i for i in node.input if i != data]
+    if len(other) != 1 or view.scalar(other[0]) is None:
+        return None
+    if node.op_type == "Div":
+        if node.input[0] != data:
+            return None
+        return 1.0 / view.scalar(other[0])
+    return view.scalar(other[0])
+
+
+def _follow_cache(view: GraphView, anchor: KVAnchor):
+    """cache -> (the MatMul it reaches, input index there, (cache, repeated cache), scale, transposed?)."""
+    t, scale, transposed = anchor.node.output[0], 1.0, False
+    base = repeated = t  # the cache before and after the GQA repeat ops
+    while True:
+        node = _next(view, t, anchor.node)
+        if node.op_type == "MatMul":
+            return node, list(node.input).index(t), (base, repeated), scale, transposed
+        factor = _scalar_factor(view, node, t)
+        if factor is not None:
+            scale *= factor
+        elif node.op_type in REPEAT_OPS and not transposed:
+            repeated = node.output[0]
+        elif node.op_type == "Transpose":
+            perm = GraphView.attr(node, "perm")
+            if perm is None or list(perm[-2:]) != [len(perm) - 1, len(perm) - 2]:
+                raise RewriteError(f"{describe(node)}: expected K transposed over its last two axes, got perm={perm}")
+            transposed = True
+        elif node.op_type in PASS_OPS:
+            if repeated == base == t:  # e.g. GPT-J's Cast to the present: the repeat starts after it
+                base = repeated = node.output[0]
+        else:
+            raise RewriteError(f"{describe(node)}: expected the cache {anchor.present!r} to reach a MatMul through "
+                               f"repeat/Transpose/scale ops, found {node.op_type}")
+        t = node.output[0]
+
+
+def _scores_to_softmax(view: GraphView, scores_mm: onnx.NodeProto):
+    """QK^T MatMul -> (Softmax, scale, mask tensor, mask is boolean-visible)."""
+    t, scale, mask, true_visible = scores_mm.output[0], 1.0, None, True
+    while True:
+        node = _next(view, t, scores_mm)
+        factor = _scalar_factor(view, node, t)
+        if factor is not None:
+            scale *= factor
+        elif node.op_type == "Add" and mask is None:
+            mask = next(i for i in node.input if i != t)
+        elif node.op_type == "Where" and mask is None:
+            if node.input[1] == t:
+                mask, true_visible = node.input[0], True
+            elif node.input[2] == t:
+                mask, true_visible = node.input[0], False
+            else:
+                raise RewriteError(f"{describe(node)}: expected the scores as a Where branch")
+        elif node.op_type == "Softmax":
+            rank = len(view.static_shape(t) or [4])
+            axis = GraphView.attr(node, "axis", -1 if view.opsets.get("", 13) >= 13 else 1)
+            if axis not in (-1, rank - 1):
+                raise RewriteError(f"{describe(node)}: expected Softmax over the last axis (the keys), got axis={axis}")
+            return node, scale, mask, true_visible
+        elif node.op_type == "Tanh":
+            raise RewriteError(f"{describe(node)}: logit soft-capping (Tanh on the scores) is not recognized yet")
+        elif node.op_type not in PASS_OPS:
+            raise RewriteError(f"{describe(node)}: expected scale, mask and Softmax after the QK^T MatMul "
+                               f"{scores_mm.name!r}, found {node.op_type}")
+        t = node.output[0]
+
+
+def _softmax_to_pv(view: GraphView, softmax: onnx.NodeProto) -> onnx.NodeProto:
+    t = softmax.output[0]
+    while True:
+        node = _next(view, t, softmax)
+        if node.op_type == "MatMul" and node.input[0] == t:
+            return node
+        if node.op_type not in PASS_OPS:
+            raise RewriteError(f"{describe(node)}: expected the probabilities to enter MatMul(probs, V), found "
+                               f"{node.op_type}")
+        t = node.output[0]
+
+
+def _concat_inputs(view: GraphView, anchor: KVAnchor) -> str:
+    node = anchor.node
+    rank = len(view.static_shape(anchor.past) or [4])
+    axis = GraphView.attr(node, "axis")
+    if axis not in (2, 2 - rank):
+        raise RewriteError(f"{describe(node)}: expected the past/new Concat along the sequence axis 2, got axis={axis}")
+    if len(node.input) != 2 or node.input[0] != anchor.entry:
+        raise RewriteError(f"{describe(node)}: expected Concat(past {anchor.entry!r}, new), got inputs {list(node.input)}")
+    return node.input[1]
+
+
+def match(view: GraphView, anchors: list[KVAnchor]) -> list[AttentionMatch]:
+    keys, values = {}, {}  # QK^T MatMul -> anchor info; PV MatMul -> anchor info
+    for anchor in anchors:
+        new = _concat_inputs(view, anchor)
+        matmul, index, repeated, scale, transposed = _follow_cache(view, anchor)
+        if index == 1 and transposed:
+            keys[matmul.name or id(matmul)] = (anchor, new, matmul, repeated, scale)
+        elif index == 1 and not transposed:
+            values[matmul.name or id(matmul)] = (anchor, new, matmul, repeated, scale)
+        else:
+            raise RewriteError(f"{describe(matmul)}: expected the cache {anchor.present!r} as its second input "
+                               f"(K transposed, or V), got input {index}")
+    matches = []
+    for anchor, k_new, scores_mm, k_repeated, k_scale in keys.values():
+        softmax, score_scale, mask, true_visible = _scores_to_softmax(view, scores_mm)
+        pv = _softmax_to_pv(view, softmax)
+        value = values.pop(pv.name or id(pv), None)
+        if value is None:
+            raise RewriteError(f"{describe(pv)}: expected its V input to come from a past/present Concat")
+        v_anchor, v_new, _, v_repeated, v_scale = value
+        if v_scale != 1.0:
+            raise RewriteError(f"{describe(pv)}: V is scaled by {v_scale} on its way from the cache")
+        if mask is None:
+            raise RewriteError(f"{describe(softmax)}: expected a mask (Add or Where) on the scores before it")
+        kv_heads, head_dim = heads_from_shape(view, anchor.past, anchor.node)
+        pv_shape = view.static_shape(pv.output[0])
+        q_heads = pv_shape[1] if pv_shape and len(pv_shape) == 4 and pv_shape[1] else None
+        if q_heads is None:
+            q_shape = view.static_shape(scores_mm.input[0])
+            q_heads = q_shape[1] if q_shape and len(q_shape) == 4 else None
+        if q_heads is None:  # shapes unknown (e.g. after contrib ops): count the heads the q chain delivers
+            chain = trace_projection(view, scores_mm.input[0])
+            q_heads = layout_chain(view, chain).colmap.size // head_dim
+        if (v_repeated[0] != v_repeated[1]) != (k_repeated[0] != k_repeated[1]):
+            raise RewriteError(f"{describe(scores_mm)}: only one of K and V is repeated for GQA")
+        out = _output_to_projection(view, pv, q_heads, head_dim)
+        matches.append(AttentionMatch(
+            pattern=NAME, anchor=scores_mm, past_key=anchor.past, past_value=v_anchor.past,
+            present_key=anchor.present, present_value=v_anchor.present, q_end=scores_mm.input[0], k_end=k_new,
+            v_end=v_new, num_heads=int(q_heads), num_kv_heads=kv_heads, head_dim=head_dim, out=out,
+            scale=k_scale * score_scale, mask=mask, mask_true_visible=true_visible,
+            repeat=k_repeated, v_repeat=v_repeated, notes=[f"softmax {softmax.name!r}"]))
+    if values:
+        anchor = next(iter(values.values()))[0]
+        raise RewriteError(f"{describe(anchor.node)}: the V cache {anchor.present!r} reaches a MatMul that no "
+                           "Softmax feeds")
+    return matches
+
+
+def _output_to_projection(view: GraphView, pv: onnx.NodeProto, heads: int, head_dim: int) -> str:
+    return follow_output(view, pv.output[0], ["B", "F", "S", "F"], heads, head_dim, pv)

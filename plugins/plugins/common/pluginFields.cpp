@@ -1,0 +1,265 @@
+#include "common/pluginFields.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <sstream>
+
+#include "common/pluginErrors.h"
+
+namespace pagedkv {
+namespace plugin {
+namespace {
+
+using nvinfer1::PluginField;
+using nvinfer1::PluginFieldCollection;
+using nvinfer1::PluginFieldType;
+
+constexpr double kInt32Min = static_cast<double>(std::numeric_limits<int32_t>::min());
+constexpr double kInt32Max = static_cast<double>(std::numeric_limits<int32_t>::max());
+constexpr double kFloatMax = static_cast<double>(std::numeric_limits<float>::max());
+
+std::string formatValue(double value, FieldKind kind) {
+    std::ostringstream os;
+    if (kind == FieldKind::kInt && std::isfinite(value)) {
+        os << static_cast<int64_t>(value);
+    } else {
+        os.precision(9);
+        os << value;
+    }
+    return os.str();
+}
+
+std::string quoted(std::string const& name) { return "'" + name + "'"; }
+
+// Reads the single value of `field` as the kind the spec wants, or throws naming the field. The type is checked
+// first (the most telling mismatch), then the length, then the data pointer; nothing is read before all three hold.
+double readValue(PluginField const& field, FieldSpec const& spec) {
+    std::string const where = "field " + quoted(spec.name);
+    bool const isInt = spec.kind == FieldKind::kInt;
+    bool const typeOk = isInt ? (field.type == PluginFieldType::kINT32 || field.type == PluginFieldType::kINT64)
+                              : (field.type == PluginFieldType::kFLOAT32 || field.type == PluginFieldType::kFLOAT64);
+    if (!typeOk) {
+        throw PluginError(where + (isInt ? ": expected an integer field (kINT32, from an ONNX INT attribute), got "
+                                         : ": expected a float field (kFLOAT32, from an ONNX FLOAT attribute), got ") +
+                          fieldTypeName(field.type) + " with length " + std::to_string(field.length));
+    }
+    if (field.length != 1) {
+        throw PluginError(where + ": expected exactly 1 value, got length " + std::to_string(field.length));
+    }
+    if (field.data == nullptr) throw PluginError(where + ": data pointer is null");
+    switch (field.type) {
+        case PluginFieldType::kINT32: return *static_cast<int32_t const*>(field.data);
+        case PluginFieldType::kINT64: {
+            int64_t const v = *static_cast<int64_t const*>(field.data);
+            if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max()) {
+                throw PluginError(where + "=" + std::to_string(v) + " (kINT64): does not fit in int32");
+            }
+            return static_cast<double>(v);
+        }
+        case PluginFieldType::kFLOAT32: return *static_cast<float const*>(field.data);
+        default: {  // kFLOAT64
+            double const v = *static_cast<double const*>(field.data);
+            if (std::isfinite(v) && std::fabs(v) > kFloatMax) {
+                throw PluginError(where + "=" + formatValue(v, FieldKind::kFloat) + " (kFLOAT64): overflows float32");
+            }
+            return v;
+        }
+    }
+}
+
+bool isIgnoredSilently(char const* name) {
+    // The ONNX parser consumes these to pick the creator; a direct caller may still pass them.
+    return std::strcmp(name, "plugin_version") == 0 || std::strcmp(name, "plugin_namespace") == 0;
+}
+
+}  // namespace
+
+// ---- FieldSpec -----------------------------------------------------------------------------------------------
+
+FieldSpec FieldSpec::requiredInt(char const* name, int64_t minValue, int64_t maxValue) {
+    return FieldSpec{name, FieldKind::kInt, true, 0.0, double(minValue), double(maxValue), false, {}, ""};
+}
+
+FieldSpec FieldSpec::optionalInt(char const* name, int32_t defaultValue, int64_t minValue, int64_t maxValue) {
+    return FieldSpec{name, FieldKind::kInt, false, double(defaultValue), double(minValue), double(maxValue),
+                     false, {}, ""};
+}
+
+FieldSpec FieldSpec::requiredIntOneOf(char const* name, std::vector<int32_t> values, char const* note) {
+    return FieldSpec{name, FieldKind::kInt, true, 0.0, kInt32Min, kInt32Max, false, std::move(values), note};
+}
+
+FieldSpec FieldSpec::intOneOf(char const* name, int32_t defaultValue, std::vector<int32_t> values,
+                              char const* note) {
+    return FieldSpec{name, FieldKind::kInt, false, double(defaultValue), kInt32Min, kInt32Max, false,
+                     std::move(values), note};
+}
+
+FieldSpec FieldSpec::flag(char const* name, bool defaultValue) {
+    return intOneOf(name, defaultValue ? 1 : 0, {0, 1});
+}
+
+FieldSpec FieldSpec::positiveFloat(char const* name, float defaultValue) {
+    return FieldSpec{name, FieldKind::kFloat, false, double(defaultValue), 0.0, kFloatMax, true, {}, ""};
+}
+
+FieldSpec FieldSpec::nonNegativeFloat(char const* name, float defaultValue) {
+    return FieldSpec{name, FieldKind::kFloat, false, double(defaultValue), 0.0, kFloatMax, false, {}, ""};
+}
+
+std::string FieldSpec::describeAccepted() const {
+    std::ostringstream os;
+    if (!oneOf.empty()) {
+        os << "one of {";
+        for (size_t i = 0; i < oneOf.size(); ++i) os << (i ? ", " : "") << oneOf[i];
+        os << "}";
+    } else if (kind == FieldKind::kFloat) {
+        os << "finite and " << (minExclusive ? "> " : ">= ") << formatValue(minValue, kind);
+    } else {
+        os << "in [" << formatValue(minValue, kind) << ", " << formatValue(maxValue, kind) << "]";
+    }
+    if (!note.empty()) os << " (" << note << ")";
+    return os.str();
+}
+
+bool FieldSpec::accepts(double value) const {
+    if (!std::isfinite(value)) return false;
+    if (!oneOf.empty()) {
+        for (int32_t v : oneOf) {
+            if (double(v) == value) return true;
+        }
+        return false;
+    }
+    bool const aboveMin = minExclusive ? value > minValue : value >= minValue;
+    return aboveMin && value <= maxValue;
+}
+
+// ---- FieldValues ---------------------------------------------------------------------------------------------
+
+FieldValues::FieldValues(std::vector<FieldSpec> const& specs, std::vector<double> values)
+    : mSpecs(&specs), mValues(std::move(values)) {
+    if (mValues.size() != mSpecs->size()) throw PluginError("internal: FieldValues size mismatch");
+}
+
+double const& FieldValues::find(char const* name, FieldKind kind) const {
+    for (size_t i = 0; i < mSpecs->size(); ++i) {
+        if ((*mSpecs)[i].name == name) {
+            if ((*mSpecs)[i].kind != kind) throw PluginError(std::string("internal: field '") + name + "' kind");
+            return mValues[i];
+        }
+    }
+    throw PluginError(std::string("internal: no field named '") + name + "'");
+}
+
+int32_t FieldValues::getInt(char const* name) const { return static_cast<int32_t>(find(name, FieldKind::kInt)); }
+
+float FieldValues::getFloat(char const* name) const { return static_cast<float>(find(name, FieldKind::kFloat)); }
+
+// ---- parseFields ---------------------------------------------------------------------------------------------
+
+FieldValues parseFields(std::vector<FieldSpec> const& specs, PluginFieldCollection const* fc,
+                        nvinfer1::TensorRTPhase phase, char const* pluginName) {
+    if (fc == nullptr) throw PluginError("no PluginFieldCollection given");
+    if (fc->nbFields < 0) throw PluginError("PluginFieldCollection.nbFields=" + std::to_string(fc->nbFields));
+    if (fc->nbFields > 0 && fc->fields == nullptr) {
+        throw PluginError("PluginFieldCollection.fields is null with nbFields=" + std::to_string(fc->nbFields));
+    }
+    std::vector<double> values(specs.size());
+    std::vector<bool> seen(specs.size(), false);
+    for (int32_t i = 0; i < fc->nbFields; ++i) {
+        PluginField const& field = fc->fields[i];
+        if (field.name == nullptr) throw PluginError("field #" + std::to_string(i) + " has no name");
+        if (isIgnoredSilently(field.name)) continue;
+        size_t index = specs.size();
+        for (size_t s = 0; s < specs.size(); ++s) {
+            if (specs[s].name == field.name) index = s;
+        }
+        if (index == specs.size()) {
+            logWarning(std::string(pluginName) + ": ignoring unknown field " + quoted(field.name));
+            continue;
+        }
+        FieldSpec const& spec = specs[index];
+        if (seen[index]) throw PluginError("field " + quoted(spec.name) + " given twice");
+        double const value = readValue(field, spec);
+        if (!spec.accepts(value)) {
+            throw PluginError("field " + quoted(spec.name) + "=" + formatValue(value, spec.kind) + ": expected " +
+                              spec.describeAccepted());
+        }
+        values[index] = value;
+        seen[index] = true;
+    }
+    std::string missing;
+    for (size_t s = 0; s < specs.size(); ++s) {
+        if (seen[s]) continue;
+        if (phase == nvinfer1::TensorRTPhase::kRUNTIME || specs[s].required) {
+            missing += (missing.empty() ? "" : ", ") + quoted(specs[s].name);
+        } else {
+            values[s] = specs[s].defaultValue;
+        }
+    }
+    if (!missing.empty()) {
+        throw PluginError(phase == nvinfer1::TensorRTPhase::kRUNTIME
+                              ? "serialized plugin data is incomplete: missing field(s) " + missing
+                              : "missing required field(s) " + missing);
+    }
+    return FieldValues(specs, std::move(values));
+}
+
+// ---- FieldCollection -----------------------------------------------------------------------------------------
+
+FieldCollection::FieldCollection(std::vector<FieldSpec> const& specs) { build(specs, nullptr); }
+
+FieldCollection::FieldCollection(FieldValues const& values) { build(values.specs(), &values.values()); }
+
+void FieldCollection::build(std::vector<FieldSpec> const& specs, std::vector<double> const* values) {
+    // Sized once: PluginField::data points into these vectors, which never reallocate afterwards.
+    mInts.assign(specs.size(), 0);
+    mFloats.assign(specs.size(), 0.f);
+    mFields.clear();
+    mFields.reserve(specs.size());
+    for (size_t i = 0; i < specs.size(); ++i) {
+        FieldSpec const& spec = specs[i];
+        void const* data = nullptr;
+        if (values != nullptr) {
+            if (spec.kind == FieldKind::kInt) {
+                mInts[i] = static_cast<int32_t>((*values)[i]);
+                data = &mInts[i];
+            } else {
+                mFloats[i] = static_cast<float>((*values)[i]);
+                data = &mFloats[i];
+            }
+        }
+        auto const type = spec.kind == FieldKind::kInt ? PluginFieldType::kINT32 : PluginFieldType::kFLOAT32;
+        mFields.emplace_back(spec.name.c_str(), data, type, 1);
+    }
+    mCollection.nbFields = static_cast<int32_t>(mFields.size());
+    mCollection.fields = mFields.data();
+}
+
+char const* fieldTypeName(PluginFieldType type) {
+    switch (type) {
+        case PluginFieldType::kFLOAT16: return "kFLOAT16";
+        case PluginFieldType::kFLOAT32: return "kFLOAT32";
+        case PluginFieldType::kFLOAT64: return "kFLOAT64";
+        case PluginFieldType::kINT8: return "kINT8";
+        case PluginFieldType::kINT16: return "kINT16";
+        case PluginFieldType::kINT32: return "kINT32";
+        case PluginFieldType::kCHAR: return "kCHAR";
+        case PluginFieldType::kDIMS: return "kDIMS";
+        case PluginFieldType::kUNKNOWN: return "kUNKNOWN";
+        case PluginFieldType::kBF16: return "kBF16";
+        case PluginFieldType::kINT64: return "kINT64";
+        case PluginFieldType::kFP8: return "kFP8";
+        case PluginFieldType::kINT4: return "kINT4";
+        case PluginFieldType::kFP4: return "kFP4";
+    }
+    return "(unknown PluginFieldType)";
+}
+
+char const* phaseName(nvinfer1::TensorRTPhase phase) {
+    return phase == nvinfer1::TensorRTPhase::kBUILD ? "build" : phase == nvinfer1::TensorRTPhase::kRUNTIME ? "runtime" : "?";
+}
+
+}  // namespace plugin
+}  // namespace pagedkv

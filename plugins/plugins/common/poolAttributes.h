@@ -1,0 +1,45 @@
+// The attributes both plugins share: where a layer's K/V live (src/pagedkv/config.py PoolConfig) and the
+// query-head count. One table, one validation, so the write and the read plugin agree on the pool.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/pluginFields.h"
+#include "pagedkv/kv_layout.h"
+
+namespace pagedkv {
+namespace plugin {
+
+// Upper bounds that keep every derived size inside int32 (e.g. (H + 2*KVH) * D for the qkv width).
+constexpr int32_t kMaxHeads = 1024;
+constexpr int32_t kMaxPageSize = 4096;
+constexpr int32_t kMaxLayers = 4096;
+constexpr int32_t kMaxPools = 65536;
+
+struct PoolAttributes {
+    int32_t numKVHeads;
+    int32_t headDim;
+    int32_t pageSize;
+    int32_t numLayers;   // layers in the pool group
+    int32_t layerIndex;  // this layer within the group
+    int32_t poolIndex;   // row of the kv_pools engine input
+    CacheDType cacheDType;
+    PageLayout pageLayout;
+    int32_t sinkTokens;  // cyclic cache only
+    int32_t cyclicLen;   // 0: linear cache
+    float kScale;        // quantized caches: x ~= stored * kScale
+    float vScale;
+    KVLayout layout;     // from makeKVLayout: the one geometry both sides use
+};
+
+// Field table entries for num_q_heads and the PoolConfig fields, in config.py's to_attributes() order.
+FieldSpec numQHeadsFieldSpec();
+std::vector<FieldSpec> poolFieldSpecs();
+
+// Reads and cross-checks the pool fields (heads divisibility, layer index, cyclic window vs page size) and builds
+// the KVLayout through makeKVLayout. Throws PluginError naming the field and the value.
+PoolAttributes readPoolAttributes(FieldValues const& values, int32_t numQHeads);
+
+}  // namespace plugin
+}  // namespace pagedkv

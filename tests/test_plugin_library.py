@@ -1,0 +1,665 @@
+"""The TensorRT plugin library through its public interface, driven by the C++ test host (CPU, no TensorRT).
+
+``pagedkv_testhost`` (plugins/testhost) does what TensorRT does with the library: dlopen + setLoggerFinder +
+getCreators, PluginFieldCollections built with the ONNX parser's type rules, createPlugin in both phases,
+getOutputShapes with its own IExprBuilder, supportsFormatCombination, configurePlugin, getWorkspaceSize,
+serialization round trips, clone / attachToContext, onShapeChange, and the load-time self-registration against
+a registry of its own. It reports JSON; the assertions are here. Every host run is a subprocess, so a crash of
+the library fails the test instead of the session.
+
+The I/O contract the specs below encode is docs/plugin_io.md; the attribute names come from
+``src/pagedkv/config.py`` (``to_attributes``), never restated here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from pagedkv import _lib
+from pagedkv.config import (ATTENTION_PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION, WRITE_PLUGIN_NAME,
+                            AttentionConfig, PoolConfig, RopeConfig, RopeScaling, RopeStyle, WriteConfig)
+from pagedkv.layout import CacheDType, PageLayout
+from pagedkv.step import POOL_DESC_FIELDS, STATUS_FIELDS
+
+HOST_TIMEOUT_S = 60
+
+
+# ================================================================================================ host runs
+@pytest.fixture(scope="module")
+def host():
+    """(testhost path, plugin library path); their absence fails: CI builds both (PAGEDKV_BUILD_TESTHOST)."""
+    exe = _lib.find_file(_lib.TESTHOST_NAME)
+    lib = _lib.find_file(_lib.PLUGINS_NAME)
+    if exe is None or lib is None:
+        pytest.fail(f"{_lib.TESTHOST_NAME} / {_lib.PLUGINS_NAME} not found in {[str(d) for d in _lib.lib_dirs()]}: "
+                    "build them (pip install ., or cmake with PAGEDKV_BUILD_TESTHOST=ON and PAGEDKV_LIB_DIR)")
+    return str(exe), str(lib)
+
+
+def run_host(host, command: str, tmp_path, spec=None, spec_text: str | None = None, extra=()):
+    """Run the test host; return (exit status, report dict or None, stderr). A signal is a crash: fail."""
+    exe, lib = host
+    args = [exe, command, "--lib", lib, *extra]
+    if spec is not None or spec_text is not None:
+        path = tmp_path / f"spec_{command}_{len(list(tmp_path.iterdir()))}.json"
+        path.write_text(spec_text if spec_text is not None else json.dumps(spec))
+        args += ["--spec", str(path)]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=HOST_TIMEOUT_S)
+    if proc.returncode < 0:
+        pytest.fail(f"the plugin library crashed the test host (signal {-proc.returncode}) on {command} "
+                    f"{json.dumps(spec)[:2000] if spec is not None else spec_text}\nstderr: {proc.stderr}")
+    if proc.returncode == 2:
+        pytest.fail(f"test host error on {command}: {proc.stderr}")
+    report = json.loads(proc.stdout) if proc.stdout.strip() else None
+    return proc.returncode, report, proc.stderr
+
+
+def errors(messages) -> list[str]:
+    return [m["message"] for m in messages if m["severity"] in ("ERROR", "INTERNAL_ERROR")]
+
+
+# ================================================================================================ configs
+def pool(**kw) -> PoolConfig:
+    base = dict(num_kv_heads=2, head_dim=64, page_size=16, num_layers=2, layer_index=1)
+    base.update(kw)
+    return PoolConfig(**base)
+
+
+def write_cfg(num_q_heads=4, pool_kw=None, **kw) -> WriteConfig:
+    return WriteConfig(num_q_heads=num_q_heads, pool=pool(**(pool_kw or {})), **kw)
+
+
+def attn_cfg(num_q_heads=4, pool_kw=None, **kw) -> AttentionConfig:
+    return AttentionConfig(num_q_heads=num_q_heads, pool=pool(**(pool_kw or {})), **kw)
+
+
+def tensor(name, dtype, dims):
+    return {"name": name, "type": dtype, "dims": list(dims)}
+
+
+BINDINGS = {"T": 7, "B": 3, "B1": 4, "MB": 5, "NP": 2}
+
+
+def step_inputs():
+    """Inputs 1..4, the same in both plugins: kv_pools, block_table, cu_q_lens [B+1], past_lens."""
+    return [tensor("kv_pools", "kINT64", ["NP", POOL_DESC_FIELDS]), tensor("block_table", "kINT32", ["B", "MB"]),
+            tensor("cu_q_lens", "kINT32", ["B1"]), tensor("past_lens", "kINT32", ["B"])]
+
+
+def write_inputs(cfg: WriteConfig, io="kHALF"):
+    width = (cfg.num_q_heads + 2 * cfg.pool.num_kv_heads) * cfg.pool.head_dim
+    inputs = [tensor("qkv", io, ["T", width]), *step_inputs()]
+    if cfg.explicit_positions:
+        inputs.append(tensor("position_ids", "kINT32", ["T"]))
+    if cfg.has_bias:
+        inputs.append(tensor("bias", io, [width]))
+    return inputs
+
+
+def attention_inputs(cfg: AttentionConfig, q_type="kHALF"):
+    return [tensor("q", q_type, ["T", cfg.num_q_heads * cfg.pool.head_dim]), *step_inputs(),
+            tensor("kv_write_status", "kINT32", [STATUS_FIELDS])]
+
+
+def spec_for(plugin, cfg, inputs, bindings=None, **extra):
+    return {"plugin": plugin, "attrs": cfg.to_attributes(), "inputs": inputs, "bindings": bindings or BINDINGS,
+            **extra}
+
+
+def assert_fields_equal(reported: dict, attrs: dict):
+    """Serialized fields == the attribute dict: same names, INT -> kINT32, FLOAT -> kFLOAT32, same values."""
+    assert set(reported) == set(attrs), f"fields {sorted(set(reported) ^ set(attrs))} differ"
+    for name, value in attrs.items():
+        field = reported[name]
+        assert field["length"] == 1, name
+        if isinstance(value, float):
+            assert field["type"] == "kFLOAT32", name
+            assert np.float32(field["value"]) == np.float32(value), (name, field["value"], value)
+        else:
+            assert field["type"] == "kINT32", name
+            assert field["value"] == value, (name, field["value"], value)
+
+
+# ================================================================================================ loading
+def test_library_loads_in_a_plain_python_process(host):
+    """ctypes.CDLL (polygraphy --plugins) without TensorRT: loads, registers nothing, logs nothing, and
+    getCreators still answers."""
+    _, lib = host
+    code = textwrap.dedent(f"""
+        import ctypes
+        lib = ctypes.CDLL({lib!r})
+        n = ctypes.c_int32(-1)
+        lib.getCreators.restype = ctypes.c_void_p
+        ptr = lib.getCreators(ctypes.byref(n))
+        print(n.value, ptr is not None)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HOST_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["2", "True"]
+    assert proc.stderr == ""
+
+
+def test_creators_identity_and_field_names(host, tmp_path):
+    status, report, _ = run_host(host, "info", tmp_path)
+    assert status == 0
+    creators = {c["name"]: c for c in report["creators"]}
+    assert set(creators) == {WRITE_PLUGIN_NAME, ATTENTION_PLUGIN_NAME}
+    expected = {WRITE_PLUGIN_NAME: write_cfg().to_attributes(), ATTENTION_PLUGIN_NAME: attn_cfg().to_attributes()}
+    for name, creator in creators.items():
+        assert creator["interface"] == "PLUGIN CREATOR_V3ONE 1.0"
+        assert creator["version"] == PLUGIN_VERSION
+        assert creator["namespace"] == PLUGIN_NAMESPACE
+        fields = {f["name"]: f for f in creator["fields"]}
+        assert list(fields) == list(expected[name]), "getFieldNames lists config.py's attributes in its order"
+        for attr, value in expected[name].items():
+            assert fields[attr]["type"] == ("kFLOAT32" if isinstance(value, float) else "kINT32"), attr
+    assert report["messages"] == []
+
+
+# ================================================================================================ exprs
+def test_host_expression_builder_follows_tensorrt_semantics(host):
+    """The host's own IExprBuilder (what getOutputShapes sees): every DimensionOperation, folded when both
+    operands are constants, symbolic otherwise and evaluated later, floor/ceil division toward -inf/+inf."""
+    pairs = [(7, 2), (-7, 2), (7, -2), (-7, -2), (6, 3), (0, 5), (3, 3), (2, 5), (5, 0)]
+    exe, _ = host
+    proc = subprocess.run([exe, "exprs", "--pairs", json.dumps(pairs)], capture_output=True, text=True,
+                          timeout=HOST_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    ops = {"+": lambda a, b: a + b, "*": lambda a, b: a * b, "max": max, "min": min, "-": lambda a, b: a - b,
+           "==": lambda a, b: int(a == b), "<": lambda a, b: int(a < b),
+           "floordiv": lambda a, b: a // b if b else None, "ceildiv": lambda a, b: -(-a // b) if b else None}
+    assert len(report["results"]) == len(ops) * len(pairs)
+    for r in report["results"]:
+        expected = ops[r["op"]](r["a"], r["b"])
+        assert r["folded"] == expected, r
+        assert r["evaluated"] == expected and not r["symbolic_is_constant"], r
+    assert report["bad_op_rejected"]
+
+
+# ================================================================================================ selfreg
+def run_selfreg(host, tmp_path, scenario):
+    status, report, stderr = run_host(host, "selfreg", tmp_path, extra=["--scenario", scenario])
+    assert status == 0, stderr
+    if not report["symbol_visible"]:
+        pytest.fail("pagedkv_testhost does not export getPluginRegistry, so the library's load-time "
+                    "registration cannot find the host registry: the executable needs ENABLE_EXPORTS "
+                    "(-rdynamic) in plugins/CMakeLists.txt")
+    assert report["loaded"], report
+    return report, stderr
+
+
+OURS = [{"name": WRITE_PLUGIN_NAME, "version": PLUGIN_VERSION, "namespace": PLUGIN_NAMESPACE},
+        {"name": ATTENTION_PLUGIN_NAME, "version": PLUGIN_VERSION, "namespace": PLUGIN_NAMESPACE}]
+
+
+def test_self_registration_on_plain_dlopen(host, tmp_path):
+    """trtexec --staticPlugins / polygraphy --plugins: a dlopen registers both creators in the process's
+    registry under namespace 'pagedkv'; unloading the library takes them out again."""
+    report, stderr = run_selfreg(host, tmp_path, "static")
+    assert report["entries_after_load"] == OURS
+    if report["unloaded"]:
+        assert report["entries_after_unload"] == []
+    else:  # the loader kept the library mapped: its creators stay valid, so they may stay registered
+        assert report["entries_after_unload"] == OURS
+    assert stderr == ""
+
+
+def test_self_registration_then_load_library_registers_once(host, tmp_path):
+    """IPluginRegistry::loadLibrary dlopens (load-time registration runs), then registers getCreators' creators
+    itself and fails on any duplicate: getCreators must hand the registrations over."""
+    report, _ = run_selfreg(host, tmp_path, "load_library")
+    assert report["events"][-1] == "loadLibrary: ok", report["events"]
+    assert report["entries_after_load"] == OURS
+    assert not [e for e in report["events"] if "refused" in e]
+
+
+def test_no_registry_in_the_process(host, tmp_path):
+    """No libnvinfer (getPluginRegistry returns null): the library loads, registers nothing, serves getCreators."""
+    report, stderr = run_selfreg(host, tmp_path, "no_registry")
+    assert report["entries_after_load"] == []
+    assert report["creators_from_get_creators"] == 2
+    assert report["events"] == []
+    assert stderr == ""
+
+
+def test_self_registration_skips_names_already_registered(host, tmp_path):
+    """Another copy of the library already owns PagedKVQKVWrite/1/pagedkv: no duplicate, no error."""
+    report, stderr = run_selfreg(host, tmp_path, "preregistered")
+    names = [(e["name"], e["namespace"]) for e in report["entries_after_load"]]
+    assert names == [(WRITE_PLUGIN_NAME, PLUGIN_NAMESPACE), (ATTENTION_PLUGIN_NAME, PLUGIN_NAMESPACE)]
+    assert not [e for e in report["events"] if "refused" in e]
+    assert stderr == ""
+
+
+# ================================================================================================ check
+@dataclasses.dataclass(frozen=True)
+class WriteCase:
+    id: str
+    cfg: WriteConfig
+    io: str = "kHALF"
+
+    def expected_types(self):
+        types = [[self.io], ["kINT64"], ["kINT32"], ["kINT32"], ["kINT32"]]
+        if self.cfg.explicit_positions:
+            types.append(["kINT32"])
+        if self.cfg.has_bias:
+            types.append([self.io])
+        types[0] = ["kHALF", "kBF16"]
+        return types + [["kFP8"] if self.cfg.q_out_fp8 else [self.io], ["kINT32"]]
+
+
+WRITE_CASES = [
+    WriteCase("fp16-d64-gqa2", write_cfg()),
+    WriteCase("bf16-d128-mha-bias", write_cfg(num_q_heads=4, pool_kw=dict(num_kv_heads=4, head_dim=128),
+                                              has_bias=True), io="kBF16"),
+    WriteCase("fp16-d256-positions", write_cfg(num_q_heads=8, pool_kw=dict(num_kv_heads=1, head_dim=256),
+                                               explicit_positions=True)),
+    WriteCase("bf16-positions-bias-fp8q-int8cache",
+              write_cfg(pool_kw=dict(cache_dtype=CacheDType.INT8, k_scale=0.02, v_scale=0.03, pool_index=1),
+                        explicit_positions=True, has_bias=True, q_out_fp8=True, q_scale=0.5), io="kBF16"),
+    WriteCase("fp16-gptj-llama3-nhd-cyclic",
+              write_cfg(pool_kw=dict(page_layout=PageLayout.NHD, sink_tokens=4, cyclic_len=64, page_size=32),
+                        rope=RopeConfig(style=RopeStyle.GPTJ, rotary_dim=32, theta=500000.0,
+                                        scaling=RopeScaling.LLAMA3, factor=8.0))),
+    WriteCase("fp16-norope-odd-page", write_cfg(pool_kw=dict(page_size=13, cache_dtype=CacheDType.FP8_E4M3),
+                                                rope=RopeConfig(style=RopeStyle.NONE), zero_v_tail=False)),
+]
+
+
+def assert_clean_check(report, n_inputs, n_outputs):
+    for key in ("create_messages", "output_types_messages", "output_shapes_messages", "configure_messages",
+                "runtime_messages", "on_shape_change_messages"):
+        assert report[key] == [], (key, report[key])
+    assert report["created"] and report["runtime_created"]
+    assert report["capabilities"] == {"core": "PLUGIN_V3ONE_CORE 1.0", "build": "PLUGIN_V3ONE_BUILD 1.0",
+                                      "runtime": "PLUGIN_V3ONE_RUNTIME 1.0"}
+    assert report["runtime_capabilities"]["core"] == "PLUGIN_V3ONE_CORE 1.0"
+    assert report["runtime_capabilities"]["runtime"] == "PLUGIN_V3ONE_RUNTIME 1.0"
+    assert report["nb_outputs"] == n_outputs
+    assert report["output_types_rc"] == 0 and report["output_shapes_rc"] == 0
+    assert report["configure_rc"] == 0 and report["on_shape_change_rc"] == 0
+    assert report["formats"]["combination_supported"] == [True] * (n_inputs + n_outputs)
+    assert report["formats"]["non_linear_accepted"] == [False] * (n_inputs + n_outputs)
+    assert report["runtime_fields_equal"] and report["clone_ok"] and report["clone_fields_equal"]
+    assert report["attach_ok"] and report["attach_fields_equal"]
+
+
+@pytest.mark.parametrize("case", WRITE_CASES, ids=lambda c: c.id)
+def test_write_plugin_build_and_runtime_interface(host, tmp_path, case):
+    inputs = write_inputs(case.cfg, case.io)
+    status, report, _ = run_host(host, "check", tmp_path, spec_for(WRITE_PLUGIN_NAME, case.cfg, inputs))
+    assert status == 0
+    assert_clean_check(report, len(inputs), 2)
+    assert report["identity"] == {"name": WRITE_PLUGIN_NAME, "version": PLUGIN_VERSION,
+                                  "namespace": PLUGIN_NAMESPACE}
+    q_type = "kFP8" if case.cfg.q_out_fp8 else case.io
+    assert report["output_types"] == [q_type, "kINT32"]
+    h, d = case.cfg.num_q_heads, case.cfg.pool.head_dim
+    q_shape, status_shape = report["output_shapes"]
+    assert q_shape["exprs"] == ["T", str(h * d)] and q_shape["constant"] == [False, True]
+    assert q_shape["values"] == [BINDINGS["T"], h * d]
+    assert status_shape["exprs"] == [str(STATUS_FIELDS)]
+    assert q_shape["owned_by_builder"] and status_shape["owned_by_builder"]
+    assert report["formats"]["supported_types"] == case.expected_types()
+    assert report["workspace_bytes"] == 0
+    assert_fields_equal(report["serialized_fields"], case.cfg.to_attributes())
+
+
+ATTENTION_CASES = [
+    ("fp16-d64", attn_cfg(), "kHALF"),
+    ("bf16-d128-window-sinks-softcap", attn_cfg(num_q_heads=8, pool_kw=dict(head_dim=128), window=128,
+                                               attention_sinks=4, logit_softcap=30.0, softmax_scale=0.1), "kBF16"),
+    ("fp8q-fp8cache-d256", attn_cfg(pool_kw=dict(head_dim=256, cache_dtype=CacheDType.FP8_E4M3, k_scale=0.5),
+                                    q_fp8=True, q_scale=0.25), "kFP8"),
+]
+
+
+@pytest.mark.parametrize("name,cfg,q_type", ATTENTION_CASES, ids=[c[0] for c in ATTENTION_CASES])
+def test_attention_plugin_build_and_runtime_interface(host, tmp_path, name, cfg, q_type):
+    inputs = attention_inputs(cfg, q_type)
+    status, report, _ = run_host(host, "check", tmp_path, spec_for(ATTENTION_PLUGIN_NAME, cfg, inputs))
+    assert status == 0
+    assert_clean_check(report, len(inputs), 1)
+    assert report["identity"]["name"] == ATTENTION_PLUGIN_NAME
+    out_type = "kHALF" if cfg.q_fp8 else q_type  # an fp8 q produces fp16 (docs/plugin_io.md, known gap)
+    assert report["output_types"] == [out_type]
+    (out_shape,) = report["output_shapes"]
+    h, d = cfg.num_q_heads, cfg.pool.head_dim
+    assert out_shape["exprs"] == ["T", str(h * d)] and out_shape["values"] == [BINDINGS["T"], h * d]
+    q_types = ["kFP8"] if cfg.q_fp8 else ["kHALF", "kBF16"]
+    assert report["formats"]["supported_types"] == [q_types, ["kINT64"], ["kINT32"], ["kINT32"], ["kINT32"],
+                                                    ["kINT32"], [out_type]]
+    assert_fields_equal(report["serialized_fields"], cfg.to_attributes())
+
+
+def profile(t, b, mb):
+    return {"T": t, "B": b, "B1": b + 1, "MB": mb, "NP": 1}
+
+
+def test_attention_workspace_is_sized_by_the_profile_maximum(host, tmp_path):
+    """getWorkspaceSize depends on the profile's max (T, B, MB * page_size), not on min/opt."""
+    cfg = attn_cfg(pool_kw=dict(page_size=64))
+    inputs = attention_inputs(cfg)
+
+    def workspace(min_, opt, max_):
+        spec = spec_for(ATTENTION_PLUGIN_NAME, cfg, inputs, bindings=opt,
+                        profile={"min": min_, "opt": opt, "max": max_})
+        status, report, _ = run_host(host, "check", tmp_path, spec)
+        assert status == 0 and report["configure_rc"] == 0 and report["workspace_messages"] == []
+        return report["workspace_bytes"]
+
+    long_ctx = workspace(profile(1, 1, 1), profile(4, 4, 16), profile(64, 16, 2048))
+    assert long_ctx > 0, "a 131072-position profile must leave room for split-K partials"
+    assert workspace(profile(2, 2, 2), profile(8, 2, 64), profile(64, 16, 2048)) == long_ctx
+    assert workspace(profile(1, 1, 1), profile(1, 1, 1), profile(64, 16, 4096)) >= long_ctx
+    assert workspace(profile(1, 1, 1), profile(1, 1, 1), profile(1, 1, 1)) <= long_ctx
+
+
+# ================================================================================================ bad shapes
+def bad_dims(inputs, name, dims):
+    return [dict(t, dims=dims) if t["name"] == name else t for t in inputs]
+
+
+WRITE_SHAPE_ERRORS = [
+    # (id, change(inputs, bindings) -> (inputs, bindings), words the message must contain)
+    ("qkv-width", lambda i, b: (bad_dims(i, "qkv", ["T", 500]), b), ["qkv", "500", "expected 512"]),
+    ("qkv-rank", lambda i, b: (bad_dims(i, "qkv", ["T", 8, 64]), b), ["qkv", "rank 2"]),
+    ("pool-desc-columns", lambda i, b: (bad_dims(i, "kv_pools", ["NP", 3]), b), ["kv_pools", "expected 4"]),
+    ("pool-index-past-pools", lambda i, b: (i, dict(b, NP=1)), ["kv_pools", "pool_index", "1 pools"]),
+    ("cu-q-lens-not-b-plus-1", lambda i, b: (i, dict(b, B1=3)), ["cu_q_lens", "B = 2", "block_table", "B = 3"]),
+    ("past-lens-not-b", lambda i, b: (bad_dims(i, "past_lens", [9]), b), ["past_lens", "B = 9"]),
+    ("position-ids-not-t", lambda i, b: (bad_dims(i, "position_ids", [6]), b), ["position_ids", "T = 6"]),
+    ("bias-width", lambda i, b: (bad_dims(i, "bias", [511]), b), ["bias", "511", "expected 512"]),
+    ("block-table-rank", lambda i, b: (bad_dims(i, "block_table", ["B"]), b), ["block_table", "rank 2"]),
+    ("tokens-without-sequences", lambda i, b: (i, dict(b, B=0, B1=1)), ["no sequences", "T = 7"]),
+]
+
+
+@pytest.mark.parametrize("case_id,change,words", WRITE_SHAPE_ERRORS, ids=[c[0] for c in WRITE_SHAPE_ERRORS])
+def test_write_plugin_rejects_bad_shapes(host, tmp_path, case_id, change, words):
+    cfg = write_cfg(pool_kw=dict(pool_index=1), has_bias=True, explicit_positions=True)
+    inputs, bindings = change(write_inputs(cfg), dict(BINDINGS))
+    status, report, _ = run_host(host, "check", tmp_path, spec_for(WRITE_PLUGIN_NAME, cfg, inputs, bindings))
+    assert status == 0 and report["created"]
+    if "on_shape_change_rc" not in report:  # the host stopped before the runtime phase: shapes must have failed
+        assert report["output_shapes_rc"] != 0 or report["configure_rc"] != 0, report
+        return
+    # Build-time dims are wildcards for runtime extents: configurePlugin catches what it can, onShapeChange the rest.
+    assert report["on_shape_change_rc"] != 0
+    messages = errors(report["configure_messages"]) + errors(report["on_shape_change_messages"])
+    assert messages, report
+    assert any(all(w in m for w in words) for m in messages), (words, messages)
+
+
+def test_an_empty_step_is_a_valid_shape(host, tmp_path):
+    """T = 0 (nothing scheduled for this engine call) and even B = 0: valid shapes, enqueue does nothing."""
+    for bindings in (dict(BINDINGS, T=0), dict(BINDINGS, T=0, B=0, B1=1)):
+        for plugin, cfg, inputs in ((WRITE_PLUGIN_NAME, write_cfg(), write_inputs(write_cfg())),
+                                    (ATTENTION_PLUGIN_NAME, attn_cfg(), attention_inputs(attn_cfg()))):
+            status, report, _ = run_host(host, "check", tmp_path, spec_for(plugin, cfg, inputs, bindings))
+            assert status == 0 and report["on_shape_change_rc"] == 0, report["on_shape_change_messages"]
+
+
+ATTENTION_SHAPE_ERRORS = [
+    ("q-width", lambda i, b: (bad_dims(i, "q", ["T", 255]), b), ["q", "255", "expected 256"]),
+    ("status-fields", lambda i, b: (bad_dims(i, "kv_write_status", [5]), b), ["kv_write_status", "expected 4"]),
+    ("cu-q-lens", lambda i, b: (i, dict(b, B1=7)), ["cu_q_lens", "B = 6"]),
+    ("mb-times-page-overflows-int32", lambda i, b: (i, dict(b, MB=2 ** 31 // 16)), ["MB * page_size"]),
+]
+
+
+@pytest.mark.parametrize("case_id,change,words", ATTENTION_SHAPE_ERRORS, ids=[c[0] for c in ATTENTION_SHAPE_ERRORS])
+def test_attention_plugin_rejects_bad_shapes(host, tmp_path, case_id, change, words):
+    cfg = attn_cfg()
+    inputs, bindings = change(attention_inputs(cfg), dict(BINDINGS))
+    status, report, _ = run_host(host, "check", tmp_path, spec_for(ATTENTION_PLUGIN_NAME, cfg, inputs, bindings))
+    assert status == 0 and report["created"]
+    assert report["on_shape_change_rc"] != 0
+    messages = errors(report["configure_messages"]) + errors(report["on_shape_change_messages"])
+    assert any(all(w in m for w in words) for m in messages), (words, messages)
+
+
+# ================================================================================================ create
+def create(host, tmp_path, plugin, attrs, phase="build", caller="onnx_parser", spec_text=None):
+    spec = None if spec_text else {"plugin": plugin, "attrs": attrs, "phase": phase, "caller": caller}
+    status, report, stderr = run_host(host, "create", tmp_path, spec, spec_text=spec_text)
+    assert status in (0, 1), stderr
+    assert (status == 0) == report["created"]
+    return report
+
+
+def assert_rejected(report, *words):
+    assert not report["created"], report
+    messages = errors(report["messages"])
+    assert messages, "a rejected plugin must log why"
+    assert any(all(w in m for w in words) for m in messages), (words, messages)
+
+
+def without(attrs, *names):
+    return {k: v for k, v in attrs.items() if k not in names}
+
+
+BUILD_REJECTIONS = [
+    # (id, plugin, attrs, words that name the field and the value)
+    ("missing-num_q_heads", WRITE_PLUGIN_NAME, without(write_cfg().to_attributes(), "num_q_heads"),
+     ["missing required field", "'num_q_heads'"]),
+    ("missing-pool-fields", ATTENTION_PLUGIN_NAME, without(attn_cfg().to_attributes(), "head_dim", "page_size"),
+     ["missing required field", "'head_dim'", "'page_size'"]),
+    ("head_dim-96", WRITE_PLUGIN_NAME, dict(write_cfg().to_attributes(), head_dim=96),
+     ["'head_dim'=96", "one of {64, 128, 256}"]),
+    ("heads-not-multiple", ATTENTION_PLUGIN_NAME, dict(attn_cfg().to_attributes(), num_q_heads=5),
+     ["'num_q_heads'=5", "multiple of num_kv_heads=2"]),
+    ("layer-index-past-layers", WRITE_PLUGIN_NAME, dict(write_cfg().to_attributes(), layer_index=2),
+     ["'layer_index'=2", "num_layers=2"]),
+    ("cache-dtype-nvfp4-reserved", WRITE_PLUGIN_NAME, dict(write_cfg().to_attributes(), cache_dtype=4),
+     ["'cache_dtype'=4", "NVFP4"]),
+    ("cache-dtype-unknown", ATTENTION_PLUGIN_NAME, dict(attn_cfg().to_attributes(), cache_dtype=9),
+     ["'cache_dtype'=9"]),
+    ("page-layout-unknown", WRITE_PLUGIN_NAME, dict(write_cfg().to_attributes(), page_layout=2), ["'page_layout'=2"]),
+    ("rope-style-unknown", WRITE_PLUGIN_NAME, dict(write_cfg().to_attributes(), rope_style=5), ["'rope_style'=5"]),
+    ("rope-scaling-unknown", WRITE_PLUGIN_NAME, dict(write_cfg().to_attributes(), rope_scaling=-1),
+     ["'rope_scaling'=-1"]),
+    ("rotary-dim-odd", WRITE_PLUGIN_NAME, dict(write_cfg().to_attributes(), rope_rotary_dim=33),
+     ["'rope_rotary_dim'=33", "even"]),
+    ("rotary-dim-past-head-dim", WRITE_PLUGIN_NAME, dict(write_cfg().to_attributes(), rope_rotary_dim=96),
+     ["'rope_rotary_dim'=96", "head_dim=64"]),
+    ("rope-theta-zero", WRITE_PLUGIN_NAME, dict(write_cfg().to_attributes(), rope_theta=0.0), ["'rope_theta'=0"]),
+    ("llama3-high-not-above-low", WRITE_PLUGIN_NAME,
+     dict(write_cfg().to_attributes(), rope_scaling=2, rope_low_freq_factor=4.0, rope_high_freq_factor=4.0),
+     ["'rope_high_freq_factor'", "rope_low_freq_factor"]),
+    ("k-scale-zero", WRITE_PLUGIN_NAME, dict(write_cfg().to_attributes(), k_scale=0.0), ["'k_scale'=0", "> 0"]),
+    ("v-scale-nan", ATTENTION_PLUGIN_NAME, dict(attn_cfg().to_attributes(), v_scale=float("nan")),
+     ["'v_scale'=nan"]),
+    ("q-scale-negative", WRITE_PLUGIN_NAME, dict(write_cfg().to_attributes(), q_scale=-1.0), ["'q_scale'=-1"]),
+    ("flag-not-boolean", WRITE_PLUGIN_NAME, dict(write_cfg().to_attributes(), has_bias=2),
+     ["'has_bias'=2", "one of {0, 1}"]),
+    ("cyclic-not-whole-pages", WRITE_PLUGIN_NAME, dict(write_cfg().to_attributes(), cyclic_len=40),
+     ["'cyclic_len'=40", "page_size=16"]),
+    ("sink-tokens-negative", ATTENTION_PLUGIN_NAME, dict(attn_cfg().to_attributes(), sink_tokens=-3),
+     ["'sink_tokens'=-3"]),
+    ("attention-sinks-negative", ATTENTION_PLUGIN_NAME, dict(attn_cfg().to_attributes(), attention_sinks=-1),
+     ["'attention_sinks'=-1"]),
+    ("softmax-scale-negative", ATTENTION_PLUGIN_NAME, dict(attn_cfg().to_attributes(), softmax_scale=-0.5),
+     ["'softmax_scale'=-0.5"]),
+    ("softcap-infinite", ATTENTION_PLUGIN_NAME, dict(attn_cfg().to_attributes(), logit_softcap=float("inf")),
+     ["'logit_softcap'=inf"]),
+    ("pool-index-negative", WRITE_PLUGIN_NAME, dict(write_cfg().to_attributes(), pool_index=-1),
+     ["'pool_index'=-1"]),
+    ("page-size-zero", ATTENTION_PLUGIN_NAME, dict(attn_cfg().to_attributes(), page_size=0), ["'page_size'=0"]),
+    # ONNX type rules: a FLOAT attribute written as INT arrives as kINT32 and the reverse as kFLOAT32.
+    ("float-field-as-int", WRITE_PLUGIN_NAME, dict(write_cfg().to_attributes(), rope_theta=10000),
+     ["'rope_theta'", "expected a float field", "kINT32"]),
+    ("int-field-as-float", ATTENTION_PLUGIN_NAME, dict(attn_cfg().to_attributes(), head_dim=64.0),
+     ["'head_dim'", "expected an integer field", "kFLOAT32"]),
+]
+
+
+@pytest.mark.parametrize("case_id,plugin,attrs,words", BUILD_REJECTIONS, ids=[c[0] for c in BUILD_REJECTIONS])
+def test_create_rejects_bad_attributes(host, tmp_path, case_id, plugin, attrs, words):
+    assert_rejected(create(host, tmp_path, plugin, attrs), *words)
+
+
+def test_defaults_fill_optional_attributes(host, tmp_path):
+    """Only the required attributes: the plugin serializes config.py's defaults for everything else."""
+    for plugin, cfg in ((WRITE_PLUGIN_NAME, write_cfg()), (ATTENTION_PLUGIN_NAME, attn_cfg())):
+        required = {k: v for k, v in cfg.to_attributes().items()
+                    if k in ("num_q_heads", "num_kv_heads", "head_dim", "page_size", "num_layers", "layer_index")}
+        report = create(host, tmp_path, plugin, required)
+        assert report["created"] and report["messages"] == []
+        assert_fields_equal(report["fields"], cfg.to_attributes())
+
+
+def test_onnx_int_attributes_are_truncated_to_int32(host, tmp_path):
+    """The ONNX parser casts INT (int64) to kINT32: 2**32 + 4 arrives as 4. The builder must range-check."""
+    attrs = dict(write_cfg().to_attributes(), num_q_heads=2 ** 32 + 4)
+    report = create(host, tmp_path, WRITE_PLUGIN_NAME, attrs)
+    assert report["created"]
+    assert report["fields_given"]["num_q_heads"] == {"type": "kINT32", "length": 1, "value": 4}
+    assert report["fields"]["num_q_heads"]["value"] == 4
+
+
+def test_parser_passes_only_listed_fields_and_direct_callers_get_warnings(host, tmp_path):
+    attrs = dict(attn_cfg().to_attributes(), plugin_version="1", plugin_namespace="pagedkv", extra_knob=3)
+    parsed = create(host, tmp_path, ATTENTION_PLUGIN_NAME, attrs)  # the parser drops unlisted names
+    assert parsed["created"] and parsed["messages"] == []
+    assert "extra_knob" not in parsed["fields_given"] and "plugin_version" not in parsed["fields_given"]
+    direct = create(host, tmp_path, ATTENTION_PLUGIN_NAME, attrs, caller="direct")
+    assert direct["fields_given"]["plugin_version"] == {"type": "kCHAR", "length": 2, "value": "1"}
+    assert direct["created"]
+    assert [m["message"] for m in direct["messages"]] == [
+        f"[pagedkv] {ATTENTION_PLUGIN_NAME}: ignoring unknown field 'extra_knob'"]
+
+
+# ================================================================================================ corrupt
+@pytest.fixture(scope="module")
+def serialized(host, tmp_path_factory):
+    """What getFieldsToSerialize gives for one write and one attention plugin, as raw field specs."""
+    tmp = tmp_path_factory.mktemp("serialized")
+    out = {}
+    for plugin, cfg in ((WRITE_PLUGIN_NAME, write_cfg(has_bias=True)), (ATTENTION_PLUGIN_NAME, attn_cfg(window=64))):
+        report = create(host, tmp, plugin, cfg.to_attributes())
+        assert report["created"]
+        out[plugin] = {name: {"raw_type": f["type"], "values": [f["value"]]} for name, f in report["fields"].items()}
+    return out
+
+
+def test_serialized_fields_deserialize(host, tmp_path, serialized):
+    for plugin, fields in serialized.items():
+        report = create(host, tmp_path, plugin, fields, phase="runtime", caller="direct")
+        assert report["created"] and report["messages"] == []
+
+
+CORRUPTIONS = [
+    # (id, plugin, mutate(fields) -> fields, words)
+    ("truncated-last-field", WRITE_PLUGIN_NAME, lambda f: dict(list(f.items())[:-1]),
+     ["incomplete", "missing field(s) 'v_scale'"]),
+    ("truncated-to-half", ATTENTION_PLUGIN_NAME, lambda f: dict(list(f.items())[:len(f) // 2]), ["incomplete"]),
+    ("empty", ATTENTION_PLUGIN_NAME, lambda f: {}, ["incomplete", "'num_q_heads'"]),
+    ("int-as-float", WRITE_PLUGIN_NAME, lambda f: dict(f, num_kv_heads={"raw_type": "kFLOAT32", "values": [2.0]}),
+     ["'num_kv_heads'", "expected an integer field", "kFLOAT32"]),
+    ("float-as-int", ATTENTION_PLUGIN_NAME, lambda f: dict(f, k_scale={"raw_type": "kINT32", "values": [1]}),
+     ["'k_scale'", "expected a float field", "kINT32"]),
+    ("blob-instead-of-int", WRITE_PLUGIN_NAME,
+     lambda f: dict(f, head_dim={"raw_type": "kUNKNOWN", "values": [0x13, 0x37, 0, 1, 2, 3, 4, 5]}),
+     ["'head_dim'", "kUNKNOWN"]),
+    ("string-instead-of-int", ATTENTION_PLUGIN_NAME, lambda f: dict(f, window={"raw_type": "kCHAR", "values": "64"}),
+     ["'window'", "kCHAR"]),
+    ("length-zero", WRITE_PLUGIN_NAME, lambda f: dict(f, page_size={"raw_type": "kINT32", "values": [], "length": 0}),
+     ["'page_size'", "length 0"]),
+    ("length-two", ATTENTION_PLUGIN_NAME,
+     lambda f: dict(f, num_layers={"raw_type": "kINT32", "values": [2, 2]}), ["'num_layers'", "length 2"]),
+    ("length-claims-more", WRITE_PLUGIN_NAME,
+     lambda f: dict(f, q_scale={"raw_type": "kFLOAT32", "values": [1.0], "length": 1000}),
+     ["'q_scale'", "length 1000"]),
+    ("negative-length", WRITE_PLUGIN_NAME,
+     lambda f: dict(f, layer_index={"raw_type": "kINT32", "values": [1], "length": -5}), ["'layer_index'", "-5"]),
+    ("null-data", ATTENTION_PLUGIN_NAME,
+     lambda f: dict(f, head_dim={"raw_type": "kINT32", "values": [64], "null_data": True}), ["'head_dim'", "null"]),
+    ("out-of-range-head-dim", WRITE_PLUGIN_NAME, lambda f: dict(f, head_dim={"raw_type": "kINT32", "values": [80]}),
+     ["'head_dim'=80"]),
+    ("unknown-cache-dtype", ATTENTION_PLUGIN_NAME,
+     lambda f: dict(f, cache_dtype={"raw_type": "kINT32", "values": [7]}), ["'cache_dtype'=7"]),
+    ("unknown-rope-style", WRITE_PLUGIN_NAME, lambda f: dict(f, rope_style={"raw_type": "kINT32", "values": [9]}),
+     ["'rope_style'=9"]),
+    ("int64-out-of-int32", WRITE_PLUGIN_NAME,
+     lambda f: dict(f, num_q_heads={"raw_type": "kINT64", "values": [2 ** 40]}), ["'num_q_heads'", "int32"]),
+    ("scale-nan", ATTENTION_PLUGIN_NAME, lambda f: dict(f, q_scale={"raw_type": "kFLOAT32", "values": [math.nan]}),
+     ["'q_scale'=nan"]),
+    ("float64-overflows-float32", WRITE_PLUGIN_NAME,
+     lambda f: dict(f, rope_theta={"raw_type": "kFLOAT64", "values": [1e300]}), ["'rope_theta'", "overflows"]),
+    ("inconsistent-heads", ATTENTION_PLUGIN_NAME,
+     lambda f: dict(f, num_kv_heads={"raw_type": "kINT32", "values": [3]}), ["'num_q_heads'=4", "num_kv_heads=3"]),
+]
+
+
+@pytest.mark.parametrize("case_id,plugin,mutate,words", CORRUPTIONS, ids=[c[0] for c in CORRUPTIONS])
+def test_corrupt_serialized_fields_fail_with_a_message(host, tmp_path, serialized, case_id, plugin, mutate, words):
+    fields = mutate(dict(serialized[plugin]))
+    report = create(host, tmp_path, plugin, fields, phase="runtime", caller="direct")
+    assert_rejected(report, *words)
+
+
+def test_duplicate_field_is_rejected(host, tmp_path, serialized):
+    fields = serialized[WRITE_PLUGIN_NAME]
+    body = ",".join(f"{json.dumps(k)}:{json.dumps(v)}" for k, v in fields.items())
+    text = ('{"plugin": "%s", "phase": "runtime", "caller": "direct", "attrs": {%s, "head_dim": '
+            '{"raw_type": "kINT32", "values": [128]}}}' % (WRITE_PLUGIN_NAME, body))
+    report = create(host, tmp_path, WRITE_PLUGIN_NAME, None, spec_text=text)
+    assert_rejected(report, "'head_dim' given twice")
+
+
+def test_build_phase_values_also_checked_at_run_time(host, tmp_path, serialized):
+    """A runtime-phase blob goes through the same validation as build-time attributes (one parser)."""
+    fields = dict(serialized[ATTENTION_PLUGIN_NAME], layer_index={"raw_type": "kINT32", "values": [5]})
+    assert_rejected(create(host, tmp_path, ATTENTION_PLUGIN_NAME, fields, phase="runtime", caller="direct"),
+                    "'layer_index'=5", "num_layers=2")
+
+
+# ================================================================================================ docs
+REQUIRED = ("num_q_heads", "num_kv_heads", "head_dim", "page_size", "num_layers", "layer_index")
+
+
+def doc_attribute_tables() -> dict[str, dict[str, list[str]]]:
+    """docs/plugin_io.md "## Attributes": {section title: {name: [ONNX, field, default, ...]}}."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "plugin_io.md").read_text()
+    section = text.split("\n## Attributes\n", 1)[1].split("\n## ", 1)[0]
+    tables, title = {}, None
+    for line in section.splitlines():
+        if line.startswith("### "):
+            title = line[4:].strip()
+            tables[title] = {}
+        elif title and line.startswith("| `"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            tables[title][cells[0].strip("`")] = cells[1:]
+    return tables
+
+
+def test_docs_attribute_tables_match_the_plugins(host, tmp_path):
+    """The human-readable contract cannot drift: names, ONNX/field types and defaults against config.py and
+    against what the creators report."""
+    tables = doc_attribute_tables()
+    shared = tables["Shared by both plugins (pool and heads)"]
+    _, info, _ = run_host(host, "info", tmp_path)
+    fields = {c["name"]: {f["name"]: f["type"] for f in c["fields"]} for c in info["creators"]}
+    for plugin, cfg in ((WRITE_PLUGIN_NAME, write_cfg()), (ATTENTION_PLUGIN_NAME, attn_cfg())):
+        rows = {**shared, **tables[plugin]}
+        attrs = cfg.to_attributes()
+        assert set(rows) == set(attrs), sorted(set(rows) ^ set(attrs))
+        for name, (onnx, field, default, *_rest) in rows.items():
+            assert onnx == ("FLOAT" if isinstance(attrs[name], float) else "INT"), name
+            assert field == fields[plugin][name], name
+            if name in REQUIRED:
+                assert default == "required", name
+            else:
+                assert float(default) == attrs[name], (name, default, attrs[name])

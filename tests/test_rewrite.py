@@ -1,0 +1,420 @@
+"""The attention rewrite on every synthetic structure: the report equals the generator's config, the graph
+is valid and follows the contract (docs/builder.md), everything outside attention is bit-identical, and each
+rewritten layer computes the original layer's attention (``pagedkv.reference`` write + paged attention over
+a paged fp16 pool, chunked prefill and mixed batches) — plus the precise errors on graphs that don't match."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from conftest import TOLERANCES
+
+from pagedkv.builder.graph_info import GraphView, ProbeStep
+from pagedkv.builder.rewrite import (RewriteError, RewriteOptions, add_rewrite_arguments, options_from_args,
+                                     rewrite_model)
+from pagedkv.config import (ATTENTION_PLUGIN_NAME, ONNX_DOMAIN, WRITE_PLUGIN_NAME, AttentionConfig, RopeConfig,
+                            RopeStyle, WriteConfig)
+from pagedkv.layout import CacheDType
+from pagedkv.onnx_export.synthetic import SyntheticConfig, make_synthetic_model, structure_matrix
+from pagedkv.reference.attention import paged_attention
+from pagedkv.reference.write import qkv_write
+from pagedkv.step import StepMetadata
+
+CASES = structure_matrix()
+PATTERN_OF_FORM = {"decomposed": "decomposed", "contrib_rotary": "decomposed", "contrib_gqa": "contrib_gqa",
+                   "onnx23": "onnx_attention"}
+ATTENTION_SCOPES = ("/attn/", "/mask/", "/rotary/")  # synthetic node scopes the rewrite may remove
+_CACHE: dict = {}
+
+
+def original(cfg: SyntheticConfig) -> onnx.ModelProto:
+    if ("model", cfg) not in _CACHE:
+        _CACHE[("model", cfg)] = make_synthetic_model(cfg)
+    return _CACHE[("model", cfg)]
+
+
+def rewritten(cfg: SyntheticConfig, **options):
+    key = ("rewrite", cfg, tuple(sorted(options.items())))
+    if key not in _CACHE:
+        _CACHE[key] = rewrite_model(original(cfg), RewriteOptions(**options))
+    return _CACHE[key]
+
+
+def plugin_nodes(model: onnx.ModelProto, op: str) -> list[onnx.NodeProto]:
+    return [n for n in model.graph.node if n.op_type == op and n.domain == ONNX_DOMAIN]
+
+
+def attributes(node: onnx.NodeProto) -> dict:
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+# ---- what the rewrite found ------------------------------------------------------------------------------
+@pytest.mark.parametrize("cfg", CASES, ids=lambda c: c.id)
+def test_report_matches_the_generator_config(cfg):
+    result = rewritten(cfg)
+    assert len(result.report.layers) == cfg.num_layers
+    for i, layer in enumerate(result.report.layers):
+        assert layer.index == i
+        assert layer.pattern == PATTERN_OF_FORM[cfg.attention_form]
+        assert (layer.num_heads, layer.num_kv_heads, layer.head_dim) == (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        want_rope = RopeConfig(style=cfg.rope.style, rotary_dim=0 if cfg.rotary_dim == cfg.head_dim else cfg.rotary_dim,
+                               theta=cfg.rope.theta, scaling=cfg.rope.scaling, factor=cfg.rope.factor if cfg.rope.scaling else 1.0)
+        assert layer.rope == want_rope
+        assert layer.qkv_bias == cfg.qkv_bias
+        assert layer.fused_qkv == cfg.fused_qkv
+        assert layer.qk_norm == cfg.qk_norm
+        assert layer.window == cfg.sliding_window and layer.attention_sinks == 0
+        assert layer.softmax_scale == pytest.approx(cfg.resolved_softmax_scale, rel=1e-6)
+        assert layer.logit_softcap == 0.0
+        assert layer.projection == ("kept" if cfg.qk_norm else "packed")
+    assert not result.report.explicit_positions
+    text = str(result.report)
+    assert f"rewrote {cfg.num_layers} attention layer(s)" in text and f"head_dim={cfg.head_dim}" in text
+
+
+# ---- the rewritten graph ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("cfg", CASES, ids=lambda c: c.id)
+def test_graph_is_valid_and_follows_the_contract(cfg):
+    result = rewritten(cfg)
+    model = result.model
+    onnx.checker.check_model(model)
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    types = {v.name: v.type.tensor_type for v in (*inferred.graph.value_info, *inferred.graph.input,
+                                                   *inferred.graph.output)}
+    assert {(o.domain, o.version) for o in model.opset_import} >= {(ONNX_DOMAIN, 1)}
+    inputs = {i.name: i for i in model.graph.input}
+    assert list(inputs) == ["input_ids", "kv_pools", "cu_q_lens", "past_lens", "block_table_0"]
+    elem = {n: i.type.tensor_type.elem_type for n, i in inputs.items()}
+    assert elem == {"input_ids": onnx.TensorProto.INT64, "kv_pools": onnx.TensorProto.INT64,
+                    "cu_q_lens": onnx.TensorProto.INT32, "past_lens": onnx.TensorProto.INT32,
+                    "block_table_0": onnx.TensorProto.INT32}
+    assert [d.dim_value or d.dim_param for d in inputs["input_ids"].type.tensor_type.shape.dim] == [1, "num_tokens"]
+    assert [d.dim_value for d in inputs["kv_pools"].type.tensor_type.shape.dim] == [1, 4]
+    assert [o.name for o in model.graph.output] == ["logits"] + [f"kv_write_status_{i}" for i in range(cfg.num_layers)]
+    writes, attns = plugin_nodes(model, WRITE_PLUGIN_NAME), plugin_nodes(model, ATTENTION_PLUGIN_NAME)
+    assert len(writes) == len(attns) == cfg.num_layers
+    width = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+    for i, (write, attn) in enumerate(zip(writes, attns)):
+        report = result.report.layers[i]
+        assert attributes(write) == report.write.to_attributes()
+        assert attributes(attn) == report.attention.to_attributes()
+        assert WriteConfig.from_attributes(attributes(write)) == report.write
+        assert AttentionConfig.from_attributes(attributes(attn)) == report.attention
+        assert report.write.pool.layer_index == i and report.write.pool.num_layers == cfg.num_layers
+        assert list(write.input[1:5]) == ["kv_pools", "block_table_0", "cu_q_lens", "past_lens"]
+        assert len(write.input) == 5 + int(report.write.has_bias)
+        assert list(attn.input) == [write.output[0], "kv_pools", "block_table_0", "cu_q_lens", "past_lens",
+                                    write.output[1]]
+        assert write.output[1] == f"kv_write_status_{i}"
+        assert [d.dim_value or d.dim_param for d in types[write.input[0]].shape.dim] == ["num_tokens", width]
+        assert types[attn.output[0]].elem_type == onnx.TensorProto.FLOAT
+        assert [d.dim_value or d.dim_param for d in types[attn.output[0]].shape.dim] == [
+            "num_tokens", cfg.num_heads * cfg.head_dim]
+    assert [g.layers for g in result.pool_groups] == [list(range(cfg.num_layers))]
+    assert result.pool_groups[0].block_table == "block_table_0"
+
+
+@pytest.mark.parametrize("cfg", CASES, ids=lambda c: c.id)
+def test_everything_outside_attention_is_bit_identical(cfg):
+    before, after = original(cfg), rewritten(cfg).model
+    kept = {n.SerializeToString() for n in after.graph.node}
+    outside = [n for n in before.graph.node if not any(s in n.name for s in ATTENTION_SCOPES)]
+    missing = [n.name for n in outside if n.SerializeToString() not in kept]
+    assert not missing, f"nodes outside attention changed or vanished: {missing[:5]}"
+    old_inits = {t.name: t.SerializeToString() for t in before.graph.initializer}
+    for t in after.graph.initializer:
+        if t.name in old_inits:
+            assert t.SerializeToString() == old_inits[t.name], t.name
+    used = {i for n in outside for i in n.input}
+    assert used & set(old_inits) <= {t.name for t in after.graph.initializer}
+    assert not [n.name for n in after.graph.node if "/attn/" in n.name and "/mask/" in n.name]
+    assert not any(n.op_type in ("Softmax", "Attention", "GroupQueryAttention", "RotaryEmbedding")
+                   for n in after.graph.node)
+
+
+# ---- numerics: each rewritten layer against the original layer --------------------------------------
+def _attention_io(before: onnx.ModelProto, after: onnx.ModelProto):
+    """Per layer: (rewritten qkv tensor, bias or None, write node, attention node, reshaped output tensor,
+    original attention output tensor)."""
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in after.graph.initializer}
+    by_name = {n.name: n for n in before.graph.node}
+    out = []
+    for write, attn in zip(plugin_nodes(after, WRITE_PLUGIN_NAME), plugin_nodes(after, ATTENTION_PLUGIN_NAME)):
+        cfg = WriteConfig.from_attributes(attributes(write))
+        bias = inits[write.input[-1]] if cfg.has_bias else None
+        reshape = next(n for n in after.graph.node if attn.output[0] in n.input)
+        o_proj = next(n for n in after.graph.node if reshape.output[0] in n.input)
+        index = list(o_proj.input).index(reshape.output[0])
+        out.append((write.input[0], bias, write, attn, reshape.output[0], by_name[o_proj.name].input[index]))
+    return out
+
+
+def _run_original(model: onnx.ModelProto, ids: np.ndarray, cfg: SyntheticConfig, extra: list[str]):
+    m = copy.deepcopy(model)
+    m.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in extra)
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    S = ids.shape[0]
+    feeds = {"input_ids": ids[None].astype(np.int64), "attention_mask": np.ones((1, S), np.int64),
+             "position_ids": np.arange(S, dtype=np.int64)[None]}
+    for i in range(cfg.num_layers):
+        for kv in ("key", "value"):
+            feeds[f"past_key_values.{i}.{kv}"] = np.zeros((1, cfg.num_kv_heads, 0, cfg.head_dim), np.float32)
+    outs = sess.run(extra, feeds)
+    return [o.reshape(S, -1) for o in outs]
+
+
+def _qkv_rows(after, io, layer: int, ids: np.ndarray, original_attn: list[np.ndarray]) -> np.ndarray:
+    """The rewritten graph's packed qkv of ``layer`` for a sequence, earlier layers' attention outputs fed
+    with the original's (so only this layer's rewrite is under test)."""
+    view = GraphView(after)
+    feeds = {"input_ids": ids[None].astype(np.int64)}
+    for j in range(layer):
+        feeds[io[j][4]] = original_attn[j][None].astype(np.float32)
+    step = ProbeStep({"input_ids": "input_ids"}, {}, batch=1, past=0, seq=ids.shape[0])
+    (qkv,) = view.evaluate([io[layer][0]], feeds, step)
+    return np.asarray(qkv, dtype=np.float64)
+
+
+# Steps of two sequences (A, B): (tokens of A, tokens of B). Chunked prefill, a mixed prefill + decode step,
+# and decodes; page size 4 so every step crosses pages.
+SCHEDULE = [(6, 3), (1, 5), (1, 1), (4, 0), (1, 2)]
+PAGE_SIZE = 4
+
+
+@pytest.mark.parametrize("cfg", CASES, ids=lambda c: c.id)
+def test_rewritten_layers_compute_the_original_attention(cfg):
+    before = original(cfg)
+    after = rewritten(cfg, page_size=PAGE_SIZE, cache_dtype="fp16").model
+    io = _attention_io(before, after)
+    rng = np.random.default_rng(11)
+    lengths = [sum(s[k] for s in SCHEDULE) for k in (0, 1)]
+    prompts = [rng.integers(0, cfg.vocab, n) for n in lengths]
+    original_attn = [_run_original(before, ids, cfg, [t[5] for t in io]) for ids in prompts]  # [seq][layer]
+    layout_pool = WriteConfig.from_attributes(attributes(io[0][2])).pool
+    pages = -(-max(lengths) // PAGE_SIZE)
+    num_blocks = 2 * pages + 3
+    block_ids = rng.permutation(num_blocks)[:2 * pages].reshape(2, pages).astype(np.int32)  # scattered pages
+    pool = np.full(layout_pool.layout().pool_shape(num_blocks), np.nan, dtype=CacheDType.FP16.numpy_dtype)
+    atol, rtol = TOLERANCES["float16"]  # K/V are stored as fp16
+    for layer, (_, bias, write, attn, _, _) in enumerate(io):
+        wcfg, acfg = WriteConfig.from_attributes(attributes(write)), AttentionConfig.from_attributes(attributes(attn))
+        qkv = [_qkv_rows(after, io, layer, ids, [original_attn[k][j] for j in range(layer)])
+               for k, ids in enumerate(prompts)]
+        done = [0, 0]
+        for step in SCHEDULE:
+            rows = [qkv[k][done[k]:done[k] + step[k]] for k in (0, 1)]
+            meta = StepMetadata(block_table=block_ids, cu_q_lens=np.cumsum([0, *step]), past_lens=np.asarray(done))
+            q = qkv_write(np.concatenate(rows), bias, meta, pool, wcfg)
+            out = paged_attention(q, meta, pool, acfg).reshape(meta.num_tokens, -1)
+            want = np.concatenate([original_attn[k][layer][done[k]:done[k] + step[k]] for k in (0, 1)])
+            np.testing.assert_allclose(out, want, atol=atol, rtol=rtol,
+                                       err_msg=f"layer {layer}, step {step} after {done}")
+            done = [done[k] + step[k] for k in (0, 1)]
+    _check_only_live_slots_written(pool, layout_pool.layout(), block_ids, lengths, cfg.num_layers)
+
+
+def _check_only_live_slots_written(pool, layout, block_ids, lengths, num_layers):
+    """Blocks outside the block tables stay NaN; every live (layer, K/V, head, position) slot was written."""
+    values = pool.astype(np.float32)
+    unused = sorted(set(range(pool.shape[0])) - set(block_ids.ravel().tolist()))
+    assert np.isnan(values[unused]).all()
+    flat, dims = values.reshape(-1), np.arange(layout.head_dim)
+    for k, length in enumerate(lengths):
+        block, offset, _ = layout.locate(block_ids[k], np.arange(length), pool.shape[0])
+        for layer in range(num_layers):
+            for kv in (0, 1):
+                for head in range(layout.num_kv_heads):
+                    at = layout.elem_offset(block, layer, kv, head, offset)[:, None] + dims
+                    assert not np.isnan(flat[at]).any(), (k, layer, kv, head)
+
+
+# ---- options ---------------------------------------------------------------------------------------------
+def test_options_shape_the_plugins():
+    cfg = SyntheticConfig(sliding_window=5)
+    result = rewrite_model(original(cfg), RewriteOptions(page_size=32, cache_dtype="fp8", k_scale=0.5, v_scale=0.25,
+                                                         window=0, max_blocks=64, pool_grouping="per_layer",
+                                                         explicit_positions=True))
+    model = result.model
+    assert [g.layers for g in result.pool_groups] == [[0], [1]]
+    inputs = {i.name: i for i in model.graph.input}
+    assert "position_ids" in inputs and inputs["position_ids"].type.tensor_type.elem_type == onnx.TensorProto.INT32
+    assert [d.dim_value for d in inputs["kv_pools"].type.tensor_type.shape.dim] == [2, 4]
+    assert [d.dim_value or d.dim_param for d in inputs["block_table_1"].type.tensor_type.shape.dim] == ["batch", 64]
+    for i, (write, attn) in enumerate(zip(plugin_nodes(model, WRITE_PLUGIN_NAME),
+                                          plugin_nodes(model, ATTENTION_PLUGIN_NAME))):
+        w, a = WriteConfig.from_attributes(attributes(write)), AttentionConfig.from_attributes(attributes(attn))
+        assert w.explicit_positions and write.input[5] == "position_ids"
+        assert (w.pool.page_size, w.pool.cache_dtype, w.pool.k_scale, w.pool.v_scale) == (32, CacheDType.FP8_E4M3, 0.5, 0.25)
+        assert (w.pool.pool_index, w.pool.layer_index, w.pool.num_layers) == (i, 0, 1)
+        assert write.input[2] == f"block_table_{i}"
+        assert a.window == 0
+    assert result.report.explicit_positions
+
+
+def test_single_pool_group_and_window_override():
+    result = rewrite_model(original(SyntheticConfig()), RewriteOptions(pool_grouping="single", window=7))
+    assert [g.layers for g in result.pool_groups] == [[0, 1]]
+    assert {layer.window for layer in result.report.layers} == {7}
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(page_size=0), "page_size"), (dict(cache_dtype="fp4"), "cache_dtype"), (dict(pool_grouping="x"), "pool_grouping"),
+    (dict(window=-2), "window"), (dict(max_blocks=0), "max_blocks"), (dict(k_scale=0.0), "k_scale"),
+])
+def test_option_errors_name_the_field(bad, message):
+    with pytest.raises(ValueError, match=message):
+        RewriteOptions(**bad)
+
+
+def test_cli_arguments_map_to_options():
+    parser = add_rewrite_arguments(argparse.ArgumentParser())
+    args = parser.parse_args(["in.onnx", "-o", "out.onnx", "--page-size", "64", "--cache-dtype", "int8",
+                              "--k-scale", "0.1", "--window", "0", "--pool-grouping", "per_layer",
+                              "--explicit-positions", "--allow-no-rope"])
+    assert options_from_args(args) == RewriteOptions(page_size=64, cache_dtype="int8", k_scale=0.1, window=0,
+                                                     pool_grouping="per_layer", explicit_positions=True,
+                                                     require_rope=False)
+    assert (args.input, args.output) == ("in.onnx", "out.onnx")
+
+
+def test_input_model_is_not_modified():
+    model = original(SyntheticConfig(qk_norm=True))
+    before = model.SerializeToString()
+    rewrite_model(model)
+    assert model.SerializeToString() == before
+
+
+# ---- graphs that don't match: precise errors, nothing returned --------------------------------------------
+def _edited(cfg: SyntheticConfig, edit) -> onnx.ModelProto:
+    model = copy.deepcopy(original(cfg))
+    edit(model)
+    return model
+
+
+def _node(model, op: str, scope: str = "/model/layers.0/attn/") -> onnx.NodeProto:
+    return next(n for n in model.graph.node if n.op_type == op and n.name.startswith(scope))
+
+
+def test_attention_without_rope_is_an_error_unless_allowed():
+    model = original(SyntheticConfig(rope=RopeConfig(style=RopeStyle.NONE)))
+    with pytest.raises(RewriteError, match=r"MatMul node '/model/layers.0/attn/MatMul_\d+': expected RoPE on q and k"):
+        rewrite_model(model)
+    result = rewrite_model(model, RewriteOptions(require_rope=False))
+    assert {layer.rope.style for layer in result.report.layers} == {RopeStyle.NONE}
+
+
+def test_softmax_on_the_wrong_axis_names_the_softmax():
+    def edit(model):
+        softmax = _node(model, "Softmax")
+        softmax.attribute[0].i = 2
+        edit.name = softmax.name
+    model = _edited(SyntheticConfig(), edit)
+    with pytest.raises(RewriteError, match=rf"Softmax node '{edit.name}': expected Softmax over the last axis"):
+        rewrite_model(model)
+
+
+def test_concat_on_the_wrong_axis_names_the_concat():
+    def edit(model):
+        concat = next(n for n in model.graph.node if n.op_type == "Concat" and n.output[0] == "present.0.key")
+        concat.attribute[0].i = 1
+        edit.name = concat.name
+    model = _edited(SyntheticConfig(), edit)
+    with pytest.raises(RewriteError, match=rf"Concat node '{edit.name}': expected the past/new Concat along the "
+                                           "sequence axis 2, got axis=1"):
+        rewrite_model(model)
+
+
+def test_concat_with_new_tokens_first_names_the_concat():
+    def edit(model):
+        concat = next(n for n in model.graph.node if n.op_type == "Concat" and n.output[0] == "present.1.value")
+        concat.input[0], concat.input[1] = concat.input[1], concat.input[0]
+        edit.name = concat.name
+    model = _edited(SyntheticConfig(), edit)
+    with pytest.raises(RewriteError, match=rf"Concat node '{edit.name}': expected Concat\(past"):
+        rewrite_model(model)
+
+
+def test_q_and_k_with_different_rope_is_an_error():
+    """Only k rotated: q reaches attention unrotated."""
+    def edit(model):
+        scores = next(n for n in model.graph.node if n.op_type == "MatMul" and n.name.startswith("/model/layers.0/attn/")
+                      and "Transpose" in n.input[1])
+        rope_out = next(n for n in model.graph.node if n.output[0] == scores.input[0])  # q's rope Add
+        mul = next(n for n in model.graph.node if n.output[0] == rope_out.input[0])  # x * cos
+        scores.input[0] = mul.input[0]
+    model = _edited(SyntheticConfig(), edit)
+    with pytest.raises(RewriteError, match="expected RoPE on both q and k, q"):
+        rewrite_model(model)
+
+
+def test_mask_with_a_position_bias_is_an_error():
+    def edit(model):
+        where = _node(model, "Where", "/model/mask/")
+        bias = onnx.numpy_helper.from_array(np.asarray(-0.5, dtype=np.float32), "alibi_like_bias")
+        model.graph.initializer.append(bias)
+        where.input[1] = "alibi_like_bias"
+    model = _edited(SyntheticConfig(), edit)
+    with pytest.raises(RewriteError, match=r"MatMul node .*: expected the mask to add 0 \(visible\)"):
+        rewrite_model(model)
+
+
+def test_graph_without_past_inputs_is_an_error():
+    model = original(SyntheticConfig())
+    stripped = onnx.helper.make_model(onnx.helper.make_graph([], "empty", [], []))
+    with pytest.raises(RewriteError, match="no past-KV input found"):
+        rewrite_model(stripped)
+    assert model.graph.node  # the cached original is untouched
+
+
+def test_unsupported_head_dim_names_the_layer():
+    model = original(SyntheticConfig(head_dim=32, hidden=64))
+    with pytest.raises(RewriteError, match=r"layer 0 cannot use the plugins: head_dim: expected one of"):
+        rewrite_model(model)
+
+
+def test_default_scale_is_read_not_assumed():
+    result = rewritten(SyntheticConfig(softmax_scale=0.3, scale_mode="sqrt_qk"))
+    assert result.report.layers[0].softmax_scale == pytest.approx(0.3, rel=1e-6)
+    assert result.report.layers[0].softmax_scale != pytest.approx(1 / math.sqrt(64))
+
+
+def test_exporter_quirks_around_the_cache():
+    """Seen in real exports: the past wrapped in a one-input Concat (the legacy exporter's DynamicCache),
+    the present produced by a Cast after the past/present Concat (GPT-J), and the batch size read from a
+    past input's Shape by nodes that stay (the dynamo exporter)."""
+    cfg = SyntheticConfig(qk_norm=True)
+
+    def edit(model):
+        nodes = model.graph.node
+        concat = next(n for n in nodes if n.op_type == "Concat" and n.output[0] == "present.0.key")
+        alias = onnx.helper.make_node("Concat", ["past_key_values.0.key"], ["past0_alias"], axis=2, name="/alias")
+        concat.input[0] = "past0_alias"
+        concat.output[0] = "k_cat"
+        for n in nodes:  # readers of the present now read the Cast's output, like GPT-J's graph
+            n.input[:] = ["present.0.key" if i == "k_cat" and n is not concat else i for i in n.input]
+        cast = onnx.helper.make_node("Cast", ["k_cat"], ["present.0.key"], to=onnx.TensorProto.FLOAT, name="/cast")
+        q_shape = next(n for n in nodes if n.op_type == "Shape" and n.name.startswith("/model/layers.0/attn/"))
+        batch = onnx.helper.make_node("Shape", ["past_key_values.1.value"], ["past_batch"], start=0, end=1,
+                                      name="/past_batch")
+        gather = next(n for n in nodes if q_shape.output[0] in n.input)  # Gather(Shape(q), 0): the batch size,
+        gather.input[0], gather.input[1] = "past_batch", "zero_index"  # now read off a past input's shape
+        model.graph.initializer.append(onnx.numpy_helper.from_array(np.asarray(0, np.int64), "zero_index"))
+        index = list(nodes).index(concat)
+        nodes.insert(index + 1, cast)
+        nodes.insert(0, alias)
+        nodes.insert(0, batch)
+    model = _edited(cfg, edit)
+    onnx.checker.check_model(model)
+    result = rewrite_model(model)
+    base = rewritten(cfg)
+    assert [(r.num_heads, r.num_kv_heads, r.rope, r.window, r.softmax_scale) for r in result.report.layers] == [
+        (r.num_heads, r.num_kv_heads, r.rope, r.window, r.softmax_scale) for r in base.report.layers]
+    folded = [n for n in result.model.graph.node if n.name == "/past_batch"]
+    assert folded and folded[0].op_type == "Constant"  # batch 1 of the packed graph
+    assert "past_key_values.1.value" not in {i.name for i in result.model.graph.input}
