@@ -1,0 +1,310 @@
+"""Prove that a rewritten graph computes what the original computes, step by step.
+
+    pagedkv compare original.onnx rewritten.onnx [--backend reference|cuda|trt] [--prompts 3]
+                    [--prompt-lens 5,17,33] [--decode-steps 8] [--chunk-size 16] [--atol A --rtol R]
+
+N prompts of different lengths go through (optionally chunked) prefill and M greedy decode steps on both
+graphs, with one schedule (``runtime.loop.Schedule``) so the inputs are identical:
+
+* original: ONNX Runtime, dense past K/V, one sequence per run (``runtime.session.DenseSession``);
+* rewritten: the chosen backend — ``reference`` (ONNX Runtime + numpy pools + float64 references),
+  ``cuda`` (ONNX Runtime + device pools + CUDA kernels through the C API), ``trt`` (a TensorRT engine,
+  ``builder.build.TrtSession``) — every step packs all sequences (mixed prefill chunks and decodes).
+
+The next token of each sequence is the argmax of the *original's* logits, fed to both, so a single
+disagreement cannot derail the rest of the comparison; the rewritten argmax is reported beside it.
+Per step the logits are compared with polygraphy's ``SimpleCompareFunc`` against a tolerance relative to
+the output's scale: every element must satisfy ``|rewritten - original| <= atol + rtol * max|original|``
+(passed to polygraphy as its element-wise absolute tolerance). Why the scale and not each element: the
+rewritten graph stores K/V in the pool's cache dtype (fp16 at best: the contract has no fp32 cache), and a
+storage rounding of relative size u perturbs every logit by about u times the logits' scale, also logits
+that happen to be near zero; a per-element relative bound would fail on those for no fault. Wrong RoPE,
+window, bias or scale give errors of the logits' own order and still fail by far. At the end the paged K/V of every sequence and layer is read back from
+the pools (reference backend) and compared with the original's present K/V — the keys after RoPE, so this
+checks the written cache itself, not only its effect on the logits.
+
+Exit status (CLI): 0 when every step is within tolerance and every greedy token agrees, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pagedkv.tolerances import TOLERANCES
+
+REWRITTEN_BACKENDS = ("reference", "cuda", "trt")
+DEFAULT_PROMPT_LENS = (5, 17, 33, 12, 26, 9, 40, 3)
+
+
+@dataclass
+class StepResult:
+    step: int
+    entries: list[tuple[object, int, str]]  # (sequence, new tokens, "prefill" | "decode")
+    max_abs: float
+    max_scaled: float  # max abs error / max|original| of the compared output
+    passed: bool
+    argmax_agree: int  # rows of the step whose rewritten argmax equals the original's
+    rows: int
+    greedy: list[tuple[object, int, int]] = field(default_factory=list)  # (sequence, original, rewritten)
+
+    @property
+    def greedy_agree(self) -> bool:
+        return all(o == r for _, o, r in self.greedy)
+
+
+@dataclass
+class KVResult:
+    layer: int
+    seq: object
+    max_abs: float
+    max_scaled: float  # max abs error / max|original| of the compared output
+    passed: bool
+    positions: int  # positions compared (resident in the paged cache)
+
+
+@dataclass
+class CompareReport:
+    backend: str
+    atol: float
+    rtol: float
+    chunk_size: int
+    prompt_lens: list[int]
+    decode_steps: int
+    steps: list[StepResult] = field(default_factory=list)
+    kv: list[KVResult] = field(default_factory=list)
+
+    @property
+    def logits_passed(self) -> bool:
+        return all(s.passed for s in self.steps)
+
+    @property
+    def greedy_passed(self) -> bool:
+        return all(s.greedy_agree for s in self.steps)
+
+    @property
+    def kv_passed(self) -> bool:
+        return all(k.passed for k in self.kv)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.steps) and self.logits_passed and self.greedy_passed and self.kv_passed
+
+    @property
+    def max_abs(self) -> float:
+        return max((s.max_abs for s in self.steps), default=0.0)
+
+    @property
+    def greedy_tokens(self) -> dict:
+        out: dict = {}
+        for s in self.steps:
+            for seq, orig, _ in s.greedy:
+                out.setdefault(seq, []).append(orig)
+        return out
+
+    def __str__(self) -> str:
+        lines = [f"compare: backend={self.backend}, prompts {self.prompt_lens}, chunk {self.chunk_size or 'none'}, "
+                 f"{self.decode_steps} decode steps, tolerance |diff| <= {self.atol:g} + {self.rtol:g} * max|original|",
+                 f"{'step':>4}  {'tokens':>6}  {'batch':<34} {'max abs':>9}  {'abs/scale':>9}  {'argmax':>7}  greedy"]
+        for s in self.steps:
+            batch = " ".join(f"{seq}:{kind[0]}{n}" for seq, n, kind in s.entries)
+            greedy = ("-" if not s.greedy else "ok" if s.greedy_agree else
+                      "DIFF " + ", ".join(f"{q}:{o}!={r}" for q, o, r in s.greedy if o != r))
+            flag = "" if s.passed else "  FAIL"
+            lines.append(f"{s.step:>4}  {s.rows:>6}  {batch[:34]:<34} {s.max_abs:9.2e}  {s.max_scaled:9.2e}  "
+                         f"{s.argmax_agree:>3}/{s.rows:<3}  {greedy}{flag}")
+        if self.kv:
+            worst = max(self.kv, key=lambda k: k.max_abs)
+            bad = [k for k in self.kv if not k.passed]
+            lines.append(f"paged K/V vs present K/V: {len(self.kv)} (sequence, layer) pairs, max abs {worst.max_abs:.2e}"
+                         + (f", FAILED for {[(k.seq, k.layer) for k in bad]}" if bad else ", all within tolerance"))
+        lines.append("PASSED" if self.passed else
+                     f"FAILED (logits {'ok' if self.logits_passed else 'out of tolerance'}, greedy "
+                     f"{'ok' if self.greedy_passed else 'differs'}, kv {'ok' if self.kv_passed else 'differs'})")
+        return "\n".join(lines)
+
+
+def _compare_arrays(name, expected, got, atol, rtol):
+    """polygraphy's element-wise comparison of one output with the scale-relative bound
+    ``atol + rtol * max|expected|`` (module docstring). Returns (passed, max abs err, max abs err / scale)."""
+    from polygraphy.comparator import IterationResult, SimpleCompareFunc
+    from polygraphy.logger import G_LOGGER
+
+    expected = np.ascontiguousarray(expected, dtype=np.float64)
+    got = np.ascontiguousarray(got, dtype=np.float64)
+    scale = float(np.max(np.abs(expected))) if expected.size else 0.0
+    bound = atol + rtol * scale
+    func = SimpleCompareFunc(atol=bound, rtol=0.0, check_error_stat="elemwise")
+    with G_LOGGER.verbosity(G_LOGGER.CRITICAL):
+        res = func(IterationResult({name: expected}, runner_name="original"),
+                   IterationResult({name: got}, runner_name="rewritten"))
+    out = res[name]
+    max_abs = float(out.max_absdiff)
+    return bool(out), max_abs, (max_abs / scale if scale else max_abs)
+
+
+def make_prompts(num: int, lens, vocab: int, seed: int) -> list[np.ndarray]:
+    lens = list(lens) if lens else list(DEFAULT_PROMPT_LENS[:num])
+    if len(lens) < num:
+        raise ValueError(f"prompt_lens: {len(lens)} lengths given for {num} prompts")
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab, size=int(n), dtype=np.int64) for n in lens[:num]]
+
+
+def _blocks_needed(groups, prompt_lens, decode_steps) -> list[int]:
+    """Blocks per pool group for all sequences at their final length, plus one per sequence of slack."""
+    out = []
+    for spec in groups:
+        need = sum(int(spec.layout.pages_needed(n + decode_steps)) + 1 for n in prompt_lens)
+        out.append(max(need, 4))
+    return out
+
+
+def open_rewritten(rewritten, backend: str, num_blocks):
+    """A session with ``.step`` / ``.free`` / ``.has_sequence`` over the rewritten graph."""
+    if backend in ("reference", "cuda"):
+        from pagedkv.builder.runtime.session import PagedSession
+
+        return PagedSession(rewritten, backend=backend, num_blocks=num_blocks)
+    if backend == "trt":
+        from pagedkv.builder.build import TrtSession
+
+        return TrtSession(rewritten, num_blocks=num_blocks)
+    raise ValueError(f"backend: expected one of {REWRITTEN_BACKENDS}, got {backend!r}")
+
+
+def compare(original, rewritten, *, backend: str = "reference", num_prompts: int | None = None, prompt_lens=None,
+            prompts=None, decode_steps: int = 8, chunk_size: int = 0, seed: int = 0, atol: float = 1e-5,
+            rtol: float = 1e-5, kv_atol: float | None = None, kv_rtol: float | None = None,
+            check_kv: bool = True, num_blocks=None) -> CompareReport:
+    """Run both graphs on the same schedule; see the module docstring. ``original``: path or ModelProto of
+    the decoder-with-past graph; ``rewritten``: path or ModelProto of the rewritten graph (or, for
+    ``backend="trt"``, the rewritten ONNX whose engine ``TrtSession`` builds or loads)."""
+    import onnx
+
+    from pagedkv.builder.runtime.graph import RewrittenGraph
+    from pagedkv.builder.runtime.loop import Request, Schedule
+    from pagedkv.builder.runtime.session import DenseSession
+
+    if not isinstance(original, onnx.ModelProto):
+        original = onnx.load(str(original))
+    if not isinstance(rewritten, onnx.ModelProto):
+        rewritten = onnx.load(str(rewritten))
+    dense = DenseSession(original)
+    vocab = _vocab(original)
+    if prompts is None:
+        if num_prompts is None:
+            num_prompts = len(prompt_lens) if prompt_lens else 3
+        prompts = make_prompts(num_prompts, prompt_lens, vocab, seed)
+    lens = [int(len(p)) for p in prompts]
+    graph = RewrittenGraph.load(rewritten)
+    if graph.num_groups and len(graph.layers) != dense.graph.num_layers:
+        raise ValueError(f"rewritten graph has {len(graph.layers)} plugin layers, the original "
+                         f"{dense.graph.num_layers} past/present layers")
+    if num_blocks is None:
+        num_blocks = _blocks_needed(graph.groups, lens, decode_steps)
+    report = CompareReport(backend, atol, rtol, chunk_size, lens, decode_steps)
+    kv_atol = atol if kv_atol is None else kv_atol
+    kv_rtol = rtol if kv_rtol is None else kv_rtol
+
+    sched = Schedule([Request(f"s{i}", p) for i, p in enumerate(prompts)], decode_steps=decode_steps,
+                     chunk_size=chunk_size)
+    paged = open_rewritten(rewritten, backend, num_blocks)
+    try:
+        while entries := sched.next_step():
+            kinds = ["decode" if r.fed == r.prompt.size and r.generated else "prefill" for r in sched.pending]
+            expected = dense.step(entries)
+            got = paged.step(entries)
+            exp_all, got_all = np.concatenate(expected), np.concatenate(got)
+            ok, max_abs, max_scaled = _compare_arrays("logits", exp_all, got_all, atol, rtol)
+            agree = int(np.sum(np.argmax(exp_all, -1) == np.argmax(got_all, -1)))
+            result = StepResult(sched.steps, [(sid, len(t), k) for (sid, t), k in zip(entries, kinds)],
+                                max_abs, max_scaled, ok, agree, exp_all.shape[0])
+            nxt = []
+            for i, ((sid, _), e, g) in enumerate(zip(entries, expected, got)):
+                if sched.wants_next_token(i):
+                    o, r = int(np.argmax(e[-1])), int(np.argmax(g[-1]))
+                    result.greedy.append((sid, o, r))
+                    nxt.append(o)
+                else:
+                    nxt.append(None)
+            sched.advance(nxt)
+            report.steps.append(result)
+        if check_kv and backend == "reference":
+            for r in sched.requests:
+                for layer in range(dense.graph.num_layers):
+                    report.kv.append(_compare_kv(dense, paged, r.id, layer, kv_atol, kv_rtol))
+    finally:
+        paged.close()
+    return report
+
+
+def _compare_kv(dense, paged, seq, layer, atol, rtol) -> KVResult:
+    k_exp, v_exp = dense.present(seq, layer)
+    k_got, v_got = paged.read_kv(seq, layer)
+    resident = ~np.isnan(k_got[0, :, 0])  # windowed caches release old positions
+    exp = np.concatenate([k_exp[:, resident], v_exp[:, resident]]).astype(np.float64)
+    got = np.concatenate([k_got[:, resident], v_got[:, resident]])
+    ok, max_abs, max_scaled = _compare_arrays("kv", exp, got, atol, rtol)
+    return KVResult(layer, seq, max_abs, max_scaled, ok, int(resident.sum()))
+
+
+def _vocab(model) -> int:
+    for o in model.graph.output:
+        if o.name == "logits":
+            dims = o.type.tensor_type.shape.dim
+            if dims and dims[-1].HasField("dim_value"):
+                return int(dims[-1].dim_value)
+    raise ValueError("original graph: the logits output has no static vocabulary dimension; pass prompts")
+
+
+# ---- CLI ----------------------------------------------------------------------------------------------
+def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("original", help="decoder-with-past ONNX (before the rewrite)")
+    parser.add_argument("rewritten", help="rewritten ONNX (pagedkv rewrite output)")
+    parser.add_argument("--backend", choices=REWRITTEN_BACKENDS, default="reference")
+    parser.add_argument("--prompts", type=int, default=3, help="number of prompts (ragged lengths)")
+    parser.add_argument("--prompt-lens", default=None, help="comma-separated prompt lengths")
+    parser.add_argument("--decode-steps", type=int, default=8)
+    parser.add_argument("--chunk-size", type=int, default=0, help="prefill chunk (0: whole prompt at once)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--atol", type=float, default=None,
+                        help="default: by the rewritten pool's cache dtype (see docs/runtime.md)")
+    parser.add_argument("--rtol", type=float, default=None)
+    parser.add_argument("--no-kv-check", action="store_true", help="skip the paged-vs-present K/V check")
+
+
+# Default tolerances of the CLI, keyed by the narrowest storage a value passes through: the cache dtype
+# of the rewritten pools (the model's own activations are float32 in the graphs compared here). fp16/bf16
+# come from the one table (pagedkv.tolerances). Its fp8/int8 entries are per element in units of the scale;
+# through a whole model the logits move by more, so the CLI allows 10% of the logits' scale there.
+CLI_TOLERANCE_BY_CACHE = {"FP16": TOLERANCES["float16"], "BF16": TOLERANCES["bfloat16"],
+                          "FP8_E4M3": (1e-1, 1e-1), "INT8": (1e-1, 1e-1)}
+
+
+def run_compare(args) -> int:
+    from pagedkv.builder.runtime.graph import RewrittenGraph
+
+    lens = [int(x) for x in args.prompt_lens.split(",")] if args.prompt_lens else None
+    num = len(lens) if lens else args.prompts
+    atol, rtol = args.atol, args.rtol
+    if atol is None or rtol is None:
+        graph = RewrittenGraph.load(args.rewritten)
+        worst = max((CLI_TOLERANCE_BY_CACHE[g.cache_dtype.name] for g in graph.groups), key=lambda t: t[0])
+        atol = worst[0] if atol is None else atol
+        rtol = worst[1] if rtol is None else rtol
+    from pagedkv.builder.runtime.backends import BackendUnavailable
+    from pagedkv.builder.runtime.graph import GraphError
+
+    try:
+        report = compare(args.original, args.rewritten, backend=args.backend, num_prompts=num, prompt_lens=lens,
+                         decode_steps=args.decode_steps, chunk_size=args.chunk_size, seed=args.seed, atol=atol,
+                         rtol=rtol, check_kv=not args.no_kv_check)
+    except (BackendUnavailable, GraphError) as exc:
+        print(f"pagedkv compare: {exc}", file=sys.stderr)
+        return 2
+    print(report)
+    return 0 if report.passed else 1

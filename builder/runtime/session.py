@@ -1,0 +1,254 @@
+"""Sessions that run one step at a time: the rewritten graph on paged pools, the original on dense past KV.
+
+Both take a step as ``[(seq_id, new_token_ids), ...]`` and return each sequence's logits for its new
+tokens, so the same schedule drives both (``pagedkv.builder.runtime.loop``).
+
+``PagedSession``: the rewritten graph in ONNX Runtime, plugin ops bound to a backend (``backends.py``),
+pages from the KV manager (``pagedkv.kvcache.KVCacheManager``): per step ``add_sequence`` / ``reserve`` /
+``build_step`` -> engine inputs -> run -> every ``kv_write_status_{i}`` checked -> ``commit``.
+
+``DenseSession``: the original decoder-with-past graph, one sequence per run (batch 1, no padding), its
+present K/V kept as the next step's past. Running sequences one at a time keeps the original free of
+padding effects (fully masked rows, pad position conventions), so each of its logits is the model's
+exact answer for that sequence; batching is exercised where it matters, on the rewritten side, whose
+steps pack all sequences together.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from pagedkv.builder.runtime import ops
+from pagedkv.builder.runtime.backends import check_backend_available, make_backend
+from pagedkv.builder.runtime.graph import DecoderGraph, RewrittenGraph
+from pagedkv.config import ATTENTION_PLUGIN_NAME, WRITE_PLUGIN_NAME
+from pagedkv.layout import PageLayout
+from pagedkv.step import raise_for_status
+
+StepEntries = list  # [(seq_id, np.ndarray of new token ids)]
+
+
+def _ort():
+    import onnxruntime
+
+    return onnxruntime
+
+
+def _cpu_session(model_bytes_or_path, sess_options=None):
+    ort = _ort()
+    so = sess_options or ort.SessionOptions()
+    so.log_severity_level = 3
+    so.intra_op_num_threads = int(os.environ.get("PAGEDKV_ORT_THREADS", "1"))
+    return ort.InferenceSession(model_bytes_or_path, so, providers=["CPUExecutionProvider"])
+
+
+_NP_OF_ORT = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32,
+              "tensor(float16)": np.float16, "tensor(double)": np.float64}
+
+
+def _input_types(session) -> dict[str, type]:
+    return {i.name: _NP_OF_ORT.get(i.type) for i in session.get_inputs()}
+
+
+@dataclass
+class _LayerOp:
+    """One plugin node's binding: its parsed config and the backend that executes it."""
+
+    backend: object
+    config: object
+
+    def write(self, *args):
+        return self.backend.write(self.config, *args)
+
+    def attention(self, *args):
+        return self.backend.attention(self.config, *args)
+
+
+class PagedSession:
+    """The rewritten graph on a backend ("reference": numpy pools + references, "cuda": device + kernels).
+
+    Args:
+        model: rewritten ``onnx.ModelProto`` or path.
+        backend: "reference" or "cuda".
+        num_blocks: blocks per pool group (one int, or one per group).
+        manager_kwargs: extra ``KVCacheManager`` arguments (e.g. ``debug_validate=True``).
+    """
+
+    def __init__(self, model, *, backend: str = "reference", num_blocks=512, manager_kwargs: dict | None = None):
+        from pagedkv.kvcache.manager import KVCacheManager
+
+        check_backend_available(backend)  # before any device allocation
+        self.graph = RewrittenGraph.load(model)
+        storage = "numpy" if backend == "reference" else "device"
+        self.manager = KVCacheManager(self.graph.groups, num_blocks, storage=storage, **(manager_kwargs or {}))
+        self._bindings: list[int] = []
+        self.backend = None
+        try:
+            self.backend = make_backend(backend, self.manager)
+            node_bindings = {}
+            for layer in self.graph.layers:
+                for node, plugin, cfg in ((layer.write_node, WRITE_PLUGIN_NAME, layer.write),
+                                          (layer.attention_node, ATTENTION_PLUGIN_NAME, layer.attention)):
+                    flags = (cfg.explicit_positions, cfg.has_bias) if plugin == WRITE_PLUGIN_NAME else (False, False)
+                    op_type = ops.ensure_registered(plugin, layer.io_dtype, *flags)
+                    key = ops.bind(_LayerOp(self.backend, cfg))
+                    self._bindings.append(key)
+                    node_bindings[node] = (op_type, key)
+            from onnxruntime_extensions import get_library_path
+
+            so = _ort().SessionOptions()
+            so.register_custom_ops_library(get_library_path())
+            model_copy = ops.session_model(self.graph.model, node_bindings)
+            self.session = _cpu_session(model_copy.SerializeToString(), so)
+        except BaseException:
+            self.close()
+            raise
+        self._types = _input_types(self.session)
+        self._status_outputs = [f"kv_write_status_{layer.index}" for layer in self.graph.layers]
+        self._outputs = [self.graph.logits] + self._status_outputs
+
+    # ---- lifecycle -------------------------------------------------------------------------------------
+    def close(self) -> None:
+        for key in self._bindings:
+            ops.unbind(key)
+        self._bindings = []
+        if self.backend is not None:
+            self.backend.close()
+            self.backend = None
+        if getattr(self, "manager", None) is not None:
+            self.manager.close()
+            self.manager = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- steps -----------------------------------------------------------------------------------------
+    def has_sequence(self, seq_id) -> bool:
+        return seq_id in self.manager
+
+    def free(self, seq_id) -> None:
+        self.manager.free(seq_id)
+
+    def step(self, entries: StepEntries) -> list[np.ndarray]:
+        """Run one step: each entry's new tokens are appended to its sequence (added when new). Returns the
+        logits [n_i, vocab] of each entry, in order. A failed KV write raises ``KVWriteError``."""
+        mgr = self.manager
+        for seq_id, tokens in entries:
+            if seq_id not in mgr:
+                mgr.add_sequence(seq_id)
+            mgr.reserve(seq_id, len(tokens))
+        counts = [(seq_id, len(tokens)) for seq_id, tokens in entries]
+        batch = mgr.build_step(counts)
+        ids = np.concatenate([np.asarray(t, dtype=np.int64) for _, t in entries])[None, :]
+        feed = {"input_ids": ids, "kv_pools": self.backend.kv_pools(), "cu_q_lens": batch.cu_q_lens,
+                "past_lens": batch.past_lens}
+        for g in range(self.graph.num_groups):
+            feed[f"block_table_{g}"] = batch.meta(g).block_table
+        if "position_ids" in self.graph.input_names:
+            feed["position_ids"] = batch.positions
+        feed = {k: np.ascontiguousarray(v, dtype=self._types.get(k) or v.dtype) for k, v in feed.items()}
+        try:
+            logits, *statuses = self.session.run(self._outputs, feed)
+        except BaseException:
+            for seq_id, _ in entries:
+                mgr.unreserve(seq_id)
+            raise
+        for name, status in zip(self._status_outputs, statuses):
+            try:
+                raise_for_status(status, where=f"{name} (step of sequences {list(batch.seq_ids)})")
+            except BaseException:
+                for seq_id, _ in entries:
+                    mgr.unreserve(seq_id)
+                raise
+        for seq_id, tokens in entries:
+            mgr.commit(seq_id, len(tokens), token_ids=np.asarray(tokens, dtype=np.int64))
+        logits = logits.reshape(ids.shape[1], -1)
+        return [logits[batch.cu_q_lens[i]:batch.cu_q_lens[i + 1]] for i in range(len(entries))]
+
+    def read_kv(self, seq_id, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """Dequantized float64 K and V [kv_heads, length, head_dim] of a sequence's cached positions still
+        resident (all positions for a full cache; a window's positions otherwise), read from the pool
+        through the layout (reference backend only). Positions no longer resident are NaN."""
+        from pagedkv.reference.quant import dequantize
+
+        if self.manager.storage_kind != "numpy":
+            raise RuntimeError("read_kv: only the reference backend keeps host pools")
+        info = self.graph.layers[layer]
+        pool_cfg = info.write.pool
+        lay = pool_cfg.layout()
+        g = pool_cfg.pool_index
+        pool = self.manager.pool(g)
+        length = self.manager.length(seq_id)
+        row = self.manager.block_row(seq_id, g)
+        block, offset, _ = lay.locate(row, np.arange(length), pool.shape[0])
+        out = []
+        for kv, scale in ((0, pool_cfg.k_scale), (1, pool_cfg.v_scale)):
+            vals = np.full((lay.num_kv_heads, length, lay.head_dim), np.nan)
+            ok = block >= 0
+            for h in range(lay.num_kv_heads):
+                if lay.page_layout == PageLayout.HND:  # [NB, L, 2, KVH, P, D]
+                    stored = pool[block[ok], pool_cfg.layer_index, kv, h, offset[ok]]
+                else:  # NHD: [NB, L, 2, P, KVH, D]
+                    stored = pool[block[ok], pool_cfg.layer_index, kv, offset[ok], h]
+                vals[h, ok] = dequantize(stored, pool_cfg.cache_dtype, scale)
+            out.append(vals)
+        return out[0], out[1]
+
+
+class DenseSession:
+    """The original decoder-with-past graph, one sequence per run, dense past K/V kept per sequence."""
+
+    def __init__(self, model):
+        if not isinstance(model, onnx.ModelProto):
+            model = onnx.load(str(model))
+        self.graph = DecoderGraph.load(model)
+        self.session = _cpu_session(model.SerializeToString())
+        self._types = _input_types(self.session)
+        self._past: dict[object, list[np.ndarray]] = {}
+        self._length: dict[object, int] = {}
+        g = self.graph
+        self._outputs = [g.logits] + [n for kv in g.present for n in kv]
+
+    def has_sequence(self, seq_id) -> bool:
+        return seq_id in self._past
+
+    def free(self, seq_id) -> None:
+        self._past.pop(seq_id, None)
+        self._length.pop(seq_id, None)
+
+    def present(self, seq_id, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """K and V [kv_heads, length, head_dim] of a sequence (batch dim dropped)."""
+        k, v = self._past[seq_id][2 * layer], self._past[seq_id][2 * layer + 1]
+        return k[0], v[0]
+
+    def step(self, entries: StepEntries) -> list[np.ndarray]:
+        return [self._run_one(seq_id, np.asarray(tokens, dtype=np.int64)) for seq_id, tokens in entries]
+
+    def _run_one(self, seq_id, tokens: np.ndarray) -> np.ndarray:
+        g = self.graph
+        dtype = np.dtype(g.past_dtype)
+        if seq_id not in self._past:
+            self._past[seq_id] = [np.zeros((1, g.kv_heads[i], 0, g.head_dims[i]), dtype=dtype)
+                                  for i in range(g.num_layers) for _ in range(2)]
+            self._length[seq_id] = 0
+        past_len = self._length[seq_id]
+        n = tokens.size
+        feed = {g.input_ids: tokens[None, :]}
+        if g.attention_mask:
+            feed[g.attention_mask] = np.ones((1, past_len + n), dtype=np.int64)
+        if g.position_ids:
+            feed[g.position_ids] = np.arange(past_len, past_len + n, dtype=np.int64)[None, :]
+        for (k, v), i in zip(g.past, range(g.num_layers)):
+            feed[k], feed[v] = self._past[seq_id][2 * i], self._past[seq_id][2 * i + 1]
+        feed = {k: np.ascontiguousarray(a, dtype=self._types.get(k) or a.dtype) for k, a in feed.items()}
+        logits, *present = self.session.run(self._outputs, feed)
+        self._past[seq_id] = present
+        self._length[seq_id] = past_len + n
+        return logits.reshape(n, -1)

@@ -1,0 +1,279 @@
+"""Export Hugging Face decoder models to ONNX in the decoder-with-past convention, fully offline.
+
+    from pagedkv.onnx_export.hf import export_hf
+    result = export_hf("llama", "llama.onnx", exporter="legacy")      # tiny config, random weights
+    result = export_hf("/models/my-llama", "my.onnx", exporter="dynamo")  # a local model directory
+
+Graph I/O (both exporters; names are fixed by the exporter call, so dynamo's ``input.cache.layers.*``
+names do not appear)::
+
+    inputs : input_ids INT64 [batch, seq], attention_mask INT64 [batch, past+seq],
+             position_ids INT64 [batch, seq], past_key_values.{i}.key|value [batch, kv_heads, past, head_dim]
+    outputs: logits [batch, seq, vocab], present.{i}.key|value [batch, kv_heads, past+seq, head_dim]
+
+Exporters: ``legacy`` = ``torch.onnx.export(..., dynamo=False)`` (TorchScript tracing, opset 17, fully
+decomposed) and ``dynamo`` = ``torch.onnx.export(..., dynamo=True)`` (torch.export, opset 20 by default).
+Tracing bakes Python control flow in, so every export is verified against the eager model on shapes other
+than the traced one (prefill with no past, decode past the sliding window, a left-padded batch).
+
+torch, transformers and onnxscript are the optional ``export`` extra (``pip install pagedkv[export]``);
+they are imported only when an export runs. Nothing here touches the network: ``HF_HUB_OFFLINE=1`` is set
+before transformers is imported and model directories are opened with ``local_files_only=True``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from pagedkv.onnx_export._hf_families import FAMILIES, randomize_weights, tiny_config
+
+EXPORTERS = ("legacy", "dynamo")
+DEFAULT_OPSET = {"legacy": 17, "dynamo": 20}
+# Export verification: ONNX Runtime vs eager PyTorch, both float32. Kernel-order differences stay far
+# below this; a branch baked in by tracing (wrong mask, wrong cache length) gives errors of order 1.
+VERIFY_ATOL, VERIFY_RTOL = 1e-3, 1e-3
+
+
+class ExportError(RuntimeError):
+    """The export failed or the exported graph does not reproduce the eager model."""
+
+
+class MissingExportDependencies(ImportError):
+    pass
+
+
+def require_export_deps():
+    """Import torch and transformers (the ``export`` extra) or raise with the install command."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    missing = []
+    try:
+        import torch
+    except ImportError:
+        torch = None
+        missing.append("torch")
+    try:
+        import transformers
+    except ImportError:
+        transformers = None
+        missing.append("transformers")
+    if missing:
+        raise MissingExportDependencies(
+            f"pagedkv export needs {' and '.join(missing)} (not installed): pip install 'pagedkv[export]'")
+    return torch, transformers
+
+
+def why_export_unavailable() -> str | None:
+    """None when torch + transformers import, else the reason (for test skips)."""
+    try:
+        require_export_deps()
+    except MissingExportDependencies as exc:
+        return str(exc)
+    return None
+
+
+@dataclass
+class ExportResult:
+    path: Path
+    source: str
+    exporter: str
+    opset: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    seconds: float
+    verify_max_abs_err: float | None
+    input_names: list[str] = field(default_factory=list)
+    output_names: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        check = ("not verified" if self.verify_max_abs_err is None
+                 else f"verified vs eager, max abs err {self.verify_max_abs_err:.2e}")
+        return (f"{self.path}: {self.source} via {self.exporter} exporter (opset {self.opset}), "
+                f"{self.num_layers} layers, {self.num_kv_heads} KV heads x {self.head_dim}, "
+                f"{self.seconds:.1f} s, {check}")
+
+
+def io_names(num_layers: int) -> tuple[list[str], list[str]]:
+    inputs = ["input_ids", "attention_mask", "position_ids"]
+    outputs = ["logits"]
+    for i in range(num_layers):
+        inputs += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
+        outputs += [f"present.{i}.key", f"present.{i}.value"]
+    return inputs, outputs
+
+
+def load_model(source: str | os.PathLike, *, seed: int = 0, attn_implementation: str = "eager",
+               dtype: str = "float32"):
+    """A family name (tiny config, random weights from ``seed``) or a local model directory, in eval mode."""
+    torch, transformers = require_export_deps()
+    torch_dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}.get(dtype)
+    if torch_dtype is None:
+        raise ValueError(f"dtype: expected float32, float16 or bfloat16, got {dtype!r}")
+    source = str(source)
+    if source in FAMILIES:
+        config = tiny_config(source)
+        torch.manual_seed(seed)
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
+        randomize_weights(model, seed)
+    elif Path(source).is_dir():
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            source, local_files_only=True, attn_implementation=attn_implementation)
+    else:
+        raise ValueError(f"source: {source!r} is neither a family ({', '.join(sorted(FAMILIES))}) "
+                         "nor a local model directory")
+    return model.to(torch_dtype).eval()
+
+
+def _geometry(model) -> tuple[int, int, int]:
+    """(layers, kv_heads, head_dim) read off a real forward pass (robust to per-family config names)."""
+    import torch
+    from transformers import DynamicCache
+
+    from pagedkv.onnx_export._hf_wrapper import _cache_kwarg, _layers_of
+
+    with torch.no_grad():
+        out = model(input_ids=torch.zeros((1, 2), dtype=torch.long), use_cache=True,
+                    **{_cache_kwarg(model): DynamicCache()})
+    returned = getattr(out, "cache", None)
+    layers = _layers_of(returned if returned is not None else out.past_key_values)
+    _, kv_heads, _, head_dim = layers[0][0].shape
+    return len(layers), int(kv_heads), int(head_dim)
+
+
+def _inputs(batch, seq, past, num_layers, kv_heads, head_dim, vocab, dtype, seed, left_pad=0):
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (batch, seq), generator=gen)
+    mask = torch.ones((batch, past + seq), dtype=torch.long)
+    positions = torch.arange(past, past + seq).expand(batch, seq).clone()
+    if left_pad:  # the first sequence is left-padded by `left_pad` positions (prefill only)
+        mask[0, :left_pad] = 0
+        positions[0] = torch.clamp(torch.arange(seq) - left_pad, min=0)
+    pasts = [torch.randn((batch, kv_heads, past, head_dim), generator=gen).to(dtype)
+             for _ in range(2 * num_layers)]
+    return (ids, mask, positions, *pasts)
+
+
+def _vocab(model) -> int:
+    return int(model.get_output_embeddings().weight.shape[0])
+
+
+def export_model(model, path: str | os.PathLike, *, exporter: str = "legacy", opset: int | None = None,
+                 verify: bool = True, source: str = "model") -> ExportResult:
+    """Export an eval-mode transformers causal LM; see the module docstring for the graph I/O."""
+    torch, _ = require_export_deps()
+    from pagedkv.onnx_export._hf_wrapper import DecoderWithPast
+
+    if exporter not in EXPORTERS:
+        raise ValueError(f"exporter: expected one of {EXPORTERS}, got {exporter!r}")
+    opset = int(opset or DEFAULT_OPSET[exporter])
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    num_layers, kv_heads, head_dim = _geometry(model)
+    wrapper = DecoderWithPast(model, num_layers).eval()
+    dtype = next(model.parameters()).dtype
+    # Distinct, non-1 sizes so that no dimension is specialised or unified with another while tracing.
+    example = _inputs(2, 3, 5, num_layers, kv_heads, head_dim, _vocab(model), dtype, seed=1)
+    in_names, out_names = io_names(num_layers)
+
+    start = time.perf_counter()
+    try:
+        with torch.no_grad():
+            if exporter == "legacy":
+                dyn = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "total"},
+                       "position_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}}
+                for name in in_names[3:]:
+                    dyn[name] = {0: "batch", 2: "past"}
+                for name in out_names[1:]:
+                    dyn[name] = {0: "batch", 2: "total"}
+                torch.onnx.export(wrapper, example, str(path), input_names=in_names, output_names=out_names,
+                                  dynamic_axes=dyn, opset_version=opset, dynamo=False)
+            else:
+                from torch.export import Dim
+
+                batch, seq, past, total = Dim("batch"), Dim("seq"), Dim("past"), Dim("total")
+                shapes = ({0: batch, 1: seq}, {0: batch, 1: total}, {0: batch, 1: seq},
+                          tuple({0: batch, 2: past} for _ in range(2 * num_layers)))
+                program = torch.onnx.export(wrapper, example, input_names=in_names, output_names=out_names,
+                                            dynamic_shapes=shapes, opset_version=opset, dynamo=True)
+                program.save(str(path))
+    except Exception as exc:
+        raise ExportError(f"{exporter} export of {source} failed: {type(exc).__name__}: {exc}") from exc
+    seconds = time.perf_counter() - start
+
+    err = _verify(wrapper, path, num_layers, kv_heads, head_dim, _vocab(model), dtype) if verify else None
+    return ExportResult(path, source, exporter, opset, num_layers, kv_heads, head_dim, seconds, err,
+                        in_names, out_names)
+
+
+def _verify(wrapper, path, num_layers, kv_heads, head_dim, vocab, dtype) -> float:
+    """Run the exported graph and the eager model on shapes other than the traced one; return max abs err."""
+    import onnxruntime as ort
+    import torch
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    in_names = [i.name for i in session.get_inputs()]
+    cases = {  # (batch, seq, past, left_pad)
+        "prefill, no past": (1, 7, 0, 0),
+        "decode past a short window": (3, 1, 11, 0),
+        "left-padded prefill": (2, 6, 0, 2),
+        "chunk over a cached prefix": (2, 4, 9, 0),
+    }
+    worst = 0.0
+    for seed, (what, (batch, seq, past, left_pad)) in enumerate(cases.items()):
+        args = _inputs(batch, seq, past, num_layers, kv_heads, head_dim, vocab, dtype, seed + 10, left_pad)
+        with torch.no_grad():
+            expected = [t.float().numpy() for t in wrapper(*args)]
+        got = session.run(None, {n: a.numpy() for n, a in zip(in_names, args)})
+        for name, e, g in zip([o.name for o in session.get_outputs()], expected, got):
+            if e.shape != g.shape:
+                raise ExportError(f"{path}: output {name} has shape {g.shape} in ONNX Runtime but {e.shape} "
+                                  f"in PyTorch ({what})")
+            if left_pad and name == "logits":  # query rows of padding positions are meaningless in both
+                live = np.ones((batch, seq), dtype=bool)
+                live[0, :left_pad] = False
+                e, g = e[live], g[live]
+            diff = np.abs(g.astype(np.float64) - e)
+            bound = VERIFY_ATOL + VERIFY_RTOL * np.abs(e)
+            if not np.all(diff <= bound):
+                raise ExportError(f"{path}: output {name} differs from eager PyTorch ({what}: batch {batch}, "
+                                  f"seq {seq}, past {past}): max abs err {diff.max():.3e} — the exporter baked "
+                                  "in a shape-dependent branch")
+            worst = max(worst, float(diff.max()) if diff.size else 0.0)
+    return worst
+
+
+def export_hf(source: str | os.PathLike, path: str | os.PathLike, *, exporter: str = "legacy", seed: int = 0,
+              opset: int | None = None, attn_implementation: str = "eager", dtype: str = "float32",
+              verify: bool = True) -> ExportResult:
+    """Load ``source`` (family name or model directory) and export it; see the module docstring."""
+    model = load_model(source, seed=seed, attn_implementation=attn_implementation, dtype=dtype)
+    return export_model(model, path, exporter=exporter, opset=opset, verify=verify, source=str(source))
+
+
+# ---- CLI ----------------------------------------------------------------------------------------------
+def add_export_arguments(parser: argparse.ArgumentParser) -> None:
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--family", choices=sorted(FAMILIES), help="tiny config of a family, random weights")
+    src.add_argument("--model-dir", help="a local Hugging Face model directory (no hub access)")
+    parser.add_argument("-o", "--output", required=True, help="output .onnx path")
+    parser.add_argument("--exporter", choices=EXPORTERS, default="legacy")
+    parser.add_argument("--opset", type=int, default=None, help="default: 17 (legacy), 20 (dynamo)")
+    parser.add_argument("--seed", type=int, default=0, help="random weights of --family")
+    parser.add_argument("--attn-implementation", default="eager", choices=["eager", "sdpa"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--no-verify", action="store_true", help="skip the ONNX Runtime vs eager check")
+
+
+def run_export(args) -> ExportResult:
+    return export_hf(args.family or args.model_dir, args.output, exporter=args.exporter, seed=args.seed,
+                     opset=args.opset, attn_implementation=args.attn_implementation, dtype=args.dtype,
+                     verify=not args.no_verify)

@@ -1,0 +1,57 @@
+"""compare with the CUDA backend: the rewritten graph in ONNX Runtime, plugin ops run by the CUDA kernels
+through the C API on device pools owned by the KV manager (``storage="device"``).
+
+Same cases as tests/test_compare.py, plus a bf16 cache. The kernels take fp16/bf16 activations (the
+backend casts the float32 graph's qkv/q to the pool's 16-bit type), so the tolerance is
+conftest.TOLERANCES["bfloat16"] on the logits' scale. Greedy tokens must agree. The K/V check reads host
+pools, so it is done on the reference backend only; here the logits of every step carry it.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import TOLERANCES
+
+from pagedkv.builder.compare import compare
+from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
+from pagedkv.config import RopeConfig, RopeStyle
+from pagedkv.onnx_export import hf
+from pagedkv.onnx_export.synthetic import SyntheticConfig, make_synthetic_model
+
+pytestmark = pytest.mark.gpu
+
+BF16 = TOLERANCES["bfloat16"]
+BASE = SyntheticConfig(num_layers=2, hidden=64, vocab=128, intermediate=128)
+CASES = {
+    "gqa-fp16": (BASE, "fp16"),
+    "gqa-bf16": (BASE, "bf16"),
+    "mqa-bias-fused": (BASE.replace(num_kv_heads=1, qkv_bias=True, fused_qkv=True), "fp16"),
+    "gptj-partial-table": (BASE.replace(num_kv_heads=4, rope=RopeConfig(style=RopeStyle.GPTJ, rotary_dim=32),
+                                        rope_source="table"), "fp16"),
+    "window-qknorm": (BASE.replace(sliding_window=8, qk_norm=True), "bf16"),
+    "d256": (BASE.replace(head_dim=256, num_heads=2, num_kv_heads=1), "fp16"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("chunk", [0, 8])
+def test_synthetic_cuda_backend(name, chunk):
+    cfg, cache = CASES[name]
+    model = make_synthetic_model(cfg)
+    rewritten = rewrite_model(model, RewriteOptions(cache_dtype=cache)).model
+    report = compare(model, rewritten, backend="cuda", prompt_lens=[5, 17, 33], decode_steps=8, chunk_size=chunk,
+                     atol=BF16[0], rtol=BF16[1])
+    assert report.logits_passed, str(report)
+    assert report.greedy_passed, str(report)
+    assert all(len(t) == 8 for t in report.greedy_tokens.values())
+
+
+@pytest.mark.skipif(hf.why_export_unavailable() is not None, reason=f"export extra missing: "
+                                                                     f"{hf.why_export_unavailable()}")
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma", "gpt_neox"])
+def test_hf_cuda_backend(family, tmp_path):
+    result = hf.export_hf(family, tmp_path / f"{family}.onnx", exporter="dynamo")
+    rewritten = rewrite_model(str(result.path), RewriteOptions(cache_dtype="bf16")).model
+    report = compare(str(result.path), rewritten, backend="cuda", prompt_lens=[5, 17, 33], decode_steps=8,
+                     chunk_size=8, atol=BF16[0], rtol=BF16[1])
+    assert report.logits_passed and report.greedy_passed, str(report)
