@@ -1,0 +1,89 @@
+"""Small kernel launches for compute-sanitizer (memcheck, racecheck), run by .ci/gpu-run.sh.
+
+Each case: the QKV write then the attention over the same pool, on shuffled pages with NaN-poisoned
+slots, a mixed batch (prefill chunk + decodes), compared with the float64 references so that a case that
+runs clean but wrong still fails. Small shapes: the sanitizers slow kernels down by 10-100x.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import ml_dtypes
+import numpy as np
+
+from pagedkv.config import AttentionConfig, PoolConfig, RopeConfig, RopeStyle, WriteConfig
+from pagedkv.kernels.attention import paged_attention_numpy
+from pagedkv.kernels.write import qkv_write_numpy
+from pagedkv.layout import CacheDType, PageLayout
+from pagedkv.reference import paged_attention, qkv_write
+from pagedkv.step import StepMetadata
+from pagedkv.tolerances import TOLERANCES
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+CASES = [
+    # (heads, kv_heads, head_dim, page, cache dtype, page layout, window, sinks, cyclic_len)
+    (8, 2, 128, 16, CacheDType.BF16, PageLayout.HND, 0, 0, 0),
+    (4, 4, 64, 24, CacheDType.FP16, PageLayout.NHD, 0, 0, 0),
+    (8, 1, 256, 32, CacheDType.FP8_E4M3, PageLayout.HND, 0, 0, 0),
+    (8, 2, 128, 16, CacheDType.INT8, PageLayout.HND, 48, 4, 96),
+]
+
+
+def run_case(rng, heads, kv_heads, head_dim, page, cache, page_layout, window, sinks, cyclic) -> bool:
+    q_lens = np.array([33, 1, 1, 7])
+    past = np.array([0, 40, 77, 20])
+    kv_lens = past + q_lens
+    pool_cfg = PoolConfig(num_kv_heads=kv_heads, head_dim=head_dim, page_size=page, num_layers=2, layer_index=1,
+                          cache_dtype=cache, page_layout=page_layout, sink_tokens=sinks, cyclic_len=cyclic,
+                          k_scale=0.05, v_scale=0.04)
+    layout = pool_cfg.layout()
+    pages = [int(layout.pages_needed(n)) for n in kv_lens]
+    num_blocks = sum(pages) + 5
+    perm = rng.permutation(num_blocks)
+    table = np.full((len(pages), max(pages) + 1), -1, np.int32)
+    at = 0
+    for b, n in enumerate(pages):
+        table[b, :n] = perm[at:at + n]
+        at += n
+    meta = StepMetadata(table, np.concatenate([[0], np.cumsum(q_lens)]), past)
+    wcfg = WriteConfig(num_q_heads=heads, pool=pool_cfg, rope=RopeConfig(style=RopeStyle.GPTJ, rotary_dim=head_dim // 2),
+                       has_bias=True)
+    acfg = AttentionConfig(num_q_heads=heads, pool=pool_cfg, window=window, attention_sinks=sinks)
+    # Pool holds random "past" values (the write overwrites this step's slots).
+    storage = cache.numpy_dtype
+    if cache == CacheDType.INT8:
+        pool = rng.integers(-100, 100, layout.pool_shape(num_blocks)).astype(np.int8)
+    else:
+        pool = rng.standard_normal(layout.pool_shape(num_blocks)).astype(np.float32).astype(storage)
+    width = (heads + 2 * kv_heads) * head_dim
+    qkv = rng.standard_normal((meta.num_tokens, width)).astype(BF16)
+    bias = (0.1 * rng.standard_normal(width)).astype(BF16)
+
+    pool_ref = pool.copy()
+    q_ref = qkv_write(qkv, bias, meta, pool_ref, wcfg)
+    out_ref = paged_attention(q_ref, meta, pool_ref, acfg)
+
+    q = qkv_write_numpy(qkv, bias, meta, pool, wcfg)
+    out = paged_attention_numpy(np.asarray(q), meta, pool, acfg).astype(np.float64)
+    atol, rtol = TOLERANCES["bfloat16"]
+    # The kernel attends over its own (bf16-rounded) q and its own quantized K/V: compare to the reference
+    # with the bf16 tolerance, widened for quantized caches by their relative step.
+    if cache.quantized:
+        rtol = atol = 0.08
+    good = np.allclose(out, out_ref, atol=atol, rtol=rtol) and not np.isnan(out).any()
+    print(f"case H={heads} KVH={kv_heads} D={head_dim} P={page} {cache.name} {page_layout.name} window={window} "
+          f"sinks={sinks} cyclic={cyclic}: max abs err {np.abs(out - out_ref).max():.3e} {'PASS' if good else 'FAIL'}")
+    return bool(good)
+
+
+def main() -> int:
+    rng = np.random.default_rng(7)
+    results = [run_case(rng, *case) for case in CASES]
+    print(f"{sum(results)} passed, {len(results) - sum(results)} failed")
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
