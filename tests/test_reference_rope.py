@@ -15,6 +15,9 @@ from pagedkv.reference import apply_rope, qkv_write, rope_inv_freq
 from pagedkv.step import StepMetadata
 
 EXACT_FLOAT64 = dict(rtol=1e-12, atol=1e-12)  # two float64 formulations of the same formula
+# Frequencies are stored as float32: one rounding (2^-24) apart, which llama3's smooth band (a function of
+# 1/f) can amplify up to ~2x when the rule is applied to an already-rounded base.
+FLOAT32_STORED = dict(rtol=4e-7, atol=0.0)
 
 
 def angle_tol(positions, x) -> dict:
@@ -25,7 +28,8 @@ def angle_tol(positions, x) -> dict:
 
 
 def plain_inv_freq(rotary_dim: int, theta: float) -> np.ndarray:
-    return np.array([1.0 / theta ** (2 * i / rotary_dim) for i in range(rotary_dim // 2)])
+    # Stored as float32, the way Hugging Face's inv_freq buffer and the contract's RopeParams hold it.
+    return np.array([1.0 / theta ** (2 * i / rotary_dim) for i in range(rotary_dim // 2)]).astype(np.float32).astype(np.float64)
 
 
 def rotate_half_neox(x, positions, rotary_dim, theta):
@@ -153,7 +157,7 @@ def test_llama3_inv_freq_matches_meta_rule(rope, head_dim):
     want = meta_llama3_apply_scaling(base, rope.factor, rope.low_freq_factor, rope.high_freq_factor,
                                      rope.original_max_positions)
     got = rope_inv_freq(head_dim, rope)
-    np.testing.assert_allclose(got, want, **EXACT_FLOAT64)
+    np.testing.assert_allclose(got, want, **FLOAT32_STORED)
     # all three bands are exercised, so the test would notice a wrong band
     assert np.any(got == base) and np.any(np.isclose(got, base / rope.factor, rtol=1e-14, atol=0))
     assert np.any((got != base) & ~np.isclose(got, base / rope.factor, rtol=1e-14, atol=0))
@@ -167,12 +171,13 @@ def test_llama3_hand_checked_values():
             s = (8192 / 4442.883 - 1) / 3 = 0.2812826, f' = f * ((1 - s) / 8 + s) = 5.24846e-4."""
     got = rope_inv_freq(128, LLAMA31)
     assert got[0] == 1.0
-    assert got[63] == pytest.approx(500000.0 ** (-126 / 128) / 8, rel=1e-14)
+    assert got[63] == pytest.approx(500000.0 ** (-126 / 128) / 8, rel=1.2e-7)
     assert got[63] == pytest.approx(3.06893e-7, rel=1e-5)
     assert got[32] == pytest.approx(5.24846e-4, rel=1e-5)
     f32 = 1 / math.sqrt(500000.0)
     s = (8192 * f32 / (2 * math.pi) - 1) / 3
-    assert got[32] == pytest.approx(f32 * ((1 - s) / 8 + s), rel=1e-13)
+    assert got[32] == pytest.approx(f32 * ((1 - s) / 8 + s), rel=1.2e-7)
+    assert np.all(got.astype(np.float32).astype(np.float64) == got)  # stored as float32
 
 
 def test_config_errors_name_the_field():

@@ -173,7 +173,7 @@ def test_quant_errors_name_the_field():
 def rotate_half(x, positions):
     """NEOX RoPE, full rotary, theta 1e4, written independently of pagedkv.reference.rope."""
     d = x.shape[-1]
-    inv_freq = 1.0 / 10000.0 ** (np.arange(0, d, 2) / d)
+    inv_freq = (1.0 / 10000.0 ** (np.arange(0, d, 2) / d)).astype(np.float32).astype(np.float64)  # stored as float32
     emb = np.concatenate([positions[:, None] * inv_freq] * 2, axis=-1)[:, None, :]
     rotated = np.concatenate([-x[..., d // 2:], x[..., :d // 2]], axis=-1)
     return x * np.cos(emb) + rotated * np.sin(emb)

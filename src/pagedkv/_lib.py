@@ -55,7 +55,7 @@ def plugin_library_path() -> Path:
 
 @functools.lru_cache(maxsize=None)
 def capi() -> ctypes.CDLL:
-    """The C API library, loaded once. Signatures are declared by ``pagedkv._capi``."""
+    """The C API library, loaded once. Each binding module (``pagedkv.kernels.*``) declares its own signatures."""
     lib = ctypes.CDLL(str(require_file(CAPI_NAME)))
     lib.pagedkv_capi_version.restype = ctypes.c_int32
     lib.pagedkv_build_info.restype = ctypes.c_char_p

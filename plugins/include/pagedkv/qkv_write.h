@@ -54,7 +54,8 @@ struct RopeConfig {  // the user-facing description (plugin attributes), turned 
 };
 
 // Host: RopeConfig -> RopeParams (inverse frequencies in double, rounded once to float).
-// Returns false for an invalid config (odd or oversized rotary dim, non-positive theta/factor).
+// Returns false for an invalid config (odd or oversized rotary dim, non-positive theta/factor), with the
+// reason in lastErrorMessage().
 bool computeRopeParams(RopeConfig const& cfg, int32_t headDim, RopeParams& out);
 
 struct QKVWriteParams {

@@ -85,10 +85,17 @@ def _attention_factor(rope: RopeConfig) -> float:
 
 
 def rope_inv_freq(head_dim: int, rope: RopeConfig) -> np.ndarray:
-    """float64 [R/2]: the angle of pair i at position p is ``p * inv_freq[i]``."""
+    """float64 [R/2]: the angle of pair i at position p is ``p * inv_freq[i]``.
+
+    Computed in float64 and rounded ONCE to float32, as the contract's ``RopeParams::invFreq`` (and Hugging
+    Face's ``inv_freq`` buffer) holds it: at position 128K a float64-vs-float32 frequency differs by about
+    4e-3 rad, more than an fp16 output tolerates, so the reference must use the frequencies the model uses.
+    The angle ``p * inv_freq`` itself is then exact (float64), which is what the kernels approximate.
+    """
     rotary_dim = rope.resolved_rotary_dim(head_dim)
     rule = _scaling_rule(rope)
-    return rule(_base_inv_freq(rotary_dim, float(rope.theta)), rope)
+    exact = rule(_base_inv_freq(rotary_dim, float(rope.theta)), rope)
+    return exact.astype(np.float32).astype(np.float64)
 
 
 def _pair_indices(style: RopeStyle, rotary_dim: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,274 @@
+"""Fused QKV-preprocess + paged KV write (pagedkv) against FlashInfer 0.6.0's unfused pipeline
+(``flashinfer.rope.apply_rope_pos_ids`` + ``flashinfer.page.append_paged_kv_cache``), side by side in one process
+on the same activations, each with its own pool (ours HND and NHD, FlashInfer NHD), pages shuffled.
+
+Shapes (benchmarks/NOTES-write.md has byte counts, floors and predictions): H=32, KVH=8, D=128, bf16
+activations, NeoX RoPE over the full head, pages of 16 and 64 tokens:
+  prefill 1 x 16384 and 8 x 2048 new tokens (nothing cached)
+  decode  64 and 256 sequences x 1 new token over 4096 cached (timed as CUDA-graph replays)
+and the same with an fp8 e4m3 cache (ours only: FlashInfer's append copies, it does not quantize).
+
+Timing: median of ``triton.testing.do_bench`` (which flushes L2 between repetitions) after warm-up. "GB" is
+the minimal traffic (read the packed QKV once, write q once, write K and V once); TB/s = GB / time; the copy
+ceiling is the measured 4.28 TB/s device-to-device copy (../shared/ANCHORS.md).
+
+Run on the GPU machine from the repository root (pagedkv installed, torch + triton, FlashInfer importable):
+    python benchmarks/bench_write.py [--json out.json] [--cases prefill,decode] [--no-check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import sys
+from dataclasses import asdict, dataclass
+
+COPY_CEILING_TBS = 4.28
+H, KVH, D = 32, 8, 128
+THETA = 10000.0
+
+
+@dataclass
+class Result:
+    case: str
+    impl: str
+    us: float
+    gb: float
+    tbs: float
+    pct_ceiling: float
+    vs_flashinfer: float | None = None  # our time / FlashInfer's time (< 1: faster)
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    num_seqs: int
+    q_len: int
+    past_len: int
+    page_size: int
+
+    @property
+    def decode(self) -> bool:
+        return self.q_len == 1
+
+    @property
+    def tokens(self) -> int:
+        return self.num_seqs * self.q_len
+
+
+def shapes(which: set[str]) -> list[Shape]:
+    out = []
+    for page in (16, 64):
+        if "prefill" in which:
+            out += [Shape(f"prefill 1x16384 P{page}", 1, 16384, 0, page),
+                    Shape(f"prefill 8x2048 P{page}", 8, 2048, 0, page)]
+        if "decode" in which:
+            out += [Shape(f"decode 64x1 @4096 P{page}", 64, 1, 4096, page),
+                    Shape(f"decode 256x1 @4096 P{page}", 256, 1, 4096, page)]
+    return out
+
+
+def minimal_bytes(shape: Shape, cache_bytes: int) -> int:
+    t = shape.tokens
+    return t * (H + 2 * KVH) * D * 2 + t * H * D * 2 + t * 2 * KVH * D * cache_bytes
+
+
+class Step:
+    """Activations, metadata and pools of one shape (torch tensors on the GPU)."""
+
+    def __init__(self, shape: Shape, torch):
+        self.shape = shape
+        g = torch.Generator(device="cuda").manual_seed(0)
+        dev = "cuda"
+        t = shape.tokens
+        self.qkv = torch.randn(t, (H + 2 * KVH) * D, device=dev, dtype=torch.bfloat16, generator=g)
+        kv_len = shape.past_len + shape.q_len
+        self.pages_per_seq = -(-kv_len // shape.page_size)
+        self.num_blocks = shape.num_seqs * self.pages_per_seq
+        perm = torch.randperm(self.num_blocks, device=dev, generator=g).to(torch.int32)
+        self.block_table = perm.view(shape.num_seqs, self.pages_per_seq).contiguous()
+        self.cu_q_lens = (torch.arange(shape.num_seqs + 1, device=dev, dtype=torch.int32) * shape.q_len)
+        self.past_lens = torch.full((shape.num_seqs,), shape.past_len, device=dev, dtype=torch.int32)
+        self.positions = (shape.past_len + torch.arange(t, device=dev, dtype=torch.int32) % shape.q_len)
+        self.q_out = torch.empty(t, H * D, device=dev, dtype=torch.bfloat16)
+        self.status = torch.zeros(4, device=dev, dtype=torch.int32)
+        self.kv_len = kv_len
+
+
+def our_launcher(step: Step, torch, cache: str, layout: str):
+    """A zero-argument launch of our kernel on torch's current stream (graph-capturable), and its pool."""
+    from pagedkv.config import PoolConfig, RopeConfig, WriteConfig
+    from pagedkv.kernels import write
+    from pagedkv.layout import CacheDType, PageLayout
+
+    cache_dtype = {"bf16": CacheDType.BF16, "fp8": CacheDType.FP8_E4M3}[cache]
+    page_layout = {"HND": PageLayout.HND, "NHD": PageLayout.NHD}[layout]
+    shape = step.shape
+    cfg = WriteConfig(num_q_heads=H, rope=RopeConfig(theta=THETA),
+                      pool=PoolConfig(num_kv_heads=KVH, head_dim=D, page_size=shape.page_size, num_layers=1,
+                                      layer_index=0, cache_dtype=cache_dtype, page_layout=page_layout,
+                                      k_scale=0.05, v_scale=0.05))
+    torch_dtype = torch.bfloat16 if cache == "bf16" else torch.float8_e4m3fn
+    pool = torch.zeros(cfg.pool.layout().pool_shape(step.num_blocks), device="cuda", dtype=torch_dtype)
+    descs = torch.tensor([[pool.data_ptr(), step.num_blocks, 0, 0]], device="cuda", dtype=torch.int64)
+    meta = write.StepPointers(descs.data_ptr(), step.block_table.data_ptr(), step.cu_q_lens.data_ptr(),
+                              step.past_lens.data_ptr(), num_seqs=shape.num_seqs, num_tokens=shape.tokens,
+                              max_blocks=step.pages_per_seq)
+    args = write.build_args(cfg, write.IODType.BF16, qkv=step.qkv.data_ptr(), q_out=step.q_out.data_ptr(),
+                            status=step.status.data_ptr(), meta=meta)
+    lib = write._capi()
+    keep = (pool, descs, args)
+
+    def launch():
+        rc = lib.pagedkv_qkv_write(ctypes.byref(args), ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+        if rc != 0:
+            raise RuntimeError(f"pagedkv_qkv_write: {rc}: {lib.pagedkv_last_error().decode()}")
+
+    def launch_with_status_reset():  # what the plugin's enqueue does: zero the status, then launch
+        from cuda.bindings import runtime as rt
+
+        stream = rt.cudaStream_t(torch.cuda.current_stream().cuda_stream)
+        (err,) = rt.cudaMemsetAsync(step.status.data_ptr(), 0, 16, stream)
+        if err != rt.cudaError_t.cudaSuccess:
+            raise RuntimeError(f"cudaMemsetAsync: {err}")
+        launch()
+
+    return launch, launch_with_status_reset, pool, keep
+
+
+def flashinfer_launcher(step: Step, torch, flashinfer):
+    """FlashInfer's unfused pipeline on its own NHD pool: rope (out of place) then append."""
+    shape = step.shape
+    t = shape.tokens
+    kv_cache = torch.zeros(step.num_blocks, 2, shape.page_size, KVH, D, device="cuda", dtype=torch.bfloat16)
+    kv_indices = step.block_table.reshape(-1).contiguous()
+    kv_indptr = (torch.arange(shape.num_seqs + 1, device="cuda", dtype=torch.int32) * step.pages_per_seq)
+    last_page = step.kv_len - (step.pages_per_seq - 1) * shape.page_size
+    kv_last_page_len = torch.full((shape.num_seqs,), last_page, device="cuda", dtype=torch.int32)
+    seq_lens = torch.full((shape.num_seqs,), step.kv_len, device="cuda", dtype=torch.int32)
+    batch_indices, positions = flashinfer.page.get_batch_indices_positions(step.cu_q_lens, seq_lens, t)
+    q = step.qkv[:, : H * D].view(t, H, D)
+    k = step.qkv[:, H * D:(H + KVH) * D].view(t, KVH, D)
+    v = step.qkv[:, (H + KVH) * D:].view(t, KVH, D)
+    pos_ids = step.positions
+    note = ""
+    try:
+        flashinfer.rope.apply_rope_pos_ids(q, k, pos_ids, rope_theta=THETA)
+    except Exception as exc:  # strided views not accepted: copy once, outside the timing
+        note = f"q/k/v copied to contiguous tensors first ({type(exc).__name__})"
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+
+    def launch():
+        q_rope, k_rope = flashinfer.rope.apply_rope_pos_ids(q, k, pos_ids, rope_theta=THETA)
+        flashinfer.page.append_paged_kv_cache(k_rope, v, batch_indices, positions, kv_cache, kv_indices, kv_indptr,
+                                              kv_last_page_len, kv_layout="NHD")
+        return q_rope
+
+    keep = (kv_cache, kv_indices, kv_indptr, kv_last_page_len, batch_indices, positions, q, k, v)
+    return launch, kv_cache, note, keep
+
+
+def time_us(fn, torch, triton, graph: bool) -> float:
+    fn()  # warm-up outside capture: JIT, module loading, occupancy query
+    torch.cuda.synchronize()
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        fn = g.replay
+        fn()
+        torch.cuda.synchronize()
+    return 1000.0 * triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def check_against_flashinfer(step: Step, our_pool, fi_pool, torch) -> str:
+    """Max |ours - FlashInfer| over the written K/V rows (our NHD bf16 pool vs FlashInfer's; same inputs)."""
+    shape = step.shape
+    t = shape.tokens
+    seq = torch.arange(t, device="cuda") // shape.q_len
+    pos = step.positions.long()
+    page = step.block_table.long()[seq, pos // shape.page_size]
+    off = pos % shape.page_size
+    ours_kv = our_pool[page, 0, :, off].float()      # [T, 2, KVH, D] (NHD: [NB, L, 2, P, KVH, D])
+    theirs_kv = fi_pool[page, :, off].float()        # [T, 2, KVH, D]
+    return f"max|K,V ours - FlashInfer| = {(ours_kv - theirs_kv).abs().max().item():.4f}"
+
+
+def run(which: set[str], check: bool) -> list[Result]:
+    import torch
+    import triton
+
+    try:
+        import flashinfer
+        fi_error = None
+    except Exception as exc:  # noqa: BLE001 - report any import failure and time ours alone
+        flashinfer, fi_error = None, f"{type(exc).__name__}: {exc}"
+        print(f"FlashInfer not importable ({fi_error}): timing pagedkv only", flush=True)
+
+    results: list[Result] = []
+    for shape in shapes(which):
+        step = Step(shape, torch)
+        fi_us = None
+        fi_pool = None
+        if flashinfer is not None:
+            fi_launch, fi_pool, note, fi_keep = flashinfer_launcher(step, torch, flashinfer)
+            fi_us = time_us(fi_launch, torch, triton, graph=shape.decode)
+            gb = minimal_bytes(shape, 2) / 1e9
+            results.append(Result(shape.name, "flashinfer rope+append (NHD)", fi_us, gb, 0.0, 0.0, None, note))
+        for cache in ("bf16", "fp8"):
+            for layout in ("HND", "NHD"):
+                launch, launch_reset, pool, keep = our_launcher(step, torch, cache, layout)
+                us = time_us(launch, torch, triton, graph=shape.decode)
+                gb = minimal_bytes(shape, 2 if cache == "bf16" else 1) / 1e9
+                ratio = us / fi_us if (fi_us and cache == "bf16") else None
+                note = ""
+                if check and fi_pool is not None and cache == "bf16" and layout == "NHD":
+                    launch()
+                    torch.cuda.synchronize()
+                    note = check_against_flashinfer(step, pool, fi_pool, torch)
+                results.append(Result(shape.name, f"pagedkv {cache} cache {layout}", us, gb, 0.0, 0.0, ratio, note))
+                if shape.decode and cache == "bf16" and layout == "HND":
+                    us_r = time_us(launch_reset, torch, triton, graph=True)
+                    results.append(Result(shape.name, "pagedkv bf16 HND + status memset (plugin enqueue)", us_r,
+                                          gb, 0.0, 0.0, us_r / fi_us if fi_us else None))
+                del pool, keep
+        del step
+        torch.cuda.empty_cache()
+    for r in results:
+        r.tbs = r.gb / (r.us * 1e-6) / 1e3
+        r.pct_ceiling = 100.0 * r.tbs / COPY_CEILING_TBS
+    return results
+
+
+def print_table(results: list[Result]) -> None:
+    header = f"{'case':<26} {'implementation':<48} {'us':>8} {'GB':>7} {'TB/s':>6} {'%ceil':>6} {'t/FI':>6}  note"
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        ratio = f"{r.vs_flashinfer:.2f}" if r.vs_flashinfer is not None else "-"
+        print(f"{r.case:<26} {r.impl:<48} {r.us:8.1f} {r.gb:7.3f} {r.tbs:6.2f} {r.pct_ceiling:6.1f} {ratio:>6}  {r.note}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", help="write the results to this file")
+    ap.add_argument("--cases", default="prefill,decode", help="comma-separated: prefill, decode")
+    ap.add_argument("--no-check", action="store_true", help="skip the ours-vs-FlashInfer value check")
+    args = ap.parse_args()
+    which = set(args.cases.split(","))
+    unknown = which - {"prefill", "decode"}
+    if unknown:
+        ap.error(f"--cases: unknown {sorted(unknown)}; expected prefill and/or decode")
+    results = run(which, check=not args.no_check)
+    print_table(results)
+    print(f"\nreproduce: python benchmarks/bench_write.py --cases {args.cases}   (GPU: see nvidia-smi)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([asdict(r) for r in results], f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,418 @@
+// Fused QKV preprocess + paged KV write: the kernel and its grid sizing (instantiated by qkv_write_fp16.cu and
+// qkv_write_bf16.cu; launchQKVWrite in qkv_write.cu validates and dispatches). Legend and work decomposition:
+// qkv_write_params.cuh; design notes and byte counts: benchmarks/NOTES-write.md.
+//
+// One launch per layer and step. Every byte of the packed QKV rows is read once (16-byte streaming loads),
+// every byte of q and of the new K/V rows is written once (16-byte stores, 8-byte for 1-byte dtypes). All
+// pool addresses come from the contract helpers in kv_layout.h (locateToken, elemOffset).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "cache_convert.cuh"
+#include "pagedkv/kv_layout.h"
+#include "pagedkv/step_metadata.h"
+#include "qkv_write_params.cuh"
+#include "vec.cuh"
+
+namespace pagedkv {
+namespace qkvwrite {
+
+template <IODType D>
+struct IOStorage;
+template <>
+struct IOStorage<IODType::kFP16> {
+    using type = __half;
+};
+template <>
+struct IOStorage<IODType::kBF16> {
+    using type = __nv_bfloat16;
+};
+
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int32_t kPrefetch = kQKVWritePrefetchRows;
+
+// The sequence owning a token and what the write needs of it. A warp keeps the last one it found: in a
+// prefill the next token it handles usually belongs to the same sequence.
+struct alignas(16) SeqSpan {
+    int32_t seq;      // b
+    int32_t begin;    // cuQLens[b]: first token of the sequence in the step
+    int32_t end;      // cuQLens[b + 1]
+    int32_t pastLen;  // pastLens[b]: tokens cached before this step
+};
+
+// The sequence of token t: the largest b with cuQLens[b] <= t (so empty sequences are skipped). All 32 lanes
+// call it with the same t. First a guess that is exact for decode batches (one token per sequence) and for
+// equal-length chunks, fetched together with its pastLen in one round trip; on a miss, a 32-ary search with
+// one coalesced load and a ballot per round (B <= 32: one round, B <= 1024: two). Whatever cuQLens holds, the
+// result stays in [0, B): bad metadata can mislocate a token but never index outside the metadata arrays.
+__device__ __forceinline__ SeqSpan findSequence(StepMetadata const& meta, float seqsPerToken, int32_t t,
+                                               int32_t lane) {
+    int32_t const numSeqs = meta.numSeqs;
+    int32_t const* cuQ = meta.cuQLens;
+    // The guess needs no exact division: a float estimate of t * B / T (seqsPerToken = B / T on the host).
+    int32_t guess = __float2int_rd((static_cast<float>(t) + 0.5f) * seqsPerToken);
+    guess = min(max(guess, 0), numSeqs - 1);
+    int32_t const guessBegin = __ldg(cuQ + guess);
+    int32_t const guessEnd = __ldg(cuQ + guess + 1);
+    int32_t const guessPast = __ldg(meta.pastLens + guess);
+    if (guessBegin <= t && t < guessEnd) return SeqSpan{guess, guessBegin, guessEnd, guessPast};
+
+    // Search [lo, hi): the answer is < hi, and cuQ[lo] <= t holds (cuQ[0] = 0 <= t, or cuQ[guess+1] <= t).
+    int32_t lo = 0;
+    int32_t hi = numSeqs;
+    if (t < guessBegin) {
+        hi = max(guess, 1);
+    } else {
+        lo = min(guess + 1, numSeqs - 1);  // t >= cuQ[B] (a token no sequence owns) ends at B-1
+    }
+    while (hi - lo > 1) {
+        int32_t const stride = (hi - lo + 31) >> 5;
+        int32_t const idx = lo + lane * stride;
+        bool const atOrBefore = idx < hi && __ldg(cuQ + idx) <= t;
+        int32_t const count = __popc(__ballot_sync(kFullMask, atOrBefore));
+        int32_t const newLo = lo + max(count - 1, 0) * stride;
+        hi = min(hi, newLo + stride);
+        lo = newLo;
+    }
+    return SeqSpan{lo, __ldg(cuQ + lo), __ldg(cuQ + lo + 1), __ldg(meta.pastLens + lo)};
+}
+
+// Raises the step's status record for token t of sequence `span`, whose page is unusable (its K/V are skipped).
+// The first reporter (atomicOr saw no flag yet) also records where; later ones only add their flag bit. Rare
+// path: it looks the location up again, so that none of it occupies registers in the hot loop.
+__device__ __forceinline__ void reportBadPage(int32_t* status, SeqSpan const& span, int32_t t,
+                                              KVLayout const& layout, StepMetadata const& meta,
+                                              int64_t const* poolDesc) {
+    int32_t const maxBlocks = meta.maxBlocks;
+    int32_t const seq = span.seq;
+    BlockTableRow const blockRow{meta.blockTable + static_cast<int64_t>(seq) * maxBlocks, maxBlocks,
+                                 __ldg(poolDesc + kPoolDescNumBlocks)};
+    KVLocation const loc = locateToken(layout, blockRow, span.pastLen + (t - span.begin));
+    int32_t const flag = (loc.pageInSeq < 0 || loc.pageInSeq >= maxBlocks) ? kStatusPastBlockTable
+                         : loc.rawEntry == kInvalidBlock                    ? kStatusInvalidBlock
+                                                                            : kStatusBlockOutOfRange;
+    if (atomicOr(status + kStatusFlags, flag) == 0) {
+        status[kStatusSeq] = seq;
+        status[kStatusPageInSeq] = loc.pageInSeq;
+        status[kStatusEntry] = loc.rawEntry;
+    }
+}
+
+// Registers: 3 CTAs of 256 threads per SM (<= 80 registers, no spills) keep 24 warps and, with 3 loads in
+// flight per thread, 24 x 32 x 3 x 16 B = 36 KB of reads in flight per SM, what HBM3e needs at ~700 ns.
+template <IODType IO, CacheDType C>
+__global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
+    qkvWriteKernel(__grid_constant__ QKVWriteKernelParams const kp) {
+    using io_t = typename IOStorage<IO>::type;
+    using kv_t = cache_t<C>;
+    QKVWriteParams const& p = kp.p;
+    QKVWritePlan const& plan = kp.plan;
+    KVLayout const& layout = p.layout;
+    StepMetadata const& meta = p.meta;
+
+    int32_t const warp = threadIdx.x >> 5;
+    int32_t const lane = threadIdx.x & 31;
+    int32_t const slot = lane >> plan.vecShift;        // which row of a warp pass
+    int32_t const vec = lane & (plan.vecsPerRow - 1);  // which 8-element vector of that row
+    int32_t const dim0 = vec * kVecElems;              // first head dim of my vector
+    int32_t const headDim = p.headDim;
+    int32_t const kRowBegin = p.numQHeads;  // rows [0, H) Q heads, [H, H+KVH) K heads, [H+KVH, NHR) V heads
+    int32_t const vRowBegin = p.numQHeads + p.numKVHeads;
+    int64_t const rowStride = static_cast<int64_t>(plan.numHeadRows) * headDim;
+    int64_t const qRowStride = static_cast<int64_t>(p.numQHeads) * headDim;
+    io_t const* const bias = static_cast<io_t const*>(p.bias);
+    // This layer's pool descriptor (engine input kv_pools): address and capacity live in device memory and
+    // are read per token that writes K/V (L1 hits after the first), not held in registers across tokens.
+    int64_t const* const desc = meta.poolDescs + static_cast<int64_t>(meta.poolIndex) * kPoolDescFields;
+
+    // RoPE constants of my 8 dims. They depend on the lane's vector index only, so they are set up once per
+    // CTA; per token only the angle changes. The turns per position sit in shared memory laid out [k][vec]
+    // (what lane `vec` needs for its dim vec*8 + k), so that a warp's reads are conflict-free.
+    __shared__ uint64_t laneTurns[kVecElems * 32];  // [8][VPH <= 32]
+    // kGlobal partners only: one warp pass of rows (rowsPerPass * D = 32 lanes x 8 dims floats) per warp.
+    __shared__ float stage[kQKVWriteWarps][32 * kVecElems];
+    bool const rope = kp.ropePartner != RopePartner::kNone;
+    if (rope) {
+        for (int32_t i = threadIdx.x; i < kVecElems * plan.vecsPerRow; i += blockDim.x) {
+            int32_t const k = i >> plan.vecShift;
+            int32_t const v = i & (plan.vecsPerRow - 1);
+            RopeElem const e = ropeElem(p.rope.style, p.rope.rotaryDim, v * kVecElems + k);
+            laneTurns[i] = e.rotates ? kp.ropeTurns[e.freq] : 0;
+        }
+        __syncthreads();
+    }
+    uint32_t rotateMask = 0;  // bit k: dim0 + k rotates
+    uint32_t firstMask = 0;   // bit k: dim0 + k is the first of its pair (x*cos - partner*sin)
+#pragma unroll
+    for (int k = 0; k < kVecElems; ++k) {
+        RopeElem const e = ropeElem(p.rope.style, p.rope.rotaryDim, dim0 + k);
+        rotateMask |= e.rotates ? (1u << k) : 0u;
+        firstMask |= (e.rotates && e.first) ? (1u << k) : 0u;
+    }
+    int32_t partnerLane = lane;  // kShuffle: the lane holding dims dim0 +- R/2 of the same row
+    if (kp.ropePartner == RopePartner::kShuffle && rotateMask != 0) {
+        int32_t const laneDelta = kp.ropeHalf / kVecElems;
+        partnerLane = dim0 < kp.ropeHalf ? lane + laneDelta : lane - laneDelta;
+    }
+
+    // Each warp's last sequence lookup. It lives in shared memory, not registers: it is read once per token,
+    // and 4 registers held across the row loop would cost a CTA of occupancy.
+    __shared__ SeqSpan warpSpan[kQKVWriteWarps];
+    if (lane == 0) warpSpan[warp] = SeqSpan{-1, 0, 0, 0};  // empty: no token matches before the first lookup
+    __syncwarp();
+
+    // My contiguous, balanced share [g, gEnd) of the (token, pass) pairs g = t * P + pass; pass `pass` of
+    // token t is head row pass * rowsPerPass + slot for my lane.
+    int32_t const warpId = static_cast<int32_t>(blockIdx.x) * kQKVWriteWarps + warp;
+    if (warpId >= plan.numWarps) return;
+    int32_t const passes = plan.passesPerToken;  // P
+    int32_t g = static_cast<int32_t>(static_cast<int64_t>(warpId) * plan.totalPasses / plan.numWarps);
+    int32_t const gEnd = static_cast<int32_t>(static_cast<int64_t>(warpId + 1) * plan.totalPasses / plan.numWarps);
+    if (g >= gEnd) return;
+
+    // Loads run kPrefetch passes ahead of the processing, across token boundaries: (aheadToken, aheadPass)
+    // is the pair of g + kPrefetch. Each byte of qkv is read once, 16 bytes per lane, streaming.
+    int32_t aheadToken = g / passes;
+    int32_t aheadPass = g - aheadToken * passes;
+    int32_t aheadLeft = gEnd - g;  // pairs left to load
+    auto const loadNext = [&]() {
+        uint4 v = make_uint4(0, 0, 0, 0);
+        int32_t const row = aheadPass * plan.rowsPerPass + slot;
+        if (aheadLeft > 0 && row < plan.numHeadRows)
+            v = loadStreaming16(static_cast<io_t const*>(p.qkv) + static_cast<int64_t>(aheadToken) * rowStride +
+                                static_cast<int64_t>(row) * headDim + dim0);
+        --aheadLeft;
+        if (++aheadPass == passes) {
+            aheadPass = 0;
+            ++aheadToken;
+        }
+        return v;
+    };
+    uint4 raw[kPrefetch];
+#pragma unroll
+    for (int k = 0; k < kPrefetch; ++k) raw[k] = loadNext();
+
+    // Per-token state, set up when the range enters a new token (warp-uniform).
+    int32_t token = g / passes;
+    int32_t pass = g - token * passes;
+    bool enterToken = true;
+    bool owned = false;     // a sequence owns the token (false only for cuQLens[B] <= t: K/V not written)
+    bool tokenRope = false;  // this token's rows in my range include Q or K heads and RoPE is on
+    kv_t* pool = nullptr;
+    int64_t block = kInvalidBlock;
+    int32_t offset = 0;
+    bool writeKV = false;
+    bool zeroTail = false;
+    float cosv[kVecElems];
+    float sinv[kVecElems];  // signed: -sin for the first of a pair, +sin for the second
+
+#pragma unroll 1
+    for (; g < gEnd; ++g, ++pass) {
+        if (pass == passes) {
+            ++token;
+            pass = 0;
+            enterToken = true;
+        }
+        if (enterToken) {  // a new token: its sequence, page and cos/sin, once for all my rows of it
+            enterToken = false;
+            int32_t const t = token;
+            int32_t const tokenPassEnd = min(passes, pass + (gEnd - g));  // my passes of t: [pass, tokenPassEnd)
+            bool const needKV = tokenPassEnd * plan.rowsPerPass > kRowBegin;
+            tokenRope = rope && pass * plan.rowsPerPass < vRowBegin;
+
+            // Sequence and cache position. Cache position = pastLen + index in the sequence's new tokens: chunk
+            // k of a prefill lands after the earlier chunks, never over them.
+            owned = false;
+            int32_t cachePos = 0;
+            int32_t kvLen = 0;
+            SeqSpan span{-1, 0, 0, 0};
+            if (needKV || (tokenRope && p.positionIds == nullptr)) {
+                span = warpSpan[warp];
+                if (!(t >= span.begin && t < span.end)) {
+                    span = findSequence(meta, kp.seqsPerToken, t, lane);
+                    __syncwarp();  // every lane has read the old span
+                    if (lane == 0) warpSpan[warp] = span;
+                    __syncwarp();
+                }
+                owned = t >= span.begin && t < span.end;
+                cachePos = span.pastLen + (t - span.begin);
+                kvLen = span.pastLen + (span.end - span.begin);
+            }
+
+            // Where its K/V go: one block-table load through the contract's locateToken.
+            block = kInvalidBlock;
+            offset = 0;
+            writeKV = false;
+            zeroTail = false;
+            if (needKV && owned) {
+                pool = reinterpret_cast<kv_t*>(__ldg(desc + kPoolDescAddress));
+                BlockTableRow const blockRow{meta.blockTable + static_cast<int64_t>(span.seq) * meta.maxBlocks,
+                                             meta.maxBlocks, __ldg(desc + kPoolDescNumBlocks)};
+                KVLocation const loc = locateToken(layout, blockRow, cachePos);
+                block = loc.block;
+                offset = loc.offset;
+                bool const valid = block != kInvalidBlock;
+                // Cyclic ring: when a later token of this same step maps to the same slot, only that one writes
+                // (the result of writing in token order, with exactly one writer per slot).
+                bool const superseded = layout.cyclicLen > 0 && cachePos >= layout.sinkTokens &&
+                                        static_cast<int64_t>(cachePos) + layout.cyclicLen < kvLen;
+                writeKV = valid && !superseded;
+                // After a prefill chunk, the last token's writer of each V row also zeroes the rows past it in
+                // the sequence's last page (attention loads whole pages; 0 * NaN = NaN). Not in a wrapped ring:
+                // those rows hold live older tokens. Decode tokens (q_len 1) never take this branch.
+                bool const wrapped =
+                    layout.cyclicLen > 0 && static_cast<int64_t>(kvLen) - layout.sinkTokens > layout.cyclicLen;
+                zeroTail = p.zeroVTail && valid && t == span.end - 1 && span.end - span.begin > 1 && !wrapped;
+            }
+
+            // cos/sin of the token's RoPE position, once for all my rows of it (every Q and K head). Dims that
+            // do not rotate have turns 0 (cos 1, sin 0, unused): no per-dim branch.
+            if (tokenRope) {
+                int32_t const ropePos = p.positionIds != nullptr ? __ldg(p.positionIds + t) : cachePos;
+                float const mscale = p.rope.mscale;
+                bool const pairsShareFreq = kp.ropePartner == RopePartner::kInVector;  // GPT-J: (2i, 2i+1)
+#pragma unroll
+                for (int k = 0; k < kVecElems; ++k) {
+                    float s;
+                    float c;
+                    if (pairsShareFreq && (k & 1) != 0) {
+                        c = cosv[k - 1];
+                        s = -sinv[k - 1];  // undo the first element's sign, reapplied below
+                    } else {
+                        __sincosf(ropeAngle(ropePos, laneTurns[(k << plan.vecShift) + vec]), &s, &c);
+                        c *= mscale;
+                        s *= mscale;
+                    }
+                    cosv[k] = c;
+                    sinv[k] = ((firstMask >> k) & 1u) ? -s : s;
+                }
+            }
+        }
+
+        // One head row: bias, rotation (Q and K heads), store. raw[0] holds it; the load kPrefetch passes
+        // ahead goes out before it is processed.
+        int32_t const t = token;
+        int32_t const row = pass * plan.rowsPerPass + slot;
+        uint4 const mine = raw[0];
+#pragma unroll
+        for (int i = 0; i + 1 < kPrefetch; ++i) raw[i] = raw[i + 1];
+        raw[kPrefetch - 1] = loadNext();
+        {
+            io_t const* const tokenRow = static_cast<io_t const*>(p.qkv) + static_cast<int64_t>(t) * rowStride;
+            bool const inRange = row < plan.numHeadRows;
+            bool const rotatesRow = tokenRope && row < vRowBegin;  // Q and K heads
+            // The bias row is small and stays in L1/L2: loaded per row rather than held in registers.
+            io_t const* const rowBias =
+                (bias != nullptr && inRange) ? bias + static_cast<int64_t>(row) * headDim : nullptr;
+            float x[kVecElems];
+            unpack8<io_t>(mine, x);
+            if (rowBias != nullptr) addBias8<io_t>(x, rowBias + dim0);
+            if (tokenRope) {
+                float partner[kVecElems];
+                if (kp.ropePartner == RopePartner::kShuffle) {
+                    // The partner lane holds the same row. Shuffle the packed input (4 words, not 8 floats);
+                    // every lane takes part, rows out of range included, as shuffles need the whole warp.
+                    uint4 theirs;
+                    theirs.x = __shfl_sync(kFullMask, mine.x, partnerLane);
+                    theirs.y = __shfl_sync(kFullMask, mine.y, partnerLane);
+                    theirs.z = __shfl_sync(kFullMask, mine.z, partnerLane);
+                    theirs.w = __shfl_sync(kFullMask, mine.w, partnerLane);
+                    unpack8<io_t>(theirs, partner);
+                    if (rowBias != nullptr && rotatesRow)
+                        addBias8<io_t>(partner, rowBias + dim0 + (partnerLane - lane) * kVecElems);
+                } else if (kp.ropePartner == RopePartner::kInVector) {
+#pragma unroll
+                    for (int e = 0; e < kVecElems; ++e) partner[e] = x[e ^ 1];
+                } else {
+                    // kGlobal: the pair distance R/2 is not a whole number of vectors, so partners straddle
+                    // two vectors. The warp stages its rows (bias included) in shared memory and each lane
+                    // reads its partners by dim. Rare configurations only; the common ones use a shuffle.
+                    float* const rowStage = stage[warp] + slot * headDim;
+                    __syncwarp();  // the previous row's reads are done
+#pragma unroll
+                    for (int e = 0; e < kVecElems; ++e) rowStage[dim0 + e] = x[e];
+                    __syncwarp();
+#pragma unroll
+                    for (int e = 0; e < kVecElems; ++e)
+                        partner[e] = rowStage[ropeElem(p.rope.style, p.rope.rotaryDim, dim0 + e).partnerDim];
+                }
+                if (rotatesRow) {
+#pragma unroll
+                    for (int e = 0; e < kVecElems; ++e)
+                        if ((rotateMask >> e) & 1u) x[e] = fmaf(x[e], cosv[e], partner[e] * sinv[e]);
+                }
+            }
+            if (!inRange) continue;
+
+            if (row < kRowBegin) {  // Q head -> qOut[t, row, :]
+                int64_t const at = static_cast<int64_t>(t) * qRowStride + static_cast<int64_t>(row) * headDim + dim0;
+                if (p.qOutFP8) {
+                    storeQuantized8<CacheDType::kFP8E4M3>(static_cast<__nv_fp8_storage_t*>(p.qOut) + at, x,
+                                                          kp.invQScale);
+                } else {
+                    storeActivation8<io_t>(static_cast<io_t*>(p.qOut) + at, x);
+                }
+            } else if (row < vRowBegin) {  // K head
+                int32_t const kvHead = row - kRowBegin;
+                // One reporter per token: the lane holding vector 0 of K head 0.
+                if (kvHead == 0 && vec == 0 && owned && block == kInvalidBlock)
+                    reportBadPage(p.status, warpSpan[warp], t, layout, meta, desc);
+                if (writeKV)
+                    storeQuantized8<C>(pool + layout.elemOffset(block, p.layer, 0, kvHead, offset) + dim0, x,
+                                       kp.invKScale);
+            } else {  // V head
+                int32_t const kvHead = row - vRowBegin;
+                if (writeKV)
+                    storeQuantized8<C>(pool + layout.elemOffset(block, p.layer, 1, kvHead, offset) + dim0, x,
+                                       kp.invVScale);
+                if (zeroTail) {
+                    // Exactly one writer per (row, head, vector): this lane of the last token's V head.
+                    for (int32_t off = offset + 1; off < layout.pageSize; ++off)
+                        storeZero8<C>(pool + layout.elemOffset(block, p.layer, 1, kvHead, off) + dim0);
+                }
+            }
+        }
+    }
+}
+
+// CTAs per SM the kernel can keep resident (occupancy calculator), cached per device.
+template <IODType IO, CacheDType C>
+int residentCTAsPerSM() {
+    static std::mutex mutex;
+    static std::vector<int> perDevice;
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return 1;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (device >= static_cast<int>(perDevice.size())) perDevice.resize(device + 1, 0);
+    if (perDevice[device] == 0) {
+        int n = 0;
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, qkvWriteKernel<IO, C>, kQKVWriteThreads, 0);
+        perDevice[device] = n > 0 ? n : 1;
+    }
+    return perDevice[device];
+}
+
+}  // namespace qkvwrite
+
+// Grid: one wave of resident CTAs whose warps split the (token, pass) pairs into balanced contiguous ranges
+// (a 20000-token prefill: ~40 passes, i.e. ~1.6 tokens, per warp), or one warp per pair when there are fewer
+// pairs than resident warps (decode: a token spread over many warps).
+template <IODType IO, CacheDType C>
+cudaError_t runQKVWriteKernel(QKVWriteKernelParams const& kp, int32_t smCount, cudaStream_t stream) {
+    int64_t const residentWarps =
+        static_cast<int64_t>(qkvwrite::residentCTAsPerSM<IO, C>()) * smCount * kQKVWriteWarps;
+    QKVWriteKernelParams launch = kp;
+    launch.plan.numWarps = static_cast<int32_t>(kp.plan.totalPasses < residentWarps ? kp.plan.totalPasses
+                                                                                    : residentWarps);
+    unsigned const grid = static_cast<unsigned>((launch.plan.numWarps + kQKVWriteWarps - 1) / kQKVWriteWarps);
+    if (grid == 0) return cudaSuccess;
+    qkvwrite::qkvWriteKernel<IO, C><<<grid, kQKVWriteThreads, 0, stream>>>(launch);
+    return cudaGetLastError();
+}
+
+}  // namespace pagedkv

@@ -1,0 +1,101 @@
+// Vectorized global loads and stores of 8 elements (one 16-byte fp16/bf16 vector), shared by the kernels.
+//
+// The element conversions themselves live in cache_convert.cuh (toFloat / fromFloat / quantizeElem): these
+// helpers only move 8 converted elements between registers and memory in one access, so that a warp touches
+// whole 32-byte sectors (16 B per lane for fp16/bf16, 8 B per lane for the 1-byte cache types).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "cache_convert.cuh"
+
+namespace pagedkv {
+
+constexpr int32_t kVecElems = 8;  // elements per vector access (16 B of fp16/bf16)
+
+// Raw bits of 8 elements of type T: 16 B for 2-byte types, 8 B for 1-byte types.
+template <typename T>
+struct VecBits;
+template <>
+struct VecBits<__half> {
+    using type = uint4;
+};
+template <>
+struct VecBits<__nv_bfloat16> {
+    using type = uint4;
+};
+template <>
+struct VecBits<__nv_fp8_storage_t> {
+    using type = uint2;
+};
+template <>
+struct VecBits<int8_t> {
+    using type = uint2;
+};
+template <typename T>
+using vec_bits_t = typename VecBits<T>::type;
+
+// 16-byte load of data read exactly once (the packed QKV rows): streaming, evict-first, so it does not push
+// the block tables and the bias out of L1/L2.
+__device__ __forceinline__ uint4 loadStreaming16(void const* p) { return __ldcs(reinterpret_cast<uint4 const*>(p)); }
+
+// 16-byte load of small read-only data reused across tokens (the bias row).
+__device__ __forceinline__ uint4 loadReadOnly16(void const* p) { return __ldg(reinterpret_cast<uint4 const*>(p)); }
+
+// 8 activation elements (fp16/bf16 bits) -> 8 floats.
+template <typename T>
+__device__ __forceinline__ void unpack8(uint4 bits, float (&out)[kVecElems]) {
+    T elems[kVecElems];
+    static_assert(sizeof(elems) == sizeof(uint4), "8 two-byte elements per 16-byte vector");
+    __builtin_memcpy(elems, &bits, sizeof(bits));
+#pragma unroll
+    for (int k = 0; k < kVecElems; ++k) out[k] = toFloat<T>(elems[k]);
+}
+
+// x[k] += bias[k] for 8 activation elements loaded with one 16-byte read-only load.
+template <typename T>
+__device__ __forceinline__ void addBias8(float (&x)[kVecElems], T const* bias) {
+    float b[kVecElems];
+    unpack8<T>(loadReadOnly16(bias), b);
+#pragma unroll
+    for (int k = 0; k < kVecElems; ++k) x[k] += b[k];
+}
+
+// Stores 8 already-converted elements with one access (16 B or 8 B). `dst` must be aligned to that size.
+template <typename T>
+__device__ __forceinline__ void storeVec8(T* dst, T const (&elems)[kVecElems]) {
+    vec_bits_t<T> bits;
+    static_assert(sizeof(bits) == sizeof(elems), "vector bits hold exactly 8 elements");
+    __builtin_memcpy(&bits, elems, sizeof(bits));
+    *reinterpret_cast<vec_bits_t<T>*>(dst) = bits;
+}
+
+// 8 floats -> 8 activation elements (round to nearest even, cache_convert.cuh's fromFloat), one store.
+template <typename T>
+__device__ __forceinline__ void storeActivation8(T* dst, float const (&x)[kVecElems]) {
+    T elems[kVecElems];
+#pragma unroll
+    for (int k = 0; k < kVecElems; ++k) elems[k] = fromFloat<T>(x[k]);
+    storeVec8(dst, elems);
+}
+
+// 8 floats -> 8 stored cache elements of dtype D (cache_convert.cuh's quantizeElem with 1/scale), one store.
+template <CacheDType D>
+__device__ __forceinline__ void storeQuantized8(cache_t<D>* dst, float const (&x)[kVecElems], float invScale) {
+    cache_t<D> elems[kVecElems];
+#pragma unroll
+    for (int k = 0; k < kVecElems; ++k) elems[k] = quantizeElem<D>(x[k], invScale);
+    storeVec8(dst, elems);
+}
+
+// 8 zero elements of dtype D (all-zero bits is +0 in every supported cache dtype).
+template <CacheDType D>
+__device__ __forceinline__ void storeZero8(cache_t<D>* dst) {
+    *reinterpret_cast<vec_bits_t<cache_t<D>>*>(dst) = vec_bits_t<cache_t<D>>{};
+}
+
+}  // namespace pagedkv
