@@ -15,6 +15,11 @@ cudaError_t invalidArgument(std::string msg) {
     return cudaErrorInvalidValue;
 }
 
+cudaError_t recordError(cudaError_t err, std::string const& what) {
+    if (err != cudaSuccess) tLastError = what + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
+    return err;
+}
+
 char const* lastErrorMessage() { return tLastError.c_str(); }
 
 int smCountOfCurrentDevice() {

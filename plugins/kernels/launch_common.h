@@ -11,6 +11,10 @@ namespace pagedkv {
 // Records `msg` as the reason of the failure and returns cudaErrorInvalidValue.
 cudaError_t invalidArgument(std::string msg);
 
+// Records `what` plus CUDA's own name for `err` as the reason and returns `err` (cudaSuccess passes through
+// without touching the message). For failures of CUDA calls inside launchers (launch config, attributes).
+cudaError_t recordError(cudaError_t err, std::string const& what);
+
 // Multiprocessor count of the current device (cached per device).
 int smCountOfCurrentDevice();
 

@@ -133,6 +133,9 @@ class DeviceBuffer:
         kind = rt.cudaMemcpyKind.cudaMemcpyHostToDevice
         if stream is None:
             check(rt.cudaMemcpy(self.ptr + offset, array.ctypes.data, array.nbytes, kind), "cudaMemcpy H2D")
+            # From pageable memory cudaMemcpy may return before the DMA lands, and work on a non-blocking
+            # stream does not wait for the legacy stream: without a stream, "synchronous" means complete.
+            synchronize()
         else:
             check(rt.cudaMemcpyAsync(self.ptr + offset, array.ctypes.data, array.nbytes, kind, stream.raw),
                   "cudaMemcpyAsync H2D")
@@ -155,6 +158,7 @@ class DeviceBuffer:
         rt = _rt()
         if stream is None:
             check(rt.cudaMemset(self.ptr, value, self.nbytes), "cudaMemset")
+            synchronize()  # cudaMemset on device memory is asynchronous to the host
         else:
             check(rt.cudaMemsetAsync(self.ptr, value, self.nbytes, stream.raw), "cudaMemsetAsync")
 

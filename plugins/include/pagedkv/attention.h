@@ -30,8 +30,10 @@ struct AttentionParams {
     // ---- inputs
     void const* q;       // [T, H * D]
     StepMetadata meta;   // kv length of sequence b after this step's write = pastLens[b] + q_len(b)
-    int32_t maxQLen;     // host-known bound on any sequence's new tokens this step (<= T)
-    int32_t maxKVLen;    // host-known bound on any sequence's kv length (<= maxBlocks * pageSize, or the window)
+    int32_t maxQLen;     // host-known bound on any sequence's new tokens this step (<= T). A sequence with more
+                         // new tokens than this is not computed: its rows come out NaN, never stale memory.
+    int32_t maxKVLen;    // host-known bound on any sequence's kv length (maxBlocks * pageSize, or the window);
+                         // it only sizes the split-K decision: a wrong bound costs balance, never correctness
     // ---- pool
     KVLayout layout;
     CacheDType cacheDType;

@@ -1,0 +1,294 @@
+"""Paged attention (pagedkv) against FlashInfer 0.6.0, side by side in one process, same K/V values.
+
+Decode: H=32, KVH=8, D=128, bf16, the 12 shapes of ../shared/ANCHORS.md (pages of 16 and 64 tokens; batch x
+cache length 1x32K, 1x128K, 16x8K, 64x4K, 128x2K, 256x1K), pages shuffled. Ours reads its HND pool through the
+block table; FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=False)`` reads its own NHD copy
+of the same values. Extra rows: our fp8 e4m3 cache at 64x4K (goal: >= 1.8x faster than our bf16), and the
+TensorRT plugin's loose bounds (max_q_len = T, max_kv_len = MB * page_size) at 64x4K and 256x1K.
+Chunked prefill: 4 sequences x a 2048-token chunk over 8192 cached tokens (causal), against
+``BatchPrefillWithPagedKVCacheWrapper`` (fa2, and fa3 when available).
+
+Timing: median of ``triton.testing.do_bench`` (L2 flushed between repetitions) after warm-up, plain launches
+(no CUDA graphs: both libraries pay their Python launch cost, hidden behind the GPU time for these sizes).
+Bytes count each KV element read once (decode); TB/s = bytes / time; % is of the 4.28 TB/s copy ceiling.
+Prefill TFLOP/s counts 4*H*D per attended (query, key) pair. "FI/ours" > 1 means ours is faster.
+benchmarks/NOTES-attention.md has the byte counts, floors and predictions.
+
+Run on the GPU machine from the repository root (pagedkv built, torch + triton, FlashInfer importable):
+    python benchmarks/bench_attention.py [--json out.json] [--cases decode,prefill,fp8,plugin]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+COPY_CEILING_TBS = 4.28
+H, KVH, D = 32, 8, 128
+DECODE_SHAPES = [(1, 32768), (1, 131072), (16, 8192), (64, 4096), (128, 2048), (256, 1024)]
+PREFILL = dict(num_seqs=4, chunk=2048, cached=8192)
+
+
+@dataclass
+class Result:
+    case: str
+    impl: str
+    us: float
+    tbs: float | None = None         # decode: KV bytes / time
+    pct_ceiling: float | None = None
+    tflops: float | None = None      # prefill
+    flashinfer_us: float | None = None
+    fi_over_ours: float | None = None  # FlashInfer time / our time: > 1 -> ours faster
+    note: str = ""
+
+
+class Step:
+    """One step on the GPU (torch tensors): shuffled block table, our HND pool, queries, our launch args."""
+
+    def __init__(self, torch, *, num_seqs: int, q_len: int, past_len: int, page_size: int, cache: str = "bf16",
+                 seed: int = 0):
+        from pagedkv.config import AttentionConfig, PoolConfig
+        from pagedkv.layout import CacheDType
+
+        self.torch = torch
+        self.num_seqs, self.q_len, self.past_len, self.page_size = num_seqs, q_len, past_len, page_size
+        self.kv_len = past_len + q_len
+        self.tokens = num_seqs * q_len
+        self.pages = -(-self.kv_len // page_size)
+        self.num_blocks = num_seqs * self.pages
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        perm = torch.randperm(self.num_blocks, device="cuda", generator=g).to(torch.int32)
+        self.block_table = perm.view(num_seqs, self.pages).contiguous()
+        self.cu_q_lens = torch.arange(num_seqs + 1, device="cuda", dtype=torch.int32) * q_len
+        self.past_lens = torch.full((num_seqs,), past_len, device="cuda", dtype=torch.int32)
+        self.q = torch.randn(self.tokens, H * D, device="cuda", dtype=torch.bfloat16, generator=g)
+        self.cache = cache
+        cache_dtype = {"bf16": CacheDType.BF16, "fp8": CacheDType.FP8_E4M3}[cache]
+        self.cfg = AttentionConfig(num_q_heads=H, pool=PoolConfig(
+            num_kv_heads=KVH, head_dim=D, page_size=page_size, num_layers=1, layer_index=0, cache_dtype=cache_dtype,
+            k_scale=1.0, v_scale=1.0))
+        shape = self.cfg.pool.layout().pool_shape(self.num_blocks)  # HND [NB, 1, 2, KVH, P, D]
+        # Every slot holds a value (positions past a sequence's end included): N(0, 1) in the cache dtype.
+        self.pool = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=g)
+        if cache == "fp8":
+            self.pool = self.pool.to(torch.float8_e4m3fn)
+        self.descs = torch.tensor([[self.pool.data_ptr(), self.num_blocks, 0, 0]], device="cuda", dtype=torch.int64)
+        self.out = torch.empty(self.tokens, H * D, device="cuda", dtype=torch.bfloat16)
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.num_seqs * self.kv_len * KVH * D * 2 * (2 if self.cache == "bf16" else 1)
+
+    @property
+    def attended_pairs(self) -> int:
+        # causal: query i of a sequence sees past_len + i + 1 keys
+        return self.num_seqs * (self.q_len * self.past_len + self.q_len * (self.q_len + 1) // 2)
+
+    def our_launcher(self, *, plugin_bounds: bool = False):
+        """Zero-argument launch of our kernels on torch's current stream, with the workspace it needs."""
+        from pagedkv.kernels import attention as A
+
+        torch = self.torch
+        max_q = self.tokens if plugin_bounds else self.q_len
+        max_kv = self.pages * self.page_size if plugin_bounds else self.kv_len
+        ws_bytes = A.attention_workspace_bytes(self.tokens, self.num_seqs, H, D, max_kv, self.page_size)
+        ws = torch.empty(max(ws_bytes, 16), device="cuda", dtype=torch.uint8)
+        args = A.make_attention_args(
+            self.cfg, io_dtype=A.IODType.BF16, num_tokens=self.tokens, num_seqs=self.num_seqs, max_blocks=self.pages,
+            max_q_len=max_q, max_kv_len=max_kv, q=self.q.data_ptr(), out=self.out.data_ptr(),
+            pool_descs=self.descs.data_ptr(), block_table=self.block_table.data_ptr(),
+            cu_q_lens=self.cu_q_lens.data_ptr(), past_lens=self.past_lens.data_ptr(), workspace=ws.data_ptr(),
+            workspace_bytes=ws_bytes)
+        lib = A._capi()
+        plan = A.attention_plan(args, sm_count=torch.cuda.get_device_properties(0).multi_processor_count)
+
+        def launch():
+            rc = lib.pagedkv_attention(ctypes.byref(args), ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+            if rc != 0:
+                raise RuntimeError(f"pagedkv_attention: {rc}: {lib.pagedkv_last_error().decode()}")
+
+        launch.keep = (ws, args)  # alive as long as the launcher
+        launch.plan = plan
+        return launch
+
+    def flashinfer_layout(self):
+        """FlashInfer's own NHD copy of the same K/V values: [NB, 2, P, KVH, D], and its page-table triple."""
+        torch = self.torch
+        kv = self.pool[:, 0].permute(0, 1, 3, 2, 4).contiguous()  # [NB, 2, KVH, P, D] -> [NB, 2, P, KVH, D]
+        indices = self.block_table.reshape(-1).contiguous()
+        indptr = torch.arange(self.num_seqs + 1, device="cuda", dtype=torch.int32) * self.pages
+        last = torch.full((self.num_seqs,), self.kv_len - (self.pages - 1) * self.page_size, device="cuda",
+                          dtype=torch.int32)
+        return kv, indptr, indices, last
+
+
+def flashinfer_decode(step: Step, flashinfer):
+    torch = step.torch
+    kv, indptr, indices, last = step.flashinfer_layout()
+    workspace = torch.empty(256 << 20, device="cuda", dtype=torch.uint8)
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=False)
+    wrapper.plan(indptr, indices, last, H, KVH, D, step.page_size, q_data_type=torch.bfloat16,
+                 kv_data_type=kv.dtype)
+    q = step.q.view(step.tokens, H, D)
+
+    def launch():
+        return wrapper.run(q, kv)
+
+    launch.keep = (kv, indptr, indices, last, workspace, wrapper)
+    return launch
+
+
+def flashinfer_prefill(step: Step, flashinfer, backend: str):
+    torch = step.torch
+    kv, indptr, indices, last = step.flashinfer_layout()
+    workspace = torch.empty(256 << 20, device="cuda", dtype=torch.uint8)
+    wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=backend)
+    wrapper.plan(step.cu_q_lens, indptr, indices, last, H, KVH, D, step.page_size, causal=True,
+                 q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+    q = step.q.view(step.tokens, H, D)
+
+    def launch():
+        return wrapper.run(q, kv)
+
+    launch.keep = (kv, indptr, indices, last, workspace, wrapper)
+    return launch
+
+
+def time_us(fn, torch, triton) -> float:
+    fn()  # warm-up outside the timing: JIT, module loading, occupancy queries
+    torch.cuda.synchronize()
+    return 1000.0 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def compare(ours_out, theirs_out) -> str:
+    diff = (ours_out.float().view(-1) - theirs_out.float().reshape(-1)).abs().max().item()
+    return f"max|ours - FI| = {diff:.4f}"
+
+
+def run(which: set[str]) -> list[Result]:
+    import torch
+    import triton
+
+    try:
+        import flashinfer
+        fi_error = None
+    except Exception as exc:  # noqa: BLE001 - report any import failure and time ours alone
+        flashinfer, fi_error = None, f"{type(exc).__name__}: {exc}"
+        print(f"FlashInfer not importable ({fi_error}): timing pagedkv only", flush=True)
+
+    results: list[Result] = []
+
+    def fi_time(make, *a):
+        if flashinfer is None:
+            return None, None, f"FlashInfer unavailable: {fi_error}"
+        try:
+            fn = make(*a)
+            return time_us(fn, torch, triton), fn, ""
+        except Exception as exc:  # noqa: BLE001 - one failing FlashInfer config must not stop the benchmark
+            return None, None, f"FlashInfer failed: {type(exc).__name__}: {str(exc)[:120]}"
+
+    if "decode" in which or "fp8" in which or "plugin" in which:
+        for page in (16, 64):
+            for batch, length in DECODE_SHAPES:
+                name = f"decode P{page} {batch}x{length}"
+                need = "decode" in which or (("fp8" in which or "plugin" in which) and (batch, length) == (64, 4096)) \
+                    or ("plugin" in which and (batch, length) == (256, 1024) and page == 16)
+                if not need:
+                    continue
+                step = Step(torch, num_seqs=batch, q_len=1, past_len=length - 1, page_size=page, seed=batch + page)
+                ours = step.our_launcher()
+                us = time_us(ours, torch, triton)
+                fi_us, fi_fn, note = fi_time(flashinfer_decode, step, flashinfer)
+                if fi_fn is not None:
+                    ours()
+                    note = compare(step.out, fi_fn())
+                plan = ours.plan
+                note += f"  [split {plan['decode_grid'][2]}]"
+                tbs = step.kv_bytes / (us * 1e-6) / 1e12
+                results.append(Result(name, "pagedkv bf16", us, tbs, 100 * tbs / COPY_CEILING_TBS, None, fi_us,
+                                      fi_us / us if fi_us else None, note.strip()))
+                bf16_us = us
+                if "plugin" in which and (batch, length) in ((64, 4096), (256, 1024)) and page == 16:
+                    loose = step.our_launcher(plugin_bounds=True)
+                    us = time_us(loose, torch, triton)
+                    tbs = step.kv_bytes / (us * 1e-6) / 1e12
+                    results.append(Result(name, "pagedkv bf16, plugin bounds", us, tbs,
+                                          100 * tbs / COPY_CEILING_TBS, None, fi_us, fi_us / us if fi_us else None,
+                                          f"runs multi-token kernel too: {bool(loose.plan['run_multi'])}"))
+                del step
+                if "fp8" in which and (batch, length) == (64, 4096):
+                    step = Step(torch, num_seqs=batch, q_len=1, past_len=length - 1, page_size=page, cache="fp8")
+                    ours = step.our_launcher()
+                    us = time_us(ours, torch, triton)
+                    tbs = step.kv_bytes / (us * 1e-6) / 1e12
+                    results.append(Result(name, "pagedkv fp8 e4m3 cache", us, tbs, 100 * tbs / COPY_CEILING_TBS,
+                                          note=f"{bf16_us / us:.2f}x faster than our bf16 (goal >= 1.8x)"))
+                    del step
+                torch.cuda.empty_cache()
+
+    if "prefill" in which:
+        for page in (16, 64):
+            step = Step(torch, num_seqs=PREFILL["num_seqs"], q_len=PREFILL["chunk"], past_len=PREFILL["cached"],
+                        page_size=page, seed=7)
+            name = f"prefill P{page} {PREFILL['num_seqs']}x{PREFILL['chunk']} over {PREFILL['cached']}"
+            flops = 4 * H * D * step.attended_pairs
+            ours = step.our_launcher()
+            us = time_us(ours, torch, triton)
+            notes, best = [], None
+            for backend in ("fa2", "fa3"):
+                fi_us, fi_fn, note = fi_time(flashinfer_prefill, step, flashinfer, backend)
+                if fi_fn is not None:
+                    ours()
+                    note = f"{backend}: {fi_us:.0f} us ({flops / (fi_us * 1e-6) / 1e12:.0f} TFLOP/s), " + \
+                           compare(step.out, fi_fn())
+                    best = fi_us if best is None else min(best, fi_us)
+                notes.append(note)
+            results.append(Result(name, "pagedkv bf16", us, None, None, flops / (us * 1e-6) / 1e12, best,
+                                  best / us if best else None, "; ".join(notes)))
+            del step
+            torch.cuda.empty_cache()
+    return results
+
+
+def print_table(results: list[Result]) -> None:
+    header = (f"{'case':<34} {'implementation':<30} {'us':>9} {'TB/s':>6} {'%4.28':>6} {'TFLOP/s':>8} "
+              f"{'FI us':>9} {'FI/ours':>7}  note")
+    print(header)
+    print("-" * len(header))
+
+    def f(x, fmt):
+        return format(x, fmt) if x is not None else "-"
+
+    for r in results:
+        print(f"{r.case:<34} {r.impl:<30} {r.us:9.1f} {f(r.tbs, '6.2f'):>6} {f(r.pct_ceiling, '6.1f'):>6} "
+              f"{f(r.tflops, '8.0f'):>8} {f(r.flashinfer_us, '9.1f'):>9} {f(r.fi_over_ours, '7.2f'):>7}  {r.note}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", help="write the results to this file")
+    ap.add_argument("--cases", default="decode,fp8,plugin,prefill",
+                    help="comma-separated subset of: decode, fp8, plugin, prefill")
+    args = ap.parse_args()
+    which = set(args.cases.split(","))
+    unknown = which - {"decode", "fp8", "plugin", "prefill"}
+    if unknown:
+        ap.error(f"--cases: unknown {sorted(unknown)}")
+    t0 = time.time()
+    results = run(which)
+    print_table(results)
+    print(f"\n{len(results)} rows in {time.time() - t0:.0f} s; reproduce: python benchmarks/bench_attention.py "
+          f"--cases {args.cases}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([asdict(r) for r in results], f, indent=1)
+    return 0 if all(math.isfinite(r.us) for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

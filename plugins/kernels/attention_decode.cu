@@ -1,0 +1,282 @@
+// Decode attention kernel: sequences whose rows (qLen x G query heads of one KV head) fit one 16-row MMA
+// tile -- decode tokens and short speculative drafts. Memory-bound: every K/V byte of the sequence's span is
+// read once per KV head, for all the GQA heads of that KV head at once (they are the rows of the tile).
+//
+// Grid (B, KVH, Z): one CTA per (sequence, KV head, split-K chunk). The 4 warps of a CTA stream disjoint KV
+// tiles of 16 tokens (warp w takes tiles w, w+4, ...), each through its own 3-stage cp.async pipeline
+// (16-byte copies, pages resolved per row through the block table), with only warp-level barriers in the
+// loop; at the end the warps' online-softmax states are combined in shared memory. A sequence cut into
+// several chunks writes normalized partial outputs and log2-sum-exps for the merge kernel; otherwise the
+// CTA writes the final output directly.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "attention_dispatch.cuh"
+#include "attention_kernels.h"
+#include "attention_tile.cuh"
+
+namespace pagedkv {
+namespace attn {
+namespace {
+
+template <typename CT, bool k8Bit, int kD>
+struct DecodeConfig {
+    static constexpr int kWarps = kDecodeWarps;
+    static constexpr int kThreads = kWarps * 32;
+    static constexpr int kRows = kDecodeRows;
+    static constexpr int kTile = kDecodeTileTokens;
+    static constexpr int kStages = kDecodeStages;
+    static constexpr int kElemBytes = k8Bit ? 1 : 2;
+    static constexpr int kRawTileBytes = kTile * kD * kElemBytes;  // one K (or V) tile as stored
+    static constexpr int kConvTileBytes = k8Bit ? kTile * kD * 2 : 0;
+    static constexpr int kPosBytes = kStages * kTile * 4;
+    static constexpr int kWarpBytes = kStages * 2 * kRawTileBytes + 2 * kConvTileBytes + kPosBytes;
+    static constexpr int kQBytes = kRows * kD * 2;
+    static constexpr int kPipelineBytes = kQBytes + kWarps * kWarpBytes;
+    // End-of-CTA combine buffer (aliases the pipeline): per warp and row, D partial outputs (+4 floats of
+    // padding against bank conflicts), the running max and the sum.
+    static constexpr int kCombineStride = kD + 4;
+    static constexpr int kCombineBytes = kWarps * kRows * (kCombineStride + 2) * 4;
+    static constexpr int kSmemBytes = kPipelineBytes > kCombineBytes ? kPipelineBytes : kCombineBytes;
+    // Q fragments stay in registers for D <= 128; for D = 256 they are re-read from shared memory per step.
+    static constexpr bool kQInRegs = kD <= 128;
+    static_assert(kRawTileBytes % 16 == 0 && kWarpBytes % 16 == 0 && kQBytes % 16 == 0, "16-byte alignment");
+};
+
+// Rows of a sequence that needed the (unlaunched) multi-token kernel: NaN, so a wrong maxQLen bound shows.
+template <typename CT, int kD>
+__device__ void poisonRows(AttentionKernelParams const& p, CtaWork const& w, int32_t kvHead, int32_t tid,
+                           int32_t threads) {
+    uint16_t const nan = quietNaNBits<CT>();
+    uint16_t* out = static_cast<uint16_t*>(p.out);
+    int64_t const rows = w.rowEnd - w.rowBegin;
+    for (int64_t i = tid; i < rows * kD; i += threads) {
+        int32_t const row = w.rowBegin + int32_t(i / kD);
+        int32_t const token = row / p.groupSize;
+        int32_t const head = kvHead * p.groupSize + row % p.groupSize;
+        out[(int64_t(token) * p.numQHeads + head) * kD + i % kD] = nan;
+    }
+}
+
+template <typename CT, bool k8Bit, int kD>
+__global__ void __launch_bounds__(DecodeConfig<CT, k8Bit, kD>::kThreads)
+    attentionDecodeKernel(__grid_constant__ AttentionKernelParams const p) {
+    using Cfg = DecodeConfig<CT, k8Bit, kD>;
+    constexpr int kTile = Cfg::kTile;
+    constexpr int kStages = Cfg::kStages;
+    extern __shared__ __align__(16) unsigned char smem[];
+
+    int32_t const seq = blockIdx.x;
+    int32_t const kvHead = blockIdx.y;
+    int32_t const z = blockIdx.z;
+    int32_t const tid = threadIdx.x;
+    int32_t const warp = tid >> 5;
+    int32_t const lane = tid & 31;
+
+    CtaWork const w = decodeCtaWork(p.split, p.stepView(), seq, z);
+    if (w.poison) poisonRows<CT, kD>(p, w, kvHead, tid, Cfg::kThreads);
+    if (!w.active) return;
+    KVSource const src = makeKVSource(p, w, kvHead);
+    int32_t const numRows = w.rowEnd - w.rowBegin;  // <= 16
+
+    // ---- shared memory: Q tile, then per warp: stages x (K, V) raw tiles, [8-bit: converted K, V], positions
+    unsigned char* const sQ = smem;
+    unsigned char* const warpBase = smem + Cfg::kQBytes + warp * Cfg::kWarpBytes;
+    unsigned char* const sConvK = warpBase + kStages * 2 * Cfg::kRawTileBytes;
+    unsigned char* const sConvV = sConvK + Cfg::kConvTileBytes;
+    int32_t* const sPos = reinterpret_cast<int32_t*>(sConvV + Cfg::kConvTileBytes);  // [kStages][kTile]
+    auto rawK = [&](int stage) { return warpBase + stage * 2 * Cfg::kRawTileBytes; };
+    auto rawV = [&](int stage) { return warpBase + stage * 2 * Cfg::kRawTileBytes + Cfg::kRawTileBytes; };
+
+    // ---- this warp's tiles: w, w + 4, ... of the CTA's tile list
+    int32_t const numTiles = w.tiles.count();
+    int32_t const mine = numTiles > warp ? (numTiles - warp + Cfg::kWarps - 1) / Cfg::kWarps : 0;
+    auto issue = [&](int32_t i) {
+        if (i < mine) {
+            int32_t const stage = i % kStages;
+            int32_t const v0 = w.tiles.tile(warp + i * Cfg::kWarps) * kTile;
+            loadKVRowsWarp<kD, Cfg::kElemBytes, kTile>(p, src, v0, smemAddr(rawK(stage)), smemAddr(rawV(stage)),
+                                                       sPos + stage * kTile, lane);
+        }
+        cpAsyncCommit();  // always: keeps the group count uniform for cp.async.wait_group
+    };
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i) issue(i);
+
+    loadQRows<CT, kD, Cfg::kRows, Cfg::kThreads>(p, sQ, w.rowBegin, w.rowEnd, kvHead, tid);
+    __syncthreads();
+
+    int32_t const g = lane >> 2;
+    int32_t const qPos0 = g < numRows ? rowQueryPos(w.seq, w.rowBegin + g, p.groupSize) : -1;
+    int32_t const qPos1 = g + 8 < numRows ? rowQueryPos(w.seq, w.rowBegin + g + 8, p.groupSize) : -1;
+    using Lane = FragLane<kD>;
+    uint32_t const sQAddr = smemAddr(sQ);
+    uint32_t const offA = Lane::offsetA(lane), offK = Lane::offsetK(lane), offV = Lane::offsetV(lane);
+    uint32_t qFrag[Cfg::kQInRegs ? kD / 16 : 1][4];
+    if constexpr (Cfg::kQInRegs) {
+#pragma unroll
+        for (int kk = 0; kk < kD / 16; ++kk) ldmatrixX4(qFrag[kk], Lane::at(sQAddr, offA, 0, kk));
+    }
+
+    float o[kD / 8][4];
+#pragma unroll
+    for (int dn = 0; dn < kD / 8; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.f;
+    float m[2] = {negInf(), negInf()};
+    float l[2] = {0.f, 0.f};
+
+    for (int32_t i = 0; i < mine; ++i) {
+        cpAsyncWait<kStages - 2>();  // this lane's copies of tile i have landed ...
+        __syncwarp();                // ... and every lane's (and every lane is done with tile i - 1)
+        issue(i + kStages - 1);      // refills the stage tile i - 1 used
+        int32_t const stage = i % kStages;
+        uint32_t kTileAddr = smemAddr(rawK(stage));
+        uint32_t vTileAddr = smemAddr(rawV(stage));
+        if constexpr (k8Bit) {
+            convertTile8<CT, kD, kTile, 32>(rawK(stage), sConvK, p.cacheIsFp8 != 0, lane);
+            convertTile8<CT, kD, kTile, 32>(rawV(stage), sConvV, p.cacheIsFp8 != 0, lane);
+            __syncwarp();
+            kTileAddr = smemAddr(sConvK);
+            vTileAddr = smemAddr(sConvV);
+        }
+
+        // S = Q K^T for 16 rows x 16 tokens
+        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+        for (int kk = 0; kk < kD / 16; ++kk) {
+            uint32_t a[4];
+            if constexpr (Cfg::kQInRegs) {
+                a[0] = qFrag[kk][0], a[1] = qFrag[kk][1], a[2] = qFrag[kk][2], a[3] = qFrag[kk][3];
+            } else {
+                ldmatrixX4(a, Lane::at(sQAddr, offA, 0, kk));
+            }
+            uint32_t b[4];
+            ldmatrixX4(b, Lane::at(kTileAddr, offK, 0, kk));
+            Mma<CT>::run(s[0], a, b[0], b[1]);
+            Mma<CT>::run(s[1], a, b[2], b[3]);
+        }
+
+        float alpha[2];
+        softmaxStep<2>(p, s, sPos + stage * kTile, true, qPos0, qPos1, lane, m, l, alpha);
+        rescaleRows(o, alpha);
+
+        // O += P V
+        uint32_t pa[4];
+        probFragment<CT, 2>(s, 0, pa);
+#pragma unroll
+        for (int dp = 0; dp < kD / 16; ++dp) {
+            uint32_t b[4];
+            ldmatrixX4Trans(b, Lane::at(vTileAddr, offV, 0, dp));
+            Mma<CT>::run(o[2 * dp], pa, b[0], b[1]);
+            Mma<CT>::run(o[2 * dp + 1], pa, b[2], b[3]);
+        }
+    }
+    cpAsyncWait<0>();
+    l[0] = quadSum(l[0]);
+    l[1] = quadSum(l[1]);
+
+    // ---- combine the 4 warps' states; the pipeline's shared memory is free once every warp got here
+    __syncthreads();
+    float* const cO = reinterpret_cast<float*>(smem);  // [kWarps][16][kCombineStride]
+    float* const cM = cO + Cfg::kWarps * Cfg::kRows * Cfg::kCombineStride;  // [kWarps][16]
+    float* const cL = cM + Cfg::kWarps * Cfg::kRows;                        // [kWarps][16]
+    int32_t const c = lane & 3;
+    if (c == 0) {
+        cM[warp * 16 + g] = m[0], cM[warp * 16 + g + 8] = m[1];
+        cL[warp * 16 + g] = l[0], cL[warp * 16 + g + 8] = l[1];
+    }
+#pragma unroll
+    for (int dn = 0; dn < kD / 8; ++dn) {
+        float* const r0 = cO + (warp * 16 + g) * Cfg::kCombineStride + dn * 8 + 2 * c;
+        float* const r1 = r0 + 8 * Cfg::kCombineStride;
+        r0[0] = o[dn][0], r0[1] = o[dn][1];
+        r1[0] = o[dn][2], r1[1] = o[dn][3];
+    }
+    __syncthreads();
+
+    // 8 threads per row, each kD / 8 consecutive dims
+    constexpr int kDimsPerThread = kD / 8;
+    int32_t const row = tid >> 3;
+    int32_t const d0 = (tid & 7) * kDimsPerThread;
+    if (row >= numRows) return;
+    float mMax = negInf();
+#pragma unroll
+    for (int ww = 0; ww < Cfg::kWarps; ++ww) mMax = fmaxf(mMax, cM[ww * 16 + row]);
+    float weight[Cfg::kWarps];
+    float sum = 0.f;
+#pragma unroll
+    for (int ww = 0; ww < Cfg::kWarps; ++ww) {
+        weight[ww] = mMax == negInf() ? 0.f : fastExp2(cM[ww * 16 + row] - mMax);
+        sum += weight[ww] * cL[ww * 16 + row];
+    }
+    float acc[kDimsPerThread];
+#pragma unroll
+    for (int d = 0; d < kDimsPerThread; ++d) {
+        float x = 0.f;
+#pragma unroll
+        for (int ww = 0; ww < Cfg::kWarps; ++ww) x += weight[ww] * cO[(ww * 16 + row) * Cfg::kCombineStride + d0 + d];
+        acc[d] = x;
+    }
+    // A row that saw nothing (every visible page absent) outputs 0, never 0/0.
+    float const scale = sum > 0.f ? p.outScale / sum : 0.f;
+    int32_t const grow = w.rowBegin + row;
+    int32_t const token = grow / p.groupSize;
+    int32_t const head = kvHead * p.groupSize + grow % p.groupSize;
+    if (w.nChunks == 1) {
+        CT* const dst = static_cast<CT*>(p.out) + (int64_t(token) * p.numQHeads + head) * kD + d0;
+#pragma unroll
+        for (int d = 0; d < kDimsPerThread; d += 8) {
+            uint4 v;
+            v.x = Mma<CT>::pack(acc[d] * scale, acc[d + 1] * scale);
+            v.y = Mma<CT>::pack(acc[d + 2] * scale, acc[d + 3] * scale);
+            v.z = Mma<CT>::pack(acc[d + 4] * scale, acc[d + 5] * scale);
+            v.w = Mma<CT>::pack(acc[d + 6] * scale, acc[d + 7] * scale);
+            *reinterpret_cast<uint4*>(dst + d) = v;
+        }
+    } else {
+        int64_t const prow = partialRow(p, z, token, head);
+        float* const dst = p.partialOut + prow * kD + d0;
+#pragma unroll
+        for (int d = 0; d < kDimsPerThread; d += 4)
+            *reinterpret_cast<float4*>(dst + d) =
+                make_float4(acc[d] * scale, acc[d + 1] * scale, acc[d + 2] * scale, acc[d + 3] * scale);
+        if ((tid & 7) == 0) p.partialLse[prow] = sum > 0.f ? mMax + __log2f(sum) : negInf();
+    }
+}
+
+template <typename CT, bool k8Bit, int kD>
+KernelSetup& decodeSetup() {
+    static KernelSetup setup;
+    return setup;
+}
+
+}  // namespace
+
+cudaError_t decodeKernelOccupancy(IODType io, CacheDType cache, int32_t headDim, int32_t& ctasPerSm) {
+    return dispatchAttention(io, isCache8Bit(cache), headDim, [&](auto ct, auto k8, auto d) -> cudaError_t {
+        using CT = typename decltype(ct)::type;
+        constexpr bool k8Bit = decltype(k8)::value;
+        constexpr int kD = decltype(d)::value;
+        using Cfg = DecodeConfig<CT, k8Bit, kD>;
+        return decodeSetup<CT, k8Bit, kD>().prepare(attentionDecodeKernel<CT, k8Bit, kD>, Cfg::kSmemBytes,
+                                                    Cfg::kThreads, ctasPerSm, "decode attention kernel", kD);
+    });
+}
+
+cudaError_t launchDecodeKernel(AttentionKernelParams const& kp, IODType io, CacheDType cache, int32_t headDim,
+                               dim3 grid, cudaStream_t stream) {
+    return dispatchAttention(io, isCache8Bit(cache), headDim, [&](auto ct, auto k8, auto d) -> cudaError_t {
+        using CT = typename decltype(ct)::type;
+        constexpr bool k8Bit = decltype(k8)::value;
+        constexpr int kD = decltype(d)::value;
+        using Cfg = DecodeConfig<CT, k8Bit, kD>;
+        int32_t ctasPerSm = 0;
+        cudaError_t err = decodeSetup<CT, k8Bit, kD>().prepare(attentionDecodeKernel<CT, k8Bit, kD>, Cfg::kSmemBytes,
+                                                               Cfg::kThreads, ctasPerSm, "decode attention kernel", kD);
+        if (err != cudaSuccess) return err;
+        attentionDecodeKernel<CT, k8Bit, kD><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(kp);
+        return cudaGetLastError();
+    });
+}
+
+}  // namespace attn
+}  // namespace pagedkv

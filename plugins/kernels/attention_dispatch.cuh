@@ -1,0 +1,106 @@
+// The one dispatch point of the attention kernels: (ioDType, 8-bit or 16-bit cache, head dim) -> a compiled
+// instantiation. Anything outside the compiled set fails loudly with the field and the value. Template
+// parameters are kept to what changes the generated code (the MMA type, whether tiles go through an 8-bit
+// staging buffer, the head dim); fp8 vs int8, soft-cap, window and page geometry are uniform runtime branches,
+// so each kernel family has 2 x 2 x 3 = 12 instantiations (the merge 2 x 3).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "launch_common.h"
+#include "pagedkv/attention.h"
+
+namespace pagedkv {
+namespace attn {
+
+template <typename T>
+struct TypeTag {
+    using type = T;
+};
+template <bool V>
+struct BoolTag {
+    static constexpr bool value = V;
+};
+template <int V>
+struct IntTag {
+    static constexpr int value = V;
+};
+
+inline bool isCache8Bit(CacheDType c) { return c == CacheDType::kFP8E4M3 || c == CacheDType::kINT8; }
+
+// f(TypeTag<CT>, BoolTag<cache8Bit>, IntTag<D>) -> cudaError_t
+template <typename F>
+cudaError_t dispatchAttention(IODType io, bool cache8Bit, int32_t headDim, F&& f) {
+    auto byHeadDim = [&](auto ct, auto k8) -> cudaError_t {
+        switch (headDim) {
+            case 64: return f(ct, k8, IntTag<64>{});
+            case 128: return f(ct, k8, IntTag<128>{});
+            case 256: return f(ct, k8, IntTag<256>{});
+            default:
+                return invalidArgument("headDim=" + std::to_string(headDim) +
+                                       ": expected one of 64, 128, 256 (no attention kernel compiled for it)");
+        }
+    };
+    auto byCache = [&](auto ct) -> cudaError_t {
+        return cache8Bit ? byHeadDim(ct, BoolTag<true>{}) : byHeadDim(ct, BoolTag<false>{});
+    };
+    switch (io) {
+        case IODType::kFP16: return byCache(TypeTag<__half>{});
+        case IODType::kBF16: return byCache(TypeTag<__nv_bfloat16>{});
+    }
+    return invalidArgument("ioDType=" + std::to_string(static_cast<int32_t>(io)) + ": expected 0 (fp16) or 1 (bf16)");
+}
+
+// Per kernel instantiation (one static object each): raises the dynamic shared-memory limit once per device
+// and caches the occupancy. Host-side queries only; nothing here waits on the GPU.
+class KernelSetup {
+public:
+    // `what` names the kernel and its shape for the error raised when the device cannot host it.
+    template <typename Kernel>
+    cudaError_t prepare(Kernel kernel, size_t smemBytes, int32_t threads, int32_t& ctasPerSm, char const* what,
+                        int32_t headDim) {
+        int device = 0;
+        cudaError_t err = cudaGetDevice(&device);
+        if (err != cudaSuccess) return err;
+        if (device >= 0 && device < kMaxDevices) {
+            int32_t cached = ctasPerSm_[device].load(std::memory_order_acquire);
+            if (cached > 0) {
+                ctasPerSm = cached;
+                return cudaSuccess;
+            }
+        }
+        int optin = 0, major = 0, minor = 0;
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+        if (optin > 0 && smemBytes > size_t(optin))
+            return invalidArgument("headDim=" + std::to_string(headDim) + ": the " + what + " needs " +
+                                   std::to_string(smemBytes) + " bytes of shared memory per CTA, this GPU (sm_" +
+                                   std::to_string(major * 10 + minor) + ") allows " + std::to_string(optin) +
+                                   ": expected a GPU with more shared memory (sm_90 hosts every head dim)");
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smemBytes));
+        if (err != cudaSuccess) return err;
+        int n = 0;
+        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smemBytes);
+        if (err != cudaSuccess) return err;
+        if (n < 1)
+            return invalidArgument("attention kernel shared memory=" + std::to_string(smemBytes) +
+                                   ": expected to fit one CTA per SM of this device");
+        if (device >= 0 && device < kMaxDevices) ctasPerSm_[device].store(n, std::memory_order_release);
+        ctasPerSm = n;
+        return cudaSuccess;
+    }
+
+private:
+    static constexpr int kMaxDevices = 64;
+    std::atomic<int32_t> ctasPerSm_[kMaxDevices] = {};
+};
+
+}  // namespace attn
+}  // namespace pagedkv

@@ -1,0 +1,110 @@
+// launchAttention: validate (before any CUDA call), plan (attention_plan.cpp: the one scheduling decision),
+// fold the scales, launch the decode / multi-token kernels and the split-K merge on `stream`. Never syncs.
+#include <cmath>
+#include <string>
+
+#include "attention_kernels.h"
+#include "attention_plan.h"
+#include "launch_common.h"
+#include "pagedkv/attention.h"
+#include "pagedkv/qkv_write.h"  // lastErrorMessage()
+
+namespace pagedkv {
+namespace attn {
+namespace {
+
+constexpr float kLog2eHost = 1.4426950408889634f;
+
+AttentionKernelParams makeKernelParams(AttentionParams const& p, AttentionPlan const& plan) {
+    AttentionKernelParams k{};
+    k.numQHeads = p.numQHeads;
+    k.numKVHeads = p.numKVHeads;
+    k.groupSize = plan.groupSize;
+    k.numSeqs = p.meta.numSeqs;
+    k.numTokens = p.meta.numTokens;
+    k.q = p.q;
+    k.qFP8 = p.qFP8 ? 1 : 0;
+    k.poolDescs = p.meta.poolDescs;
+    k.poolIndex = p.meta.poolIndex;
+    k.blockTable = p.meta.blockTable;
+    k.maxBlocks = p.meta.maxBlocks;
+    k.cuQLens = p.meta.cuQLens;
+    k.pastLens = p.meta.pastLens;
+    k.layout = p.layout;
+    k.layer = p.layer;
+    k.cacheIsFp8 = p.cacheDType == CacheDType::kFP8E4M3 ? 1 : 0;
+    k.window = p.window;
+    k.sinkTokens = p.sinkTokens;
+    // The kernels multiply stored values as they are; every scale is folded here:
+    // logit = (q_stored . k_stored) * qScale * kScale * softmaxScale, out = (P . v_stored) * vScale.
+    bool const quantized = p.cacheDType == CacheDType::kFP8E4M3 || p.cacheDType == CacheDType::kINT8;
+    double softmaxScale = p.softmaxScale > 0.f ? double(p.softmaxScale) : 1.0 / std::sqrt(double(p.headDim));
+    double rawScale = softmaxScale * (quantized ? double(p.kScale) : 1.0) * (p.qFP8 ? double(p.qScale) : 1.0);
+    k.useSoftcap = p.logitSoftcap > 0.f ? 1 : 0;
+    k.scoreScaleLog2 = float(rawScale * double(kLog2eHost));
+    k.capInScale = k.useSoftcap ? float(rawScale / double(p.logitSoftcap)) : 0.f;
+    k.capOutScaleLog2 = k.useSoftcap ? float(double(p.logitSoftcap) * double(kLog2eHost)) : 0.f;
+    k.outScale = quantized ? p.vScale : 1.f;
+    k.split = plan.split;
+    k.out = p.out;
+    if (plan.partialChunks > 0) {
+        k.partialOut = static_cast<float*>(p.workspace);
+        k.partialLse = reinterpret_cast<float*>(
+            static_cast<unsigned char*>(p.workspace) +
+            partialOutBytes(plan.partialChunks, p.meta.numTokens, p.numQHeads, p.headDim));
+    }
+    return k;
+}
+
+// A CUDA failure also becomes lastErrorMessage(), so a caller never reads a stale validation message.
+// (launch_common.h only records invalid arguments; invalidArgument's own return value is dropped here.)
+// launchAll clears the message first, so an empty message after a failure means CUDA itself failed.
+cudaError_t recordCudaError(cudaError_t err, char const* where) {
+    if (err != cudaSuccess && (err != cudaErrorInvalidValue || lastErrorMessage()[0] == '\0'))
+        invalidArgument(std::string(where) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+    return err;
+}
+
+cudaError_t launchAll(AttentionParams const& params, cudaStream_t stream) {
+    invalidArgument(std::string());  // clear: only this launch's failures may be reported
+    cudaError_t err = cudaSuccess;
+    // Which kernels run does not depend on the device; how much to split does. Plan once to know which
+    // kernels' occupancy to ask for, then plan with the facts.
+    DeviceFacts facts{smCountOfCurrentDevice(), 1, 1};
+    AttentionPlan plan = planAttention(params, facts);
+    if (plan.runDecode) {
+        err = decodeKernelOccupancy(params.ioDType, params.cacheDType, params.headDim, facts.decodeCtasPerSm);
+        if (err != cudaSuccess) return err;
+    }
+    if (plan.runMulti) {
+        err = multiKernelOccupancy(params.ioDType, params.cacheDType, params.headDim, facts.multiCtasPerSm);
+        if (err != cudaSuccess) return err;
+    }
+    plan = planAttention(params, facts);
+    AttentionKernelParams const kp = makeKernelParams(params, plan);
+
+    if (plan.runDecode) {
+        err = launchDecodeKernel(kp, params.ioDType, params.cacheDType, params.headDim, plan.decodeGrid, stream);
+        if (err != cudaSuccess) return err;
+    }
+    if (plan.runMulti) {
+        err = launchMultiKernel(kp, params.ioDType, params.cacheDType, params.headDim, plan.multiGrid, stream);
+        if (err != cudaSuccess) return err;
+    }
+    if (plan.runMerge) {
+        err = launchMergeKernel(kp, params.ioDType, params.headDim, plan.mergeGrid, stream);
+        if (err != cudaSuccess) return err;
+    }
+    return cudaSuccess;
+}
+
+}  // namespace
+}  // namespace attn
+
+cudaError_t launchAttention(AttentionParams const& params, cudaStream_t stream) {
+    cudaError_t err = attn::validateAttentionParams(params);
+    if (err != cudaSuccess || params.meta.numTokens == 0) return err;
+    return attn::recordCudaError(attn::launchAll(params, stream), "launchAttention");
+}
+
+}  // namespace pagedkv

@@ -1,0 +1,195 @@
+#include "attention_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "launch_common.h"
+
+namespace pagedkv {
+namespace attn {
+namespace {
+
+bool isSupportedHeadDim(int32_t d) { return d == 64 || d == 128 || d == 256; }
+bool finitePositive(float x) { return std::isfinite(x) && x > 0.f; }
+bool aligned16(void const* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+int64_t ceilDiv64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t roundUp64(int64_t a, int64_t b) { return ceilDiv64(a, b) * b; }
+
+// The layout must be exactly what makeKVLayout builds from its own fields (kernels trust its strides).
+bool layoutIsCanonical(KVLayout const& l) {
+    KVLayout ref;
+    if (!makeKVLayout(l.numLayers, l.numKVHeads, l.pageSize, l.headDim, l.pageLayout, l.sinkTokens, l.cyclicLen, ref))
+        return false;
+    return ref.pageShift == l.pageShift && ref.bubbleLen == l.bubbleLen && ref.sinkTokens == l.sinkTokens &&
+           ref.strideBlock == l.strideBlock && ref.strideLayer == l.strideLayer && ref.strideKV == l.strideKV &&
+           ref.strideHead == l.strideHead && ref.strideToken == l.strideToken;
+}
+
+cudaError_t validate(AttentionParams const& p) {
+    PKV_REQUIRE(p.numQHeads > 0, "numQHeads", p.numQHeads, "> 0");
+    PKV_REQUIRE(p.numKVHeads > 0 && p.numKVHeads <= 65535, "numKVHeads", p.numKVHeads, "in [1, 65535]");
+    PKV_REQUIRE(p.numQHeads % p.numKVHeads == 0, "numQHeads", p.numQHeads,
+                "a multiple of numKVHeads=" + std::to_string(p.numKVHeads));
+    PKV_REQUIRE(isSupportedHeadDim(p.headDim), "headDim", p.headDim, "one of 64, 128, 256");
+    int32_t io = static_cast<int32_t>(p.ioDType);
+    PKV_REQUIRE(io == int32_t(IODType::kFP16) || io == int32_t(IODType::kBF16), "ioDType", io, "0 (fp16) or 1 (bf16)");
+    int32_t cache = static_cast<int32_t>(p.cacheDType);
+    PKV_REQUIRE(cache != int32_t(CacheDType::kNVFP4), "cacheDType", cache,
+                "0 (fp16), 1 (bf16), 2 (fp8 e4m3) or 3 (int8): NVFP4 is reserved, not implemented");
+    PKV_REQUIRE(cache >= 0 && cache <= int32_t(CacheDType::kINT8), "cacheDType", cache,
+                "0 (fp16), 1 (bf16), 2 (fp8 e4m3) or 3 (int8)");
+    bool cache16 = p.cacheDType == CacheDType::kFP16 || p.cacheDType == CacheDType::kBF16;
+    if (cache16) {
+        // 16-bit caches feed the tensor cores as stored: the queries must have the same type.
+        bool same = (p.cacheDType == CacheDType::kFP16) == (p.ioDType == IODType::kFP16);
+        PKV_REQUIRE(same, "cacheDType", cache,
+                    "the 16-bit type of ioDType=" + std::to_string(io) + " (a 16-bit cache is read as stored)");
+    } else {
+        PKV_REQUIRE(finitePositive(p.kScale), "kScale", p.kScale, "finite and > 0 for a quantized cache");
+        PKV_REQUIRE(finitePositive(p.vScale), "vScale", p.vScale, "finite and > 0 for a quantized cache");
+    }
+    if (p.qFP8) PKV_REQUIRE(finitePositive(p.qScale), "qScale", p.qScale, "finite and > 0 with qFP8");
+    PKV_REQUIRE(std::isfinite(p.softmaxScale) && p.softmaxScale >= 0.f, "softmaxScale", p.softmaxScale,
+                "finite and >= 0 (0 means 1/sqrt(headDim))");
+    PKV_REQUIRE(std::isfinite(p.logitSoftcap) && p.logitSoftcap >= 0.f, "logitSoftcap", p.logitSoftcap,
+                "finite and >= 0 (0: no soft-cap)");
+    PKV_REQUIRE(p.sinkTokens >= 0, "sinkTokens", p.sinkTokens, ">= 0");
+
+    KVLayout const& l = p.layout;
+    PKV_REQUIRE(l.numKVHeads == p.numKVHeads, "layout.numKVHeads", l.numKVHeads,
+                "numKVHeads=" + std::to_string(p.numKVHeads));
+    PKV_REQUIRE(l.headDim == p.headDim, "layout.headDim", l.headDim, "headDim=" + std::to_string(p.headDim));
+    PKV_REQUIRE(l.pageSize > 0, "layout.pageSize", l.pageSize, "> 0");
+    PKV_REQUIRE(l.numLayers > 0, "layout.numLayers", l.numLayers, "> 0");
+    PKV_REQUIRE(p.layer >= 0 && p.layer < l.numLayers, "layer", p.layer,
+                "in [0, layout.numLayers=" + std::to_string(l.numLayers) + ")");
+    PKV_REQUIRE(l.cyclicLen >= 0 && l.cyclicLen % l.pageSize == 0, "layout.cyclicLen", l.cyclicLen,
+                "0 or a multiple of pageSize=" + std::to_string(l.pageSize));
+    int32_t pl = static_cast<int32_t>(l.pageLayout);
+    PKV_REQUIRE(pl == int32_t(PageLayout::kHND) || pl == int32_t(PageLayout::kNHD), "layout.pageLayout", pl,
+                "0 (HND) or 1 (NHD)");
+    PKV_REQUIRE(layoutIsCanonical(l), "layout.strideBlock", l.strideBlock,
+                "the layout built by makeKVLayout from the same geometry (strides, pageShift, bubble)");
+
+    PKV_REQUIRE(p.meta.numTokens >= 0, "meta.numTokens", p.meta.numTokens, ">= 0");
+    PKV_REQUIRE(p.meta.numSeqs >= 0, "meta.numSeqs", p.meta.numSeqs, ">= 0");
+    PKV_REQUIRE(p.meta.numSeqs > 0 || p.meta.numTokens == 0, "meta.numTokens", p.meta.numTokens,
+                "0 when meta.numSeqs=0");
+    PKV_REQUIRE(int64_t(p.meta.numTokens) * p.numQHeads <= INT32_MAX, "meta.numTokens", p.meta.numTokens,
+                "numTokens * numQHeads < 2^31");
+    if (p.meta.numTokens == 0) return cudaSuccess;  // nothing to compute; nothing is dereferenced
+
+    PKV_REQUIRE(p.q != nullptr, "q", 0, "a device pointer");
+    PKV_REQUIRE(aligned16(p.q), "q", reinterpret_cast<uintptr_t>(p.q), "a 16-byte aligned address");
+    PKV_REQUIRE(p.out != nullptr, "out", 0, "a device pointer");
+    PKV_REQUIRE(aligned16(p.out), "out", reinterpret_cast<uintptr_t>(p.out), "a 16-byte aligned address");
+    PKV_REQUIRE(p.meta.poolDescs != nullptr, "meta.poolDescs", 0, "a device pointer");
+    PKV_REQUIRE(p.meta.poolIndex >= 0, "meta.poolIndex", p.meta.poolIndex, ">= 0");
+    PKV_REQUIRE(p.meta.cuQLens != nullptr, "meta.cuQLens", 0, "a device pointer");
+    PKV_REQUIRE(p.meta.pastLens != nullptr, "meta.pastLens", 0, "a device pointer");
+    PKV_REQUIRE(p.meta.maxBlocks >= 0, "meta.maxBlocks", p.meta.maxBlocks, ">= 0");
+    PKV_REQUIRE(p.meta.maxBlocks == 0 || p.meta.blockTable != nullptr, "meta.blockTable", 0,
+                "a device pointer when meta.maxBlocks > 0");
+    PKV_REQUIRE(p.maxQLen >= 1 && p.maxQLen <= p.meta.numTokens, "maxQLen", p.maxQLen,
+                "in [1, meta.numTokens=" + std::to_string(p.meta.numTokens) + "]");
+    PKV_REQUIRE(p.maxKVLen >= 0, "maxKVLen", p.maxKVLen, ">= 0");
+    PKV_REQUIRE(p.workspaceBytes == 0 || p.workspace != nullptr, "workspace", 0,
+                "a device pointer when workspaceBytes=" + std::to_string(p.workspaceBytes) + " > 0");
+    PKV_REQUIRE(aligned16(p.workspace), "workspace", reinterpret_cast<uintptr_t>(p.workspace),
+                "a 16-byte aligned address");
+    return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t validateAttentionParams(AttentionParams const& p) { return validate(p); }
+
+AttentionPlan planAttention(AttentionParams const& p, DeviceFacts const& facts) {
+    AttentionPlan plan{};
+    int32_t const T = p.meta.numTokens, B = p.meta.numSeqs, H = p.numQHeads, KVH = p.numKVHeads, D = p.headDim;
+    int32_t const G = H / KVH;
+    plan.groupSize = G;
+    plan.multiTileRows = multiTileRows(D);
+    plan.split.decodeChunkLen = plan.split.multiChunkLen = kChunkAlign;
+    plan.split.decodeGridChunks = plan.split.multiGridChunks = 1;
+    if (T == 0) return plan;
+
+    // Bound on any sequence's KV span: the cache length, or with a window the window of the first query
+    // plus the step's other queries plus the sinks. Only sizes the split; the kernels never rely on it.
+    int64_t maxSpan = std::max<int64_t>(p.maxKVLen, 1);
+    if (p.window > 0) maxSpan = std::min<int64_t>(maxSpan, int64_t(p.window) + p.maxQLen - 1 + p.sinkTokens);
+    maxSpan = std::min<int64_t>(maxSpan, INT32_MAX - kChunkAlign);
+    plan.maxSpan = int32_t(maxSpan);
+
+    int64_t const rowBytes = int64_t(D + 1) * int64_t(sizeof(float));  // one partial row: D outputs + its LSE
+    int64_t const wsChunks = int64_t(p.workspaceBytes) / (int64_t(T) * H * rowBytes);
+    int64_t const spanChunks = ceilDiv64(maxSpan, kMinChunkTokens);
+    int64_t const smCount = std::max(facts.smCount, 1);
+
+    // Split-K: when a kernel's CTAs can't fill `waves` waves of the GPU, cut every sequence's span into
+    // chunks so that they can (bounded by the span, the workspace and the grid).
+    auto chooseChunks = [&](int64_t units, int64_t ctasPerSm, int64_t waves) -> int32_t {
+        int64_t capacity = smCount * std::max<int64_t>(ctasPerSm, 1) * waves;
+        if (units >= capacity) return 1;
+        int64_t want = ceilDiv64(capacity, std::max<int64_t>(units, 1));
+        int64_t n = std::min({want, spanChunks, wsChunks, int64_t(kMaxGridChunks)});
+        return int32_t(std::max<int64_t>(n, 1));
+    };
+    auto chunkLenFor = [&](int32_t n) { return int32_t(roundUp64(ceilDiv64(maxSpan, n), kChunkAlign)); };
+    auto gridChunksFor = [&](int32_t n, int32_t len) { return n <= 1 ? 1 : int32_t(ceilDiv64(maxSpan, len)); };
+
+    // Decode kernel: every sequence x KV head is one unit (sequences of the other class exit at once).
+    plan.runDecode = G <= kDecodeRows;
+    if (plan.runDecode) {
+        // Decode CTAs are light: aim at two waves so that the tail is short.
+        int32_t n = chooseChunks(int64_t(B) * KVH, facts.decodeCtasPerSm, 2);
+        plan.split.decodeChunkLen = chunkLenFor(n);
+        plan.split.decodeGridChunks = gridChunksFor(n, plan.split.decodeChunkLen);
+        plan.decodeGrid = dim3(uint32_t(B), uint32_t(KVH), uint32_t(plan.split.decodeGridChunks));
+    }
+
+    // Multi-token kernel: launched when some sequence may have more rows than one decode tile.
+    plan.runMulti = G > kDecodeRows || int64_t(p.maxQLen) * G > kDecodeRows;
+    plan.split.multiLaunched = plan.runMulti ? 1 : 0;
+    if (plan.runMulti) {
+        int32_t bodyTiles = numBodyTiles(T, G, plan.multiTileRows);
+        plan.split.multiBodyTiles = bodyTiles;
+        int64_t units = int64_t(std::max(bodyTiles, std::min(B, T))) * KVH;
+        int32_t n = chooseChunks(units, facts.multiCtasPerSm, 1);
+        plan.split.multiChunkLen = chunkLenFor(n);
+        plan.split.multiGridChunks = gridChunksFor(n, plan.split.multiChunkLen);
+        plan.multiGrid = dim3(uint32_t(bodyTiles + B), uint32_t(KVH), uint32_t(plan.split.multiGridChunks));
+    }
+
+    int32_t chunks = 1;
+    if (plan.runDecode) chunks = std::max(chunks, plan.split.decodeGridChunks);
+    if (plan.runMulti) chunks = std::max(chunks, plan.split.multiGridChunks);
+    plan.runMerge = chunks > 1;
+    plan.partialChunks = plan.runMerge ? chunks : 0;
+    plan.workspaceBytes = plan.runMerge ? size_t(int64_t(chunks) * T * H * rowBytes) : 0;
+    int64_t rows = int64_t(T) * H;
+    constexpr int64_t kMergeRowsPerCta = 4;  // one warp per row, 4 warps
+    plan.mergeGrid = dim3(uint32_t(ceilDiv64(rows, kMergeRowsPerCta)), 1, 1);
+    return plan;
+}
+
+}  // namespace attn
+
+size_t attentionWorkspaceBytes(int32_t numTokens, int32_t numSeqs, int32_t numQHeads, int32_t headDim,
+                               int32_t maxKVLen, int32_t pageSize) {
+    // Invalid bounds size nothing; launchAttention reports them with the field and the value.
+    if (numTokens < 0 || numSeqs < 0 || numQHeads <= 0 || maxKVLen < 0 || pageSize <= 0) return 0;
+    if (headDim != 64 && headDim != 128 && headDim != 256) return 0;
+    int64_t rows = int64_t(numTokens) * numQHeads;
+    if (rows == 0) return 0;
+    int64_t spanChunks = (std::max<int64_t>(maxKVLen, 1) + attn::kMinChunkTokens - 1) / attn::kMinChunkTokens;
+    int64_t chunks = std::min<int64_t>(spanChunks, attn::kMaxGridChunks);
+    if (chunks <= 1) return 0;
+    // The plan splits only while chunks * T * H partial rows fit; the budget does not grow with T, so a
+    // profile sized for long prefills still lets a short decode step split.
+    int64_t partialRows = std::min(rows * chunks, attn::kMaxPartialRows);
+    return size_t(partialRows) * size_t(headDim + 1) * sizeof(float);
+}
+
+}  // namespace pagedkv

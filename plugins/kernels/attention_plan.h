@@ -1,0 +1,68 @@
+// Host side of paged attention: parameter validation and THE scheduling decision (which kernels run, their
+// grids, the split-K factor and the workspace layout). launchAttention, attentionWorkspaceBytes and the
+// schedule emulator (attention_schedule_check.cpp) all go through planAttention, so what the tests check is
+// what runs. Nothing here touches the GPU: the device facts the plan needs come in as DeviceFacts.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "attention_schedule.h"
+#include "pagedkv/attention.h"
+
+namespace pagedkv {
+namespace attn {
+
+// cudaSuccess, or cudaErrorInvalidValue with "field=value: expected ..." for the first bad field in
+// lastErrorMessage(). Checks only what the host knows (never device data) and makes no CUDA call.
+cudaError_t validateAttentionParams(AttentionParams const& p);
+
+// What the plan needs to know about the device and the kernels' occupancy.
+struct DeviceFacts {
+    int32_t smCount;
+    int32_t decodeCtasPerSm;  // resident CTAs per SM of the decode kernel instantiation in use
+    int32_t multiCtasPerSm;
+};
+
+struct AttentionPlan {
+    int32_t groupSize;     // G = H / KVH
+    int32_t maxSpan;       // host bound on any sequence's KV span (virtual indices)
+    SplitPlan split;       // what the kernels and the merge read
+    bool runDecode;
+    dim3 decodeGrid;       // (B, KVH, decodeGridChunks)
+    bool runMulti;
+    dim3 multiGrid;        // (bodyTiles + B, KVH, multiGridChunks)
+    int32_t multiTileRows;
+    bool runMerge;         // some sequence may be split
+    dim3 mergeGrid;        // one warp per (token, head) row
+    int32_t partialChunks; // chunk slots in the workspace (0 when nothing is split)
+    size_t workspaceBytes; // bytes the launch uses (<= params.workspaceBytes)
+};
+
+// The one scheduling decision. `p` must be valid (validateAttentionParams).
+AttentionPlan planAttention(AttentionParams const& p, DeviceFacts const& facts);
+
+// Host replay of the kernels' work decomposition for the CPU tests (attention_schedule_check.cpp). `p`'s
+// step metadata pointers are HOST pointers here; numBlocks is the pool's NB. Arrays are [T][H] (coverage
+// [T][H][maxPos]), zeroed here. See pagedkv_attention_schedule_check in plugins/capi/capi_attention.h.
+struct ScheduleReplay {
+    int32_t maxPos;
+    int32_t* coverage;
+    int32_t* directWrites;
+    int32_t* partialWrites;
+    int32_t* mergedChunks;
+    int32_t* poisoned;
+};
+cudaError_t replayAttentionSchedule(AttentionParams const& p, int64_t numBlocks, DeviceFacts const& facts,
+                                    ScheduleReplay const& out);
+
+// Workspace layout: partial outputs float [partialChunks][T][H][D], then their log2-sum-exps
+// float [partialChunks][T][H].
+inline size_t partialOutBytes(int32_t chunks, int32_t numTokens, int32_t numQHeads, int32_t headDim) {
+    return size_t(chunks) * size_t(numTokens) * size_t(numQHeads) * size_t(headDim) * sizeof(float);
+}
+
+}  // namespace attn
+}  // namespace pagedkv

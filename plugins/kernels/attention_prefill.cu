@@ -1,0 +1,272 @@
+// Multi-token attention kernel: chunked-prefill chunks (a chunk attends to the cached prefix and causally to
+// itself) and any sequence whose rows do not fit one 16-row tile. FlashAttention-2 style on mma.sync: a CTA
+// owns a tile of kRows query rows (consecutive tokens x the G heads of one KV head), each warp 16 x kMTiles of
+// them with Q fragments, S accumulators and O accumulators in registers; the 4 warps share K/V tiles of kTile
+// tokens that stream through a double-buffered cp.async pipeline, pages resolved per row through the block
+// table. Only the KV tiles the rows can see are visited (sinks + window, causal end), and the per-element
+// mask runs only on tiles that need it.
+//
+// Grid (bodyTiles + B, KVH, Z): row-tile slots (attention_schedule.h: multiRowTile) in reverse order so that
+// the tiles with the longest causal range start first, KV heads, split-K chunks.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "attention_dispatch.cuh"
+#include "attention_kernels.h"
+#include "attention_tile.cuh"
+
+namespace pagedkv {
+namespace attn {
+namespace {
+
+template <typename CT, bool k8Bit, int kD>
+struct MultiConfig {
+    static constexpr int kWarps = kMultiWarps;
+    static constexpr int kThreads = kWarps * 32;
+    static constexpr int kMTiles = multiWarpMTiles(kD);  // m16 tiles per warp
+    static constexpr int kRows = multiTileRows(kD);      // kWarps * 16 * kMTiles
+    static constexpr int kTile = multiTileTokens(kD);    // KV tokens per pipeline stage
+    static constexpr int kNT = kTile / 8;                // n8 tiles of S per m16 tile
+    static constexpr int kStages = kMultiStages;
+    static constexpr int kElemBytes = k8Bit ? 1 : 2;
+    static constexpr int kRawTileBytes = kTile * kD * kElemBytes;
+    static constexpr int kConvTileBytes = k8Bit ? kTile * kD * 2 : 0;
+    static constexpr int kQBytes = kRows * kD * 2;
+    static constexpr int kSmemBytes = kQBytes + kStages * 2 * kRawTileBytes + 2 * kConvTileBytes + kStages * kTile * 4;
+    // Q fragments in registers when they are few (D = 64); otherwise re-read from shared memory per k-step.
+    static constexpr bool kQInRegs = kMTiles * kD <= 128;
+    static_assert(kTile % 32 == 0, "the tile-is-clean vote reads kTile / 32 positions per lane");
+};
+
+template <typename CT, bool k8Bit, int kD>
+__global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
+    attentionMultiKernel(__grid_constant__ AttentionKernelParams const p) {
+    using Cfg = MultiConfig<CT, k8Bit, kD>;
+    constexpr int kTile = Cfg::kTile;
+    constexpr int kMT = Cfg::kMTiles;
+    constexpr int kNT = Cfg::kNT;
+    extern __shared__ __align__(16) unsigned char smem[];
+
+    int32_t const slot = int32_t(gridDim.x) - 1 - int32_t(blockIdx.x);
+    int32_t const kvHead = blockIdx.y;
+    int32_t const z = blockIdx.z;
+    int32_t const tid = threadIdx.x;
+    int32_t const warp = tid >> 5;
+    int32_t const lane = tid & 31;
+
+    CtaWork const w = multiCtaWork(p.split, p.stepView(), Cfg::kRows, kTile, slot, z);
+    if (!w.active) return;
+    KVSource const src = makeKVSource(p, w, kvHead);
+    int32_t const qa = rowQueryPos(w.seq, w.rowBegin, p.groupSize);    // earliest query of the tile
+    int32_t const qb = rowQueryPos(w.seq, w.rowEnd - 1, p.groupSize);  // latest
+
+    // ---- shared memory: Q tile, stages x (K, V) raw tiles, [8-bit: converted K, V], positions
+    unsigned char* const sQ = smem;
+    unsigned char* const sRaw = smem + Cfg::kQBytes;
+    unsigned char* const sConvK = sRaw + Cfg::kStages * 2 * Cfg::kRawTileBytes;
+    unsigned char* const sConvV = sConvK + Cfg::kConvTileBytes;
+    int32_t* const sPos = reinterpret_cast<int32_t*>(sConvV + Cfg::kConvTileBytes);  // [kStages][kTile]
+    auto rawK = [&](int stage) { return sRaw + stage * 2 * Cfg::kRawTileBytes; };
+    auto rawV = [&](int stage) { return sRaw + stage * 2 * Cfg::kRawTileBytes + Cfg::kRawTileBytes; };
+
+    int32_t const numTiles = w.tiles.count();
+    auto issue = [&](int32_t i) {
+        if (i < numTiles) {
+            int32_t const stage = i % Cfg::kStages;
+            loadKVRows<kD, Cfg::kElemBytes, kTile, Cfg::kThreads>(p, src, w.tiles.tile(i) * kTile,
+                                                                   smemAddr(rawK(stage)), smemAddr(rawV(stage)),
+                                                                   sPos + stage * kTile, tid);
+        }
+        cpAsyncCommit();
+    };
+    issue(0);
+    loadQRows<CT, kD, Cfg::kRows, Cfg::kThreads>(p, sQ, w.rowBegin, w.rowEnd, kvHead, tid);
+
+    // ---- this thread's rows: m-tile mt, rows g and g + 8
+    int32_t const g = lane >> 2;
+    int32_t const c = lane & 3;
+    int32_t const warpRow0 = warp * 16 * kMT;  // local row of the warp's first m-tile
+    bool const warpHasRows = w.rowBegin + warpRow0 < w.rowEnd;
+    int32_t qPos[kMT][2];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            int32_t const row = w.rowBegin + warpRow0 + mt * 16 + g + 8 * h;
+            qPos[mt][h] = row < w.rowEnd ? rowQueryPos(w.seq, row, p.groupSize) : -1;
+        }
+    }
+    using Lane = FragLane<kD>;
+    uint32_t const sQAddr = smemAddr(sQ);
+    uint32_t const offA = Lane::offsetA(lane), offK = Lane::offsetK(lane), offV = Lane::offsetV(lane);
+    uint32_t qFrag[Cfg::kQInRegs ? kMT : 1][Cfg::kQInRegs ? kD / 16 : 1][4];
+
+    float o[kMT][kD / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int dn = 0; dn < kD / 8; ++dn) o[mt][dn][0] = o[mt][dn][1] = o[mt][dn][2] = o[mt][dn][3] = 0.f;
+    float m[kMT][2], l[kMT][2];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) m[mt][0] = m[mt][1] = negInf(), l[mt][0] = l[mt][1] = 0.f;
+
+    for (int32_t i = 0; i < numTiles; ++i) {
+        issue(i + 1);            // the stage it fills was released by the barrier that ended iteration i - 1
+        cpAsyncWait<1>();        // tile i (and, at i = 0, nothing older) has landed for this thread ...
+        __syncthreads();         // ... and for every thread; Q is visible too
+        int32_t const stage = i % Cfg::kStages;
+        uint32_t kTileAddr = smemAddr(rawK(stage));
+        uint32_t vTileAddr = smemAddr(rawV(stage));
+        if constexpr (k8Bit) {
+            convertTile8<CT, kD, kTile, Cfg::kThreads>(rawK(stage), sConvK, p.cacheIsFp8 != 0, tid);
+            convertTile8<CT, kD, kTile, Cfg::kThreads>(rawV(stage), sConvV, p.cacheIsFp8 != 0, tid);
+            __syncthreads();
+            kTileAddr = smemAddr(sConvK);
+            vTileAddr = smemAddr(sConvV);
+        }
+        if constexpr (Cfg::kQInRegs) {
+            if (i == 0) {
+#pragma unroll
+                for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                    for (int kk = 0; kk < kD / 16; ++kk)
+                        ldmatrixX4(qFrag[mt][kk], Lane::at(sQAddr, offA, warpRow0 + mt * 16, kk));
+            }
+        }
+        int32_t const* const tilePos = sPos + stage * kTile;
+        if (warpHasRows) {
+            // Is every row of the tile a position all the CTA's queries see? Then skip the per-element mask.
+            bool holdsAll = true;
+#pragma unroll
+            for (int j = 0; j < kTile / 32; ++j) holdsAll &= tilePos[lane + 32 * j] >= 0;
+            holdsAll = __all_sync(0xffffffffu, holdsAll);
+            bool const needMask = tileNeedsMask(holdsAll, tilePos[0], tilePos[kTile - 1], qa, qb, p.window);
+
+            // S = Q K^T: kMT m16 tiles x kTile tokens; each K fragment feeds kMT MMAs
+            float s[kMT][kNT][4];
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < kNT; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
+            // Fully unrolled only when Q fragments live in registers (static indexing); otherwise a partial
+            // unroll keeps ptxas from hoisting every K fragment of the tile at once.
+#pragma unroll(Cfg::kQInRegs ? kD / 16 : 2)
+            for (int kk = 0; kk < kD / 16; ++kk) {
+                uint32_t a[kMT][4];
+#pragma unroll
+                for (int mt = 0; mt < kMT; ++mt) {
+                    if constexpr (Cfg::kQInRegs) {
+                        a[mt][0] = qFrag[mt][kk][0], a[mt][1] = qFrag[mt][kk][1];
+                        a[mt][2] = qFrag[mt][kk][2], a[mt][3] = qFrag[mt][kk][3];
+                    } else {
+                        ldmatrixX4(a[mt], Lane::at(sQAddr, offA, warpRow0 + mt * 16, kk));
+                    }
+                }
+#pragma unroll
+                for (int np = 0; np < kTile / 16; ++np) {
+                    uint32_t b[4];
+                    ldmatrixX4(b, Lane::at(kTileAddr, offK, np * 16, kk));
+#pragma unroll
+                    for (int mt = 0; mt < kMT; ++mt) {
+                        Mma<CT>::run(s[mt][2 * np], a[mt], b[0], b[1]);
+                        Mma<CT>::run(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+                    }
+                }
+            }
+
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+                float alpha[2];
+                softmaxStep<kNT>(p, s[mt], tilePos, needMask, qPos[mt][0], qPos[mt][1], lane, m[mt], l[mt], alpha);
+                rescaleRows(o[mt], alpha);
+            }
+
+            // O += P V, 16 tokens per k-step; each V fragment feeds kMT MMAs
+#pragma unroll
+            for (int kt = 0; kt < kTile / 16; ++kt) {
+                uint32_t pa[kMT][4];
+#pragma unroll
+                for (int mt = 0; mt < kMT; ++mt) probFragment<CT, kNT>(s[mt], kt, pa[mt]);
+#pragma unroll
+                for (int dp = 0; dp < kD / 16; ++dp) {
+                    uint32_t b[4];
+                    ldmatrixX4Trans(b, Lane::at(vTileAddr, offV, kt * 16, dp));
+#pragma unroll
+                    for (int mt = 0; mt < kMT; ++mt) {
+                        Mma<CT>::run(o[mt][2 * dp], pa[mt], b[0], b[1]);
+                        Mma<CT>::run(o[mt][2 * dp + 1], pa[mt], b[2], b[3]);
+                    }
+                }
+            }
+        }
+        __syncthreads();  // every warp is done with this stage (and the converted tile) before they are refilled
+    }
+    cpAsyncWait<0>();
+
+    // ---- outputs straight from the accumulators: row g / g + 8 of each m-tile, dims dn * 8 + 2c, +1
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float const sum = quadSum(l[mt][h]);
+            int32_t const row = w.rowBegin + warpRow0 + mt * 16 + g + 8 * h;
+            if (row >= w.rowEnd) continue;
+            int32_t const token = row / p.groupSize;
+            int32_t const head = kvHead * p.groupSize + row % p.groupSize;
+            float const scale = sum > 0.f ? p.outScale / sum : 0.f;  // nothing seen -> 0, never 0/0
+            if (w.nChunks == 1) {
+                CT* const dst = static_cast<CT*>(p.out) + (int64_t(token) * p.numQHeads + head) * kD + 2 * c;
+#pragma unroll
+                for (int dn = 0; dn < kD / 8; ++dn)
+                    *reinterpret_cast<uint32_t*>(dst + dn * 8) =
+                        Mma<CT>::pack(o[mt][dn][2 * h] * scale, o[mt][dn][2 * h + 1] * scale);
+            } else {
+                int64_t const prow = partialRow(p, z, token, head);
+                float* const dst = p.partialOut + prow * kD + 2 * c;
+#pragma unroll
+                for (int dn = 0; dn < kD / 8; ++dn)
+                    *reinterpret_cast<float2*>(dst + dn * 8) =
+                        make_float2(o[mt][dn][2 * h] * scale, o[mt][dn][2 * h + 1] * scale);
+                if (c == 0) p.partialLse[prow] = sum > 0.f ? m[mt][h] + __log2f(sum) : negInf();
+            }
+        }
+    }
+}
+
+template <typename CT, bool k8Bit, int kD>
+KernelSetup& multiSetup() {
+    static KernelSetup setup;
+    return setup;
+}
+
+}  // namespace
+
+cudaError_t multiKernelOccupancy(IODType io, CacheDType cache, int32_t headDim, int32_t& ctasPerSm) {
+    return dispatchAttention(io, isCache8Bit(cache), headDim, [&](auto ct, auto k8, auto d) -> cudaError_t {
+        using CT = typename decltype(ct)::type;
+        constexpr bool k8Bit = decltype(k8)::value;
+        constexpr int kD = decltype(d)::value;
+        using Cfg = MultiConfig<CT, k8Bit, kD>;
+        return multiSetup<CT, k8Bit, kD>().prepare(attentionMultiKernel<CT, k8Bit, kD>, Cfg::kSmemBytes,
+                                                   Cfg::kThreads, ctasPerSm, "multi-token attention kernel", kD);
+    });
+}
+
+cudaError_t launchMultiKernel(AttentionKernelParams const& kp, IODType io, CacheDType cache, int32_t headDim,
+                              dim3 grid, cudaStream_t stream) {
+    return dispatchAttention(io, isCache8Bit(cache), headDim, [&](auto ct, auto k8, auto d) -> cudaError_t {
+        using CT = typename decltype(ct)::type;
+        constexpr bool k8Bit = decltype(k8)::value;
+        constexpr int kD = decltype(d)::value;
+        using Cfg = MultiConfig<CT, k8Bit, kD>;
+        int32_t ctasPerSm = 0;
+        cudaError_t err = multiSetup<CT, k8Bit, kD>().prepare(attentionMultiKernel<CT, k8Bit, kD>, Cfg::kSmemBytes,
+                                                              Cfg::kThreads, ctasPerSm, "multi-token attention kernel", kD);
+        if (err != cudaSuccess) return err;
+        attentionMultiKernel<CT, k8Bit, kD><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(kp);
+        return cudaGetLastError();
+    });
+}
+
+}  // namespace attn
+}  // namespace pagedkv

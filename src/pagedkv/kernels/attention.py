@@ -1,0 +1,322 @@
+"""Paged attention on the GPU through the C API (``plugins/capi/capi_attention.h``).
+
+Layers:
+
+* ``paged_attention(q, out, meta, cfg, io_dtype=..., max_q_len=..., stream=...)`` -- device pointers
+  (``meta``: ``pagedkv.kernels.write.StepPointers``), asynchronous. ``launch_attention(args, stream)`` takes a
+  ``PagedKVAttentionArgs`` filled by ``make_attention_args``.
+* ``paged_attention_numpy(q, meta, pool, cfg)`` -- convenience for tests: numpy in, numpy out, called like
+  ``pagedkv.reference.attention.paged_attention``. Uploads with ``pagedkv.cuda.DeviceBuffer``, allocates the
+  workspace, runs, downloads.
+
+Shapes (T tokens, B sequences, H query heads, KVH KV heads, D head dim, MB block-table width, NB blocks)::
+
+    q     [T, H * D] (or [T, H, D])  float16 | bfloat16, or float8_e4m3fn with cfg.q_fp8 (x = q * cfg.q_scale)
+    pool  cfg.pool.layout().pool_shape(NB), dtype cfg.pool.cache_dtype.numpy_dtype
+    out   [T, H, D]                  float16 | bfloat16 (the compute type)
+
+Example::
+
+    out = paged_attention_numpy(q, meta, pool, cfg)   # compare with pagedkv.reference.attention.paged_attention
+
+    # device pointers (pagedkv.cuda.DeviceBuffer), asynchronous on `stream`:
+    ws_bytes = attention_workspace_bytes(T, B, H, D, max_kv_len, page_size)
+    paged_attention(q.ptr, out.ptr, StepPointers(descs.ptr, table.ptr, cu.ptr, past.ptr, num_seqs=B,
+                    num_tokens=T, max_blocks=MB), cfg, io_dtype=IODType.BF16, max_q_len=max_q_len,
+                    workspace=ws.ptr, workspace_bytes=ws_bytes, stream=stream.handle)
+
+Also: ``attention_workspace_bytes`` (sizes the workspace from bounds), ``attention_plan`` (the launcher's
+scheduling decision for a given device, without a GPU) and ``schedule_check`` (host replay of the kernels'
+work decomposition, for the CPU tests).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import numpy as np
+
+from pagedkv import _lib
+from pagedkv.config import AttentionConfig
+from pagedkv.kernels.write import IODType, StepPointers
+from pagedkv.layout import CacheDType
+from pagedkv.step import POOL_DESC_ADDRESS, POOL_DESC_FIELDS, POOL_DESC_NUM_BLOCKS, StepMetadata
+
+__all__ = ["IODType", "PagedKVAttentionArgs", "StepPointers", "attention_plan", "attention_workspace_bytes",
+           "launch_attention", "make_attention_args", "paged_attention", "paged_attention_numpy", "schedule_check"]
+
+
+class PagedKVAttentionArgs(ctypes.Structure):
+    """Mirror of ``PagedKVAttentionArgs`` (capi_attention.h), field for field."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_int32),
+        ("num_q_heads", ctypes.c_int32),
+        ("num_kv_heads", ctypes.c_int32),
+        ("head_dim", ctypes.c_int32),
+        ("io_dtype", ctypes.c_int32),
+        ("q_fp8", ctypes.c_int32),
+        ("q_scale", ctypes.c_float),
+        ("num_tokens", ctypes.c_int32),
+        ("num_seqs", ctypes.c_int32),
+        ("max_blocks", ctypes.c_int32),
+        ("pool_index", ctypes.c_int32),
+        ("max_q_len", ctypes.c_int32),
+        ("max_kv_len", ctypes.c_int32),
+        ("reserved0", ctypes.c_int32),
+        ("pool_descs", ctypes.c_void_p),
+        ("block_table", ctypes.c_void_p),
+        ("cu_q_lens", ctypes.c_void_p),
+        ("past_lens", ctypes.c_void_p),
+        ("q", ctypes.c_void_p),
+        ("num_layers", ctypes.c_int32),
+        ("page_size", ctypes.c_int32),
+        ("page_layout", ctypes.c_int32),
+        ("cyclic_sink_tokens", ctypes.c_int32),
+        ("cyclic_len", ctypes.c_int32),
+        ("layer", ctypes.c_int32),
+        ("cache_dtype", ctypes.c_int32),
+        ("k_scale", ctypes.c_float),
+        ("v_scale", ctypes.c_float),
+        ("window", ctypes.c_int32),
+        ("attention_sinks", ctypes.c_int32),
+        ("softmax_scale", ctypes.c_float),
+        ("logit_softcap", ctypes.c_float),
+        ("reserved1", ctypes.c_int32),
+        ("out", ctypes.c_void_p),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_int64),
+    ]
+
+
+class PagedKVAttentionPlanInfo(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_int32),
+        ("run_decode", ctypes.c_int32),
+        ("run_multi", ctypes.c_int32),
+        ("run_merge", ctypes.c_int32),
+        ("decode_grid", ctypes.c_int32 * 3),
+        ("multi_grid", ctypes.c_int32 * 3),
+        ("merge_grid", ctypes.c_int32),
+        ("decode_chunk_len", ctypes.c_int32),
+        ("multi_chunk_len", ctypes.c_int32),
+        ("partial_chunks", ctypes.c_int32),
+        ("max_span", ctypes.c_int32),
+        ("workspace_bytes", ctypes.c_int64),
+    ]
+
+
+def _check_struct_layout(lib: ctypes.CDLL) -> None:
+    n = len(PagedKVAttentionArgs._fields_)
+    offsets = (ctypes.c_int64 * n)()
+    count = lib.pagedkv_attention_args_layout(offsets, n)
+    ours = [getattr(PagedKVAttentionArgs, name).offset for name, _ in PagedKVAttentionArgs._fields_]
+    if count != n or list(offsets) != ours:
+        raise RuntimeError(f"PagedKVAttentionArgs layout mismatch between the library ({count} fields, offsets "
+                           f"{list(offsets)[:max(count, 0)]}) and pagedkv.kernels.attention ({n} fields, offsets "
+                           f"{ours}): rebuild the library")
+
+
+@functools.lru_cache(maxsize=None)
+def _capi() -> ctypes.CDLL:
+    lib = _lib.capi()
+    lib.pagedkv_attention_args_layout.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int32]
+    lib.pagedkv_attention_args_layout.restype = ctypes.c_int32
+    _check_struct_layout(lib)
+    i32p = ctypes.POINTER(ctypes.c_int32)
+    lib.pagedkv_attention.argtypes = [ctypes.POINTER(PagedKVAttentionArgs), ctypes.c_void_p]
+    lib.pagedkv_attention.restype = ctypes.c_int32
+    lib.pagedkv_attention_workspace_bytes.argtypes = [ctypes.c_int32] * 6
+    lib.pagedkv_attention_workspace_bytes.restype = ctypes.c_int64
+    lib.pagedkv_attention_plan.argtypes = [ctypes.POINTER(PagedKVAttentionArgs), ctypes.c_int32, ctypes.c_int32,
+                                           ctypes.c_int32, ctypes.POINTER(PagedKVAttentionPlanInfo)]
+    lib.pagedkv_attention_plan.restype = ctypes.c_int32
+    lib.pagedkv_attention_schedule_check.argtypes = [
+        ctypes.POINTER(PagedKVAttentionArgs), ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
+        ctypes.c_int32, i32p, i32p, i32p, i32p, i32p]
+    lib.pagedkv_attention_schedule_check.restype = ctypes.c_int32
+    return lib
+
+
+def make_attention_args(cfg: AttentionConfig, *, io_dtype: IODType, num_tokens: int, num_seqs: int, max_blocks: int,
+                        max_q_len: int, max_kv_len: int, q: int = 0, out: int = 0, pool_descs: int = 0,
+                        block_table: int = 0, cu_q_lens: int = 0, past_lens: int = 0, workspace: int = 0,
+                        workspace_bytes: int = 0) -> PagedKVAttentionArgs:
+    """Fill the C struct from an AttentionConfig and device addresses (ints). Nothing is validated here: the
+    launcher does it and names the field."""
+    pool = cfg.pool
+    a = PagedKVAttentionArgs()
+    a.struct_size = ctypes.sizeof(PagedKVAttentionArgs)
+    a.num_q_heads, a.num_kv_heads, a.head_dim = cfg.num_q_heads, pool.num_kv_heads, pool.head_dim
+    a.io_dtype = int(io_dtype)
+    a.q_fp8, a.q_scale = int(cfg.q_fp8), float(cfg.q_scale)
+    a.num_tokens, a.num_seqs, a.max_blocks = int(num_tokens), int(num_seqs), int(max_blocks)
+    a.pool_index = pool.pool_index
+    a.max_q_len, a.max_kv_len = int(max_q_len), int(max_kv_len)
+    a.pool_descs, a.block_table, a.cu_q_lens, a.past_lens, a.q = pool_descs, block_table, cu_q_lens, past_lens, q
+    a.num_layers, a.page_size, a.page_layout = pool.num_layers, pool.page_size, int(pool.page_layout)
+    a.cyclic_sink_tokens, a.cyclic_len, a.layer = pool.sink_tokens, pool.cyclic_len, pool.layer_index
+    a.cache_dtype = int(pool.cache_dtype)
+    a.k_scale, a.v_scale = float(pool.k_scale), float(pool.v_scale)
+    a.window, a.attention_sinks = int(cfg.window), int(cfg.attention_sinks)
+    a.softmax_scale, a.logit_softcap = float(cfg.softmax_scale), float(cfg.logit_softcap)
+    a.out, a.workspace, a.workspace_bytes = out, workspace, int(workspace_bytes)
+    return a
+
+
+def launch_attention(args: PagedKVAttentionArgs, stream: int = 0) -> None:
+    """Launch on ``stream`` (an integer cudaStream_t; 0 = legacy default). Never synchronizes.
+    Raises ``pagedkv._lib.CapiError`` naming the bad field and value."""
+    _lib.check(_capi().pagedkv_attention(ctypes.byref(args), ctypes.c_void_p(int(stream) or None)),
+               "pagedkv_attention")
+
+
+def paged_attention(q: int, out: int, meta: StepPointers, cfg: AttentionConfig, *, io_dtype: IODType,
+                    max_q_len: int, max_kv_len: int | None = None, workspace: int = 0, workspace_bytes: int = 0,
+                    stream: int = 0) -> None:
+    """Attention of a step's queries over the paged cache, on device pointers (asynchronous).
+
+    ``q`` [T, H*D] (io_dtype, or fp8 e4m3 bytes with ``cfg.q_fp8``), ``out`` [T, H*D] io_dtype, ``meta`` the
+    step's device metadata. ``max_q_len`` must bound every sequence's new tokens (a sequence above it is not
+    computed: its rows come out NaN). ``max_kv_len`` (default: ``meta.max_blocks * page_size``, what the plugin
+    knows) and the workspace only decide how much the launcher may split long sequences; without a workspace
+    nothing is split. Raises ``pagedkv._lib.CapiError`` naming the field and the value on bad parameters.
+    """
+    if max_kv_len is None:
+        max_kv_len = meta.max_blocks * cfg.pool.page_size
+    launch_attention(make_attention_args(
+        cfg, io_dtype=io_dtype, num_tokens=meta.num_tokens, num_seqs=meta.num_seqs, max_blocks=meta.max_blocks,
+        max_q_len=max_q_len, max_kv_len=max_kv_len, q=q, out=out, pool_descs=meta.pool_descs,
+        block_table=meta.block_table, cu_q_lens=meta.cu_q_lens, past_lens=meta.past_lens, workspace=workspace,
+        workspace_bytes=workspace_bytes), stream)
+
+
+def attention_workspace_bytes(num_tokens: int, num_seqs: int, num_q_heads: int, head_dim: int, max_kv_len: int,
+                              page_size: int) -> int:
+    """Workspace bytes a launch within these bounds needs (0: none)."""
+    n = _capi().pagedkv_attention_workspace_bytes(num_tokens, num_seqs, num_q_heads, head_dim, max_kv_len, page_size)
+    if n < 0:
+        _lib.check(-1, "pagedkv_attention_workspace_bytes")
+    return int(n)
+
+
+def attention_plan(args: PagedKVAttentionArgs, *, sm_count: int = 132, decode_ctas_per_sm: int = 2,
+                   multi_ctas_per_sm: int = 2) -> dict:
+    """The launcher's scheduling decision for ``args`` on a device with ``sm_count`` SMs (no GPU needed)."""
+    info = PagedKVAttentionPlanInfo()
+    info.struct_size = ctypes.sizeof(PagedKVAttentionPlanInfo)
+    rc = _capi().pagedkv_attention_plan(ctypes.byref(args), sm_count, decode_ctas_per_sm, multi_ctas_per_sm,
+                                        ctypes.byref(info))
+    _lib.check(rc, "pagedkv_attention_plan")
+    return {name: (list(getattr(info, name)) if name.endswith("grid") and name != "merge_grid"
+                   else getattr(info, name)) for name, _ in PagedKVAttentionPlanInfo._fields_ if name != "struct_size"}
+
+
+def _host_ptr(a: np.ndarray) -> int:
+    return a.ctypes.data if a.size else 0
+
+
+def schedule_check(cfg: AttentionConfig, meta: StepMetadata, num_blocks: int, *, io_dtype: IODType = IODType.FP16,
+                   max_q_len: int | None = None, max_kv_len: int | None = None, sm_count: int = 132,
+                   decode_ctas_per_sm: int = 2, multi_ctas_per_sm: int = 2, workspace_bytes: int | None = None,
+                   max_pos: int | None = None) -> dict[str, np.ndarray]:
+    """Host replay of the kernels' work decomposition on ``meta`` (see capi_attention.h). Returns
+    ``coverage`` [T, H, max_pos] and ``direct_writes`` / ``partial_writes`` / ``merged_chunks`` / ``poisoned`` [T, H]."""
+    T, H = meta.num_tokens, cfg.num_q_heads
+    max_q_len = int(meta.q_lens.max(initial=0)) if max_q_len is None else int(max_q_len)
+    max_kv_len = int(meta.kv_lens.max(initial=0)) if max_kv_len is None else int(max_kv_len)
+    if workspace_bytes is None:
+        workspace_bytes = attention_workspace_bytes(T, meta.num_seqs, H, cfg.pool.head_dim, max_kv_len,
+                                                    cfg.pool.page_size)
+    max_pos = int(max_pos) if max_pos is not None else max(int(meta.kv_lens.max(initial=0)), 1)
+    block_table = np.ascontiguousarray(meta.block_table, dtype=np.int32)
+    cu, past = meta.cu_q_lens, meta.past_lens
+    args = make_attention_args(cfg, io_dtype=io_dtype, num_tokens=T, num_seqs=meta.num_seqs,
+                               max_blocks=meta.max_blocks, max_q_len=max_q_len, max_kv_len=max_kv_len,
+                               block_table=_host_ptr(block_table), cu_q_lens=_host_ptr(cu), past_lens=_host_ptr(past),
+                               workspace_bytes=workspace_bytes)
+    out = {"coverage": np.zeros((T, H, max_pos), np.int32)}
+    for name in ("direct_writes", "partial_writes", "merged_chunks", "poisoned"):
+        out[name] = np.zeros((T, H), np.int32)
+    i32p = ctypes.POINTER(ctypes.c_int32)
+    ptr = {k: v.ctypes.data_as(i32p) for k, v in out.items()}
+    rc = _capi().pagedkv_attention_schedule_check(
+        ctypes.byref(args), int(num_blocks), sm_count, decode_ctas_per_sm, multi_ctas_per_sm, max_pos,
+        ptr["coverage"], ptr["direct_writes"], ptr["partial_writes"], ptr["merged_chunks"], ptr["poisoned"])
+    _lib.check(rc, "pagedkv_attention_schedule_check")
+    return out
+
+
+def paged_attention_numpy(q: np.ndarray, meta: StepMetadata, pool: np.ndarray, cfg: AttentionConfig, *,
+                          io_dtype: IODType | None = None, max_q_len: int | None = None,
+                          max_kv_len: int | None = None, workspace_bytes: int | None = None,
+                          stream=None) -> np.ndarray:
+    """Run the kernels on host arrays; returns ``out`` [T, H, D] in the compute dtype.
+
+    ``io_dtype`` defaults to q's dtype (required when q is fp8). ``max_q_len`` / ``max_kv_len`` default to the
+    exact maxima (pass looser bounds to mimic the TensorRT plugin, which only knows T and MB * page_size).
+    The output buffer is filled with NaN first, so a row no kernel wrote shows up as NaN.
+    """
+    from pagedkv import cuda
+
+    H, D = cfg.num_q_heads, cfg.pool.head_dim
+    T = meta.num_tokens
+    q = np.ascontiguousarray(q).reshape(T, H * D)
+    if io_dtype is None:
+        if cfg.q_fp8:
+            raise ValueError("io_dtype: required when q is fp8 (cfg.q_fp8)")
+        io_dtype = IODType.from_numpy(q.dtype)
+    expected_pool = cfg.pool.layout().pool_shape(pool.shape[0])
+    if pool.shape != expected_pool or pool.dtype != cfg.pool.cache_dtype.numpy_dtype:
+        raise ValueError(f"pool: expected shape {expected_pool} dtype {cfg.pool.cache_dtype.numpy_dtype}, "
+                         f"got {pool.shape} {pool.dtype}")
+    if CacheDType(cfg.pool.cache_dtype) in (CacheDType.FP16, CacheDType.BF16) and not cfg.q_fp8 \
+            and q.dtype != cfg.pool.cache_dtype.numpy_dtype:
+        raise ValueError(f"q: dtype {q.dtype} must match the 16-bit cache dtype {cfg.pool.cache_dtype.numpy_dtype}")
+    num_blocks = pool.shape[0]
+    if T == 0:
+        return np.empty((0, H, D), IODType(io_dtype).numpy_dtype)
+    max_q_len = int(meta.q_lens.max()) if max_q_len is None else int(max_q_len)
+    max_kv_len = int(meta.kv_lens.max()) if max_kv_len is None else int(max_kv_len)
+    if workspace_bytes is None:
+        workspace_bytes = attention_workspace_bytes(T, meta.num_seqs, H, D, max_kv_len, cfg.pool.page_size)
+    out_dtype = IODType(io_dtype).numpy_dtype
+
+    buffers = []
+
+    def upload(a: np.ndarray) -> int:
+        buf = cuda.DeviceBuffer.from_array(np.ascontiguousarray(a))
+        buffers.append(buf)
+        return buf.ptr
+
+    try:
+        pool_ptr = upload(pool)
+        descs = np.zeros((cfg.pool.pool_index + 1, POOL_DESC_FIELDS), np.int64)
+        descs[cfg.pool.pool_index, POOL_DESC_ADDRESS] = pool_ptr
+        descs[cfg.pool.pool_index, POOL_DESC_NUM_BLOCKS] = num_blocks
+        out_buf = cuda.DeviceBuffer(T * H * D * out_dtype.itemsize)
+        buffers.append(out_buf)
+        out_buf.fill_bytes(0xFF)  # NaN in fp16 and bf16
+        ws = cuda.DeviceBuffer(workspace_bytes) if workspace_bytes else None
+        if ws is not None:
+            buffers.append(ws)
+        args = make_attention_args(
+            cfg, io_dtype=io_dtype, num_tokens=T, num_seqs=meta.num_seqs, max_blocks=meta.max_blocks,
+            max_q_len=max_q_len, max_kv_len=max_kv_len, q=upload(q), out=out_buf.ptr, pool_descs=upload(descs),
+            block_table=upload(meta.block_table), cu_q_lens=upload(meta.cu_q_lens), past_lens=upload(meta.past_lens),
+            workspace=ws.ptr if ws is not None else 0, workspace_bytes=workspace_bytes)
+        # The uploads and the NaN fill ran on the legacy default stream (a pageable cudaMemcpy may return before
+        # its DMA lands), which a non-blocking stream does not wait for: finish them before the launch.
+        cuda.synchronize()
+        if stream is not None:
+            launch_attention(args, stream.handle)
+            stream.synchronize()
+        else:
+            with cuda.Stream() as own:
+                launch_attention(args, own.handle)
+                own.synchronize()
+        return out_buf.download((T, H, D), out_dtype)
+    finally:
+        for buf in buffers:
+            buf.close()

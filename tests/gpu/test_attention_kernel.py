@@ -1,0 +1,259 @@
+"""Paged attention kernels on the GPU against the float64 reference (``pagedkv.reference.attention``).
+
+Every case fills a pool with fresh random K/V only in the slots its sequences own (NaN -- or, for int8, the
+sentinel -128 -- everywhere else, other layers included), shuffles the physical pages, poisons the output
+buffer with NaN (``paged_attention_numpy``), runs the kernels through the C API and compares with
+``paged_attention`` using the per-dtype TOLERANCES of conftest. A kernel that read one slot it does not own,
+or skipped one output row, shows up as NaN or as a large error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from pagedkv.config import AttentionConfig, PoolConfig
+from pagedkv.layout import INVALID_BLOCK, CacheDType, PageLayout
+from pagedkv.reference.attention import paged_attention
+from pagedkv.reference.quant import quantize
+from pagedkv.step import StepMetadata
+
+from conftest import TOLERANCES
+
+pytestmark = pytest.mark.gpu
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+FP16 = np.dtype(np.float16)
+FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One step. seqs: (past_len, q_len) per sequence."""
+
+    seqs: tuple[tuple[int, int], ...]
+    num_q_heads: int = 32
+    num_kv_heads: int = 8
+    head_dim: int = 128
+    page_size: int = 16
+    cache: CacheDType = CacheDType.BF16
+    io: str = "bfloat16"
+    layout: PageLayout = PageLayout.HND
+    window: int = 0
+    sinks: int = 0
+    cyclic_pages: int = 0          # ring length in pages; cyclic sink tokens = sinks
+    softcap: float = 0.0
+    softmax_scale: float = 0.0
+    q_fp8: bool = False
+    evict_below_window: bool = False  # -1 for pages entirely below every query's window (sinks kept)
+    num_layers: int = 1
+    layer: int = 0
+    pool_index: int = 0
+    loose_bounds: bool = False     # max_q_len = T, max_kv_len = MB * page_size, like the TensorRT plugin
+    seed: int = 0
+
+    def __post_init__(self):
+        assert self.num_q_heads % self.num_kv_heads == 0
+        if self.cache in (CacheDType.FP16, CacheDType.BF16):
+            assert np.dtype(self.cache.numpy_dtype) == np.dtype(self.io_dtype), "16-bit cache: q has its type"
+        if self.cyclic_pages:
+            ring = self.cyclic_pages * self.page_size
+            assert self.window > 0 and all(ring >= self.window + q - 1 for _, q in self.seqs), "ring too short"
+
+    @property
+    def io_dtype(self) -> np.dtype:
+        return BF16 if self.io == "bfloat16" else FP16
+
+    @property
+    def id(self) -> str:
+        s = "+".join(f"{p}:{q}" for p, q in self.seqs[:3]) + (f"+{len(self.seqs) - 3}more" if len(self.seqs) > 3 else "")
+        extra = [n for n, on in (("fp8q", self.q_fp8), ("evict", self.evict_below_window), ("loose", self.loose_bounds))
+                 if on]
+        return (f"H{self.num_q_heads}kv{self.num_kv_heads}D{self.head_dim}P{self.page_size}-{self.cache.name}-{self.io}"
+                f"-{self.layout.name}-w{self.window}s{self.sinks}ring{self.cyclic_pages}-cap{self.softcap:g}"
+                f"-L{self.layer}/{self.num_layers}-{'-'.join(extra)}-[{s}]")
+
+
+def build(case: Case):
+    rng = np.random.default_rng(case.seed)
+    quantized = case.cache in (CacheDType.FP8_E4M3, CacheDType.INT8)
+    pool_cfg = PoolConfig(num_kv_heads=case.num_kv_heads, head_dim=case.head_dim, page_size=case.page_size,
+                          num_layers=case.num_layers, layer_index=case.layer, pool_index=case.pool_index,
+                          cache_dtype=case.cache, page_layout=case.layout,
+                          sink_tokens=case.sinks if case.cyclic_pages else 0,
+                          cyclic_len=case.cyclic_pages * case.page_size,
+                          k_scale=0.05 if quantized else 1.0, v_scale=0.04 if quantized else 1.0)
+    cfg = AttentionConfig(num_q_heads=case.num_q_heads, pool=pool_cfg, window=case.window, attention_sinks=case.sinks,
+                          softmax_scale=case.softmax_scale, logit_softcap=case.softcap, q_fp8=case.q_fp8,
+                          q_scale=0.02 if case.q_fp8 else 1.0)
+    layout = pool_cfg.layout()
+    past = np.array([p for p, _ in case.seqs], np.int32)
+    qlen = np.array([q for _, q in case.seqs], np.int32)
+    kv_len = past + qlen
+    pages = np.array([int(layout.pages_needed(n)) for n in kv_len])
+    max_blocks = int(pages.max()) + 2  # past-the-end columns hold -1
+    num_blocks = int(pages.sum()) + 7  # a few blocks nobody owns
+    perm = rng.permutation(num_blocks)
+    table = np.full((len(case.seqs), max_blocks), INVALID_BLOCK, np.int32)
+    used = 0
+    for b, n in enumerate(pages):
+        table[b, :n] = perm[used:used + n]
+        used += n
+
+    # Poison: NaN (int8: the most negative value) in every slot, every layer, both K and V. The pool is then
+    # addressed as rows of D elements: row = elem_offset(block, layer, kv, head, offset) / D (the contract).
+    pool = np.empty(layout.pool_shape(num_blocks), dtype=case.cache.numpy_dtype)
+    pool[...] = -128 if case.cache == CacheDType.INT8 else np.nan
+    rows = pool.reshape(-1, case.head_dim)
+    heads = np.arange(case.num_kv_heads)
+    for b in range(len(case.seqs)):
+        n = int(kv_len[b])
+        # positions whose slot still holds them (a ring keeps the sinks and the last cyclic_len positions)
+        pos = np.arange(n)
+        if layout.cyclic_len:
+            pos = pos[(pos < layout.sink_tokens) | (pos >= n - layout.cyclic_len)]
+        block, offset, _ = layout.locate(table[b], pos, num_blocks)
+        assert np.all(block != INVALID_BLOCK)
+        for kv in (0, 1):
+            values = rng.standard_normal((pos.size, case.num_kv_heads, case.head_dim), dtype=np.float32)
+            if quantized:  # spread over the quantized range: values up to ~ +-12 steps of the scale ... and beyond
+                scale = pool_cfg.k_scale if kv == 0 else pool_cfg.v_scale
+                stored = quantize(values.astype(np.float64) * 3 * scale, case.cache, scale)
+            else:  # fp16 / bf16 storage is round-to-nearest-even of the value (cache_convert.cuh)
+                stored = values.astype(case.cache.numpy_dtype)
+            elem = layout.elem_offset(block[:, None], case.layer, kv, heads[None, :], offset[:, None])
+            rows[elem // case.head_dim] = stored
+
+    if case.evict_below_window and case.window > 0:
+        # Pages no query of the sequence can see any more (below the first query's window, past the sinks).
+        for b in range(len(case.seqs)):
+            first_visible = max(0, int(past[b]) - case.window + 1)
+            for page in range(int(pages[b])):
+                slots = np.arange(page * case.page_size, (page + 1) * case.page_size)
+                if layout.cyclic_len:
+                    continue  # ring pages are reused, never below the window
+                if slots[-1] < first_visible and slots[0] >= case.sinks:
+                    table[b, page] = INVALID_BLOCK
+
+    cu = np.concatenate([[0], np.cumsum(qlen)]).astype(np.int32)
+    meta = StepMetadata(table, cu, past)
+    q = rng.standard_normal((meta.num_tokens, case.num_q_heads * case.head_dim))
+    if case.q_fp8:
+        q = quantize(q * 4 * cfg.q_scale, CacheDType.FP8_E4M3, cfg.q_scale)
+    else:
+        q = q.astype(case.io_dtype)
+    return cfg, meta, pool, q
+
+
+def check(case: Case):
+    from pagedkv.kernels.attention import IODType, paged_attention_numpy
+
+    cfg, meta, pool, q = build(case)
+    kwargs = {}
+    if case.loose_bounds:
+        kwargs = dict(max_q_len=meta.num_tokens, max_kv_len=meta.max_blocks * case.page_size)
+    out = paged_attention_numpy(q, meta, pool, cfg, io_dtype=IODType.from_numpy(case.io_dtype), **kwargs)
+    ref = paged_attention(q, meta, pool, cfg)
+    assert out.dtype == case.io_dtype
+    got = out.astype(np.float64)
+    assert np.isfinite(got).all(), f"{np.argwhere(~np.isfinite(got))[:5].tolist()} not finite (row never written?)"
+    atol, rtol = TOLERANCES[case.io]
+    np.testing.assert_allclose(got, ref, atol=atol, rtol=rtol)
+
+
+def _decode_lengths(page: int) -> tuple[tuple[int, int], ...]:
+    # cache lengths 1, page - 1, page, page + 1 and a longer one (past = length - 1)
+    return tuple((n - 1, 1) for n in (1, page - 1, page, page + 1, 1000))
+
+
+CASES = [
+    # decode: GQA / MHA / MQA (G = 16 still decode kernel; G = 32 goes to the multi-token kernel)
+    *[Case(_decode_lengths(p), head_dim=d, page_size=p, seed=i)
+      for i, (d, p) in enumerate([(64, 16), (128, 16), (256, 16), (128, 64), (128, 128), (64, 32)])],
+    Case(_decode_lengths(16), num_q_heads=8, num_kv_heads=8),
+    Case(_decode_lengths(16), num_q_heads=16, num_kv_heads=1, head_dim=64),
+    Case(_decode_lengths(16), num_q_heads=32, num_kv_heads=1),
+    Case(_decode_lengths(24), page_size=24),  # non-power-of-two page: divmod path
+    # cache dtypes x io dtypes
+    Case(_decode_lengths(16), cache=CacheDType.FP16, io="float16"),
+    Case(_decode_lengths(16), cache=CacheDType.FP8_E4M3, io="bfloat16"),
+    Case(_decode_lengths(16), cache=CacheDType.FP8_E4M3, io="float16", head_dim=64),
+    Case(_decode_lengths(16), cache=CacheDType.INT8, io="bfloat16", head_dim=256),
+    Case(_decode_lengths(16), cache=CacheDType.INT8, io="float16"),
+    Case(_decode_lengths(16), cache=CacheDType.FP8_E4M3, io="bfloat16", q_fp8=True),
+    Case(((40, 1), (0, 100)), cache=CacheDType.FP16, io="float16", q_fp8=True),
+    # NHD pages, pool with several layers / pool groups
+    Case(_decode_lengths(16), layout=PageLayout.NHD),
+    Case(((30, 1), (300, 40)), layout=PageLayout.NHD, num_layers=3, layer=2, pool_index=1, cache=CacheDType.FP16,
+         io="float16"),
+    # multi-token: fresh prefill, chunk over a cached prefix, drafts, a mixed batch, an empty sequence
+    Case(((0, 333),), head_dim=64, seed=3),
+    Case(((300, 200),), seed=4),
+    Case(((700, 2), (700, 4), (700, 5), (700, 9)), seed=5),                  # drafts: 8, 16 rows | 20, 36 rows
+    Case(((5, 1), (0, 77), (1000, 1), (250, 130), (64, 3), (9, 0), (1, 1)), seed=6),
+    Case(((0, 100), (31, 64)), num_q_heads=8, num_kv_heads=8, head_dim=256, seed=7),
+    Case(((200, 150),), num_q_heads=32, num_kv_heads=1, head_dim=128, seed=8),  # MQA prefill: 32 rows per token
+    Case(((100, 70),), num_q_heads=12, num_kv_heads=4, head_dim=64, seed=9),    # G = 3: tiles split tokens
+    Case(((17, 50), (2000, 1)), cache=CacheDType.FP8_E4M3, seed=10),
+    Case(((17, 50), (900, 1)), cache=CacheDType.INT8, io="float16", head_dim=256, seed=11),
+    Case(((0, 129), (64, 63)), page_size=24, seed=12),
+    # window, sinks, cyclic ring wrapping around, soft-cap, evicted pages outside the visible range
+    Case(((900, 1), (500, 30), (40, 1)), window=128, seed=13),
+    Case(((900, 1), (500, 30), (40, 1)), window=100, sinks=4, seed=14),
+    Case(((900, 1), (500, 30)), window=100, sinks=4, evict_below_window=True, seed=15),
+    Case(((1000, 1), (700, 20), (3, 2)), window=128, sinks=4, cyclic_pages=10, seed=16),
+    Case(((1000, 1), (700, 20)), window=96, sinks=20, cyclic_pages=8, page_size=16, seed=17),
+    Case(((1000, 1), (700, 20)), window=96, sinks=5, cyclic_pages=4, page_size=32, layout=PageLayout.NHD, seed=18),
+    Case(((500, 1), (100, 90)), softcap=30.0, seed=19),
+    Case(((500, 1), (100, 90)), softcap=20.0, softmax_scale=0.05, cache=CacheDType.FP16, io="float16", seed=20),
+    # the TensorRT plugin's loose bounds (max_q_len = T, max_kv_len = MB * page_size)
+    Case(((5, 1), (0, 77), (1000, 1), (250, 130)), loose_bounds=True, seed=21),
+    Case(((3000, 1), (10, 1)), loose_bounds=True, seed=22),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_matches_reference(case):
+    check(case)
+
+
+@pytest.mark.parametrize("case", [
+    Case(((32767, 1),), seed=30),                                   # one long decode: split-K + merge
+    Case(((9000, 1), (3, 1)), cache=CacheDType.FP8_E4M3, page_size=64, seed=31),
+    Case(((12000, 4), (12000, 1)), num_q_heads=16, num_kv_heads=4, head_dim=64, seed=32),
+    Case(((12000, 40),), num_q_heads=8, num_kv_heads=2, seed=33),   # a late prefill chunk, split over the prefix
+], ids=lambda c: c.id)
+def test_long_sequences(case):
+    check(case)
+
+
+def test_large_ragged_batch():
+    rng = np.random.default_rng(40)
+    lengths = rng.integers(1, 600, size=256)
+    check(Case(tuple((int(n) - 1, 1) for n in lengths), num_q_heads=16, num_kv_heads=4, seed=40))
+
+
+def test_workspace_below_the_plan_still_correct():
+    # A workspace smaller than the plan wants: the launcher splits less (or not at all), still exact.
+    from pagedkv.kernels.attention import IODType, paged_attention_numpy
+
+    case = Case(((8000, 1),), seed=41)
+    cfg, meta, pool, q = build(case)
+    ref = paged_attention(q, meta, pool, cfg)
+    for ws in (0, 4096 * 33 * 4 * 2):
+        out = paged_attention_numpy(q, meta, pool, cfg, io_dtype=IODType.from_numpy(case.io_dtype), workspace_bytes=ws)
+        atol, rtol = TOLERANCES[case.io]
+        np.testing.assert_allclose(out.astype(np.float64), ref, atol=atol, rtol=rtol)
+
+
+def test_repeated_launches_are_bitwise_identical():
+    from pagedkv.kernels.attention import IODType, paged_attention_numpy
+
+    case = Case(((5, 1), (0, 77), (3000, 1), (250, 130)), seed=42)
+    cfg, meta, pool, q = build(case)
+    a = paged_attention_numpy(q, meta, pool, cfg, io_dtype=IODType.from_numpy(case.io_dtype))
+    b = paged_attention_numpy(q, meta, pool, cfg, io_dtype=IODType.from_numpy(case.io_dtype))
+    assert np.array_equal(a.view(np.uint16), b.view(np.uint16))

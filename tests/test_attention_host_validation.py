@@ -1,0 +1,380 @@
+"""Paged attention, host side (CPU, in CI): everything the launcher decides before the GPU is involved.
+
+* Bad parameters give an error naming the field and the value, before any CUDA call (this machine has no
+  GPU, so a CUDA call would fail with a driver error instead of the validation message).
+* The workspace size from bounds covers every launch within the bounds; the plan splits only into what fits.
+* The kernels' work decomposition, replayed on the host by the library itself
+  (``pagedkv_attention_schedule_check``: the same plan and per-CTA decision functions the kernels run), counts
+  every visible (query, kv position) pair exactly once -- checked against an independent dense visibility
+  model written with ``pagedkv.layout`` -- and writes every output row exactly once (directly, or as split-K
+  partials that the merge combines).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+
+import numpy as np
+import pytest
+
+from pagedkv import _lib
+from pagedkv.config import AttentionConfig, PoolConfig
+from pagedkv.layout import CacheDType, PageLayout, attends
+from pagedkv.step import StepMetadata
+
+if _lib.find_file(_lib.CAPI_NAME) is None:
+    pytest.skip(f"{_lib.CAPI_NAME} not built (searched {[str(d) for d in _lib.lib_dirs()]}; "
+                "build it or set PAGEDKV_LIB_DIR)", allow_module_level=True)
+
+from pagedkv.kernels import attention as A  # noqa: E402
+
+ALIGNED = 1 << 20  # any 16-byte aligned non-null address: validation fails before anything is dereferenced
+
+
+def _cfg(**pool_overrides) -> AttentionConfig:
+    pool = dict(num_kv_heads=8, head_dim=128, page_size=16, num_layers=2, layer_index=1,
+                cache_dtype=CacheDType.BF16)
+    pool.update(pool_overrides)
+    return AttentionConfig(num_q_heads=32, pool=PoolConfig(**pool))
+
+
+def _good_args(**over) -> A.PagedKVAttentionArgs:
+    """A launch that passes validation (so that the only error is the one a test injects)."""
+    args = A.make_attention_args(_cfg(), io_dtype=A.IODType.BF16, num_tokens=4, num_seqs=2, max_blocks=8, max_q_len=3,
+                                 max_kv_len=100, q=ALIGNED, out=ALIGNED, pool_descs=ALIGNED, block_table=ALIGNED,
+                                 cu_q_lens=ALIGNED, past_lens=ALIGNED)
+    for k, v in over.items():
+        setattr(args, k, v)
+    return args
+
+
+BAD_FIELDS = [
+    # (override, text the message must contain)
+    (dict(head_dim=96), "headDim=96"),
+    (dict(num_q_heads=30), "numQHeads=30"),
+    (dict(num_q_heads=0), "numQHeads=0"),
+    (dict(num_kv_heads=0), "num_kv_heads=0"),
+    (dict(io_dtype=2), "io_dtype=2"),
+    (dict(cache_dtype=4), "cacheDType=4"),
+    (dict(cache_dtype=7), "cacheDType=7"),
+    (dict(cache_dtype=0), "cacheDType=0"),  # fp16 cache with bf16 queries
+    (dict(cache_dtype=2, k_scale=0.0), "kScale=0"),
+    (dict(cache_dtype=3, v_scale=float("nan")), "vScale=nan"),
+    (dict(cache_dtype=2, k_scale=float("inf")), "kScale=inf"),
+    (dict(q_fp8=1, q_scale=0.0), "qScale=0"),
+    (dict(softmax_scale=-1.0), "softmaxScale=-1"),
+    (dict(logit_softcap=-2.0), "logitSoftcap=-2"),
+    (dict(logit_softcap=float("inf")), "logitSoftcap=inf"),
+    (dict(attention_sinks=-1), "sinkTokens=-1"),
+    (dict(layer=2), "layer=2"),
+    (dict(layer=-1), "layer=-1"),
+    (dict(page_size=0), "page_size=0"),
+    (dict(page_layout=2), "page_layout=2"),
+    (dict(cyclic_len=40), "cyclic_len=40"),
+    (dict(cyclic_sink_tokens=-3), "cyclic_sink_tokens=-3"),
+    (dict(num_layers=0), "num_layers=0"),
+    (dict(max_q_len=0), "maxQLen=0"),
+    (dict(max_q_len=5), "maxQLen=5"),
+    (dict(max_kv_len=-1), "maxKVLen=-1"),
+    (dict(num_seqs=0), "meta.numTokens=4"),
+    (dict(num_tokens=-1), "meta.numTokens=-1"),
+    (dict(max_blocks=-1), "meta.maxBlocks=-1"),
+    (dict(pool_index=-1), "meta.poolIndex=-1"),
+    (dict(q=None), "q=0"),
+    (dict(q=ALIGNED + 8), f"q={ALIGNED + 8}"),
+    (dict(out=None), "out=0"),
+    (dict(out=ALIGNED + 2), f"out={ALIGNED + 2}"),
+    (dict(pool_descs=None), "meta.poolDescs=0"),
+    (dict(cu_q_lens=None), "meta.cuQLens=0"),
+    (dict(past_lens=None), "meta.pastLens=0"),
+    (dict(block_table=None), "meta.blockTable=0"),
+    (dict(workspace_bytes=4096), "workspace=0"),
+    (dict(workspace=ALIGNED + 4, workspace_bytes=4096), f"workspace={ALIGNED + 4}"),
+    (dict(workspace_bytes=-5), "workspace_bytes=-5"),
+    (dict(struct_size=8), "struct_size=8"),
+]
+
+
+@pytest.mark.parametrize("override,needle", BAD_FIELDS, ids=[n for _, n in BAD_FIELDS])
+def test_bad_parameters_name_field_and_value(override, needle):
+    with pytest.raises(_lib.CapiError) as err:
+        A.launch_attention(_good_args(**override))
+    assert needle in str(err.value), str(err.value)
+    assert "expected" in str(err.value)
+
+
+def test_good_parameters_reach_the_gpu_only_after_validation():
+    # The untouched args pass validation, so the failure (no GPU here) comes from CUDA, not from a field.
+    from pagedkv import cuda
+
+    if cuda.why_no_gpu() is None:
+        pytest.skip("a GPU is present: launching with fake pointers would fault (covered by the GPU tests)")
+    with pytest.raises(_lib.CapiError) as err:
+        A.launch_attention(_good_args())
+    msg = str(err.value)
+    assert "launchAttention: cuda" in msg, msg  # the CUDA failure, not a stale validation message
+
+
+def test_empty_step_is_a_no_op_without_any_cuda_call():
+    # T = 0: nothing to compute, nothing dereferenced, no GPU needed.
+    A.launch_attention(_good_args(num_tokens=0, num_seqs=0, max_q_len=0, q=None, out=None, pool_descs=None,
+                                  block_table=None, cu_q_lens=None, past_lens=None))
+
+
+def test_null_args_and_wrong_struct_size():
+    rc = A._capi().pagedkv_attention(None, None)
+    assert rc != 0 and "args=NULL" in _lib.capi().pagedkv_last_error().decode()
+
+
+@pytest.mark.parametrize("bad,needle", [((-1, 1, 32, 128, 100, 16), "num_tokens=-1"),
+                                        ((1, -1, 32, 128, 100, 16), "num_seqs=-1"),
+                                        ((1, 1, 0, 128, 100, 16), "num_q_heads=0"),
+                                        ((1, 1, 32, 80, 100, 16), "head_dim=80"),
+                                        ((1, 1, 32, 128, -7, 16), "max_kv_len=-7"),
+                                        ((1, 1, 32, 128, 100, 0), "page_size=0")])
+def test_workspace_bytes_rejects_bad_bounds(bad, needle):
+    with pytest.raises(_lib.CapiError, match=needle):
+        A.attention_workspace_bytes(*bad)
+
+
+def test_workspace_bytes_shape():
+    # no split possible (span below two minimum chunks) -> no workspace
+    assert A.attention_workspace_bytes(64, 64, 32, 128, 256, 16) == 0
+    assert A.attention_workspace_bytes(0, 0, 32, 128, 100000, 16) == 0
+    # grows with the bound on the span and with T, but never past the fixed partial-row budget
+    small = A.attention_workspace_bytes(1, 1, 32, 128, 4096, 16)
+    large = A.attention_workspace_bytes(1, 1, 32, 128, 131072, 16)
+    assert 0 < small < large
+    huge_t = A.attention_workspace_bytes(8192, 64, 32, 128, 131072, 16)
+    assert huge_t == A.attention_workspace_bytes(16384, 64, 32, 128, 131072, 16) > 0
+    assert A.attention_workspace_bytes(1, 1, 32, 256, 131072, 16) > large  # D + 1 floats per partial row
+
+
+def _plan(cfg, *, io=A.IODType.BF16, T, B, MB, max_q, max_kv, ws=None, sm=132, dec=2, multi=2):
+    if ws is None:
+        ws = A.attention_workspace_bytes(T, B, cfg.num_q_heads, cfg.pool.head_dim, max_kv, cfg.pool.page_size)
+    args = A.make_attention_args(cfg, io_dtype=io, num_tokens=T, num_seqs=B, max_blocks=MB, max_q_len=max_q,
+                                 max_kv_len=max_kv, workspace_bytes=ws)
+    return A.attention_plan(args, sm_count=sm, decode_ctas_per_sm=dec, multi_ctas_per_sm=multi), ws
+
+
+def test_plan_kernel_choice_and_split():
+    cfg = _cfg()
+    # decode only: no multi-token kernel; one long sequence is split to fill the GPU
+    plan, ws = _plan(cfg, T=1, B=1, MB=2048, max_q=1, max_kv=32768)
+    assert plan["run_decode"] and not plan["run_multi"] and plan["run_merge"]
+    assert plan["decode_grid"][:2] == [1, 8] and plan["decode_grid"][2] > 16
+    assert plan["decode_chunk_len"] % 64 == 0 and plan["decode_chunk_len"] >= 256
+    assert plan["decode_grid"][2] * plan["decode_chunk_len"] >= 32768
+    assert 0 < plan["workspace_bytes"] <= ws
+    # a large decode batch fills the GPU by itself: no split, no merge, no workspace
+    plan, _ = _plan(cfg, T=256, B=256, MB=64, max_q=1, max_kv=1024)
+    assert plan["run_decode"] and not plan["run_merge"] and plan["decode_grid"] == [256, 8, 1]
+    assert plan["workspace_bytes"] == 0
+    # prefill chunks: both kernels (decode CTAs exit for multi-token sequences), no split for big tiles
+    plan, _ = _plan(cfg, T=8192, B=4, MB=640, max_q=2048, max_kv=10240)
+    assert plan["run_multi"] and plan["run_decode"] and not plan["run_merge"]
+    assert plan["multi_grid"] == [8192 * 4 // 128 + 4, 8, 1]
+    # speculative drafts of 8 tokens x G=4 = 32 rows > 16: multi-token kernel, split over a long context
+    plan, _ = _plan(cfg, T=8, B=1, MB=8192, max_q=8, max_kv=131072)
+    assert plan["run_multi"] and plan["multi_grid"][2] > 1 and plan["run_merge"]
+    # G > 16 (MQA, 32 query heads on one KV head): the multi-token kernel serves decode too
+    mqa = dataclasses.replace(cfg, pool=dataclasses.replace(cfg.pool, num_kv_heads=1))
+    plan, _ = _plan(mqa, T=4, B=4, MB=64, max_q=1, max_kv=1024)
+    assert not plan["run_decode"] and plan["run_multi"]
+    # no workspace -> never split, whatever the shape
+    plan, _ = _plan(cfg, T=1, B=1, MB=2048, max_q=1, max_kv=32768, ws=0)
+    assert not plan["run_merge"] and plan["decode_grid"][2] == 1 and plan["workspace_bytes"] == 0
+    # a window bounds the span, whatever the cache length
+    windowed = dataclasses.replace(cfg, window=1000, attention_sinks=4)
+    plan, _ = _plan(windowed, T=1, B=1, MB=8192, max_q=1, max_kv=131072)
+    assert plan["max_span"] == 1000 + 4
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_plan_workspace_fits_any_launch_within_the_bounds(seed):
+    rng = np.random.default_rng(seed)
+    cfg = _cfg(head_dim=int(rng.choice([64, 128, 256])))
+    T_max, B_max = int(rng.integers(1, 9000)), 0
+    B_max = int(rng.integers(1, T_max + 1))
+    kv_max = int(rng.integers(1, 200000))
+    ws = A.attention_workspace_bytes(T_max, B_max, cfg.num_q_heads, cfg.pool.head_dim, kv_max, cfg.pool.page_size)
+    for _ in range(5):
+        T = int(rng.integers(1, T_max + 1))
+        B = int(rng.integers(1, min(B_max, T) + 1))
+        plan, _ = _plan(cfg, T=T, B=B, MB=1, max_q=int(rng.integers(1, T + 1)), max_kv=int(rng.integers(0, kv_max + 1)),
+                        ws=ws, sm=int(rng.integers(1, 200)), dec=int(rng.integers(1, 4)), multi=int(rng.integers(1, 3)))
+        assert plan["workspace_bytes"] <= ws
+        if plan["run_merge"]:
+            assert plan["partial_chunks"] >= 2
+            assert plan["workspace_bytes"] == plan["partial_chunks"] * T * cfg.num_q_heads * (cfg.pool.head_dim + 1) * 4
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Schedule replay vs an independent dense visibility model
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One step: sequences (past_len, q_len), geometry, window. Pages are shuffled; `holes` pages are -1."""
+
+    seqs: tuple[tuple[int, int], ...]
+    num_kv_heads: int
+    group: int
+    head_dim: int
+    page_size: int
+    window: int = 0
+    sinks: int = 0
+    cyclic_pages: int = 0  # ring length in pages (0: linear cache); cyclic sinks = `sinks`
+    holes: int = 0
+    sm_count: int = 132
+    seed: int = 0
+
+    @property
+    def id(self) -> str:
+        q = "+".join(f"{p}:{n}" for p, n in self.seqs[:4]) + ("..." if len(self.seqs) > 4 else "")
+        return (f"G{self.group}xKVH{self.num_kv_heads}-D{self.head_dim}-P{self.page_size}-w{self.window}s{self.sinks}"
+                f"-ring{self.cyclic_pages}-holes{self.holes}-sm{self.sm_count}-[{q}]")
+
+
+def _build(case: Case):
+    rng = np.random.default_rng(case.seed)
+    pool = PoolConfig(num_kv_heads=case.num_kv_heads, head_dim=case.head_dim, page_size=case.page_size,
+                      num_layers=1, layer_index=0, cache_dtype=CacheDType.FP16,
+                      page_layout=PageLayout(case.seed % 2), sink_tokens=case.sinks if case.cyclic_pages else 0,
+                      cyclic_len=case.cyclic_pages * case.page_size)
+    cfg = AttentionConfig(num_q_heads=case.num_kv_heads * case.group, pool=pool, window=case.window,
+                          attention_sinks=case.sinks)
+    layout = pool.layout()
+    past = np.array([p for p, _ in case.seqs], np.int32)
+    qlen = np.array([n for _, n in case.seqs], np.int32)
+    pages = np.array([int(layout.pages_needed(p + n)) for p, n in case.seqs])
+    mb = max(int(pages.max()), 1) + 1  # one spare column: past-the-end entries exist and hold -1
+    total = int(pages.sum())
+    perm = rng.permutation(total + 5)  # shuffled physical blocks, a few never used
+    table = np.full((len(case.seqs), mb), -1, np.int32)
+    k = 0
+    for b, n in enumerate(pages):
+        table[b, :n] = perm[k:k + n]
+        k += n
+    live = np.argwhere(table >= 0)
+    if case.holes and len(live):
+        for i in rng.choice(len(live), size=min(case.holes, len(live)), replace=False):
+            table[tuple(live[i])] = -1
+    meta = StepMetadata(table, np.concatenate([[0], np.cumsum(qlen)]).astype(np.int32), past)
+    return cfg, meta, total + 5
+
+
+def _expected_coverage(cfg: AttentionConfig, meta: StepMetadata, num_blocks: int, max_pos: int) -> np.ndarray:
+    """[T, H, max_pos] 0/1: query row sees kv position (causal, window + sinks, page present)."""
+    layout = cfg.pool.layout()
+    T, H = meta.num_tokens, cfg.num_q_heads
+    out = np.zeros((T, H, max_pos), np.int32)
+    for b in range(meta.num_seqs):
+        kv_len = int(meta.kv_lens[b])
+        pos = np.arange(kv_len)
+        present = layout.locate(meta.block_table[b], pos, num_blocks)[0] != -1
+        for i in range(int(meta.q_lens[b])):
+            q_pos = int(meta.past_lens[b]) + i
+            vis = attends(q_pos, pos, cfg.window, cfg.attention_sinks) & present
+            out[int(meta.cu_q_lens[b]) + i, :, :kv_len] = vis
+    return out
+
+
+def _cases() -> list[Case]:
+    rng = np.random.default_rng(1234)
+    cases = [
+        Case(((0, 1),), 2, 4, 128, 16),                                   # first token
+        Case(((15, 1), (16, 1), (17, 1), (31, 1)), 2, 4, 128, 16),        # page-1, page, page+1 lengths
+        Case(((40, 1),) * 3 + ((0, 37), (100, 64), (7, 2)), 2, 4, 128, 16),  # mixed batch
+        Case(((3000, 1),), 1, 4, 128, 16, sm_count=8),                    # one long decode, split
+        Case(((2000, 4),), 1, 4, 64, 32, sm_count=4),                     # drafts of 4 (16 rows): decode, split
+        Case(((1500, 9),), 1, 4, 128, 16, sm_count=4),                    # drafts of 9 (36 rows): multi, split
+        Case(((0, 300), (200, 129)), 1, 1, 64, 16),                       # MHA prefill chunks
+        Case(((500, 1), (10, 50)), 1, 32, 128, 64),                       # MQA: G = 32, multi serves decode
+        Case(((600, 1), (300, 77)), 2, 8, 256, 16, sm_count=16),          # D = 256 tiles
+        Case(((1000, 1), (900, 40)), 2, 2, 128, 24, window=128),          # non-power-of-two pages, window
+        Case(((1000, 1), (900, 40)), 2, 2, 128, 16, window=100, sinks=5),  # window + sinks (linear)
+        Case(((700, 1), (650, 20)), 1, 4, 128, 16, window=128, sinks=4, cyclic_pages=10),  # ring wraps, sinks
+        Case(((700, 1), (650, 20)), 1, 4, 128, 16, window=128, sinks=20, cyclic_pages=10),  # sinks span a page
+        Case(((400, 1), (380, 25), (0, 90)), 2, 4, 128, 16, holes=6),     # -1 pages inside the span
+        Case(((900, 1), (850, 3)), 1, 4, 128, 16, window=64, holes=30),   # evicted pages below the window
+    ]
+    for i in range(25):
+        n = int(rng.integers(1, 7))
+        seqs = tuple((int(rng.integers(0, 1200)), int(rng.choice([1, 1, 2, 3, 5, 17, 40, 70]))) for _ in range(n))
+        page = int(rng.choice([16, 24, 32, 64]))
+        window = int(rng.choice([0, 0, 50, 300]))
+        cyclic = int(rng.choice([0, 0, 40])) if window and window + 70 < 40 * page else 0
+        cases.append(Case(seqs, int(rng.choice([1, 2])), int(rng.choice([1, 2, 4, 8, 16, 32])),
+                          int(rng.choice([64, 128, 256])), page, window=window,
+                          sinks=int(rng.choice([0, 3, 16])) if window else 0, cyclic_pages=cyclic,
+                          holes=int(rng.choice([0, 0, 3])), sm_count=int(rng.choice([2, 16, 132])), seed=i))
+    return cases
+
+
+CASES = _cases()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_schedule_counts_every_visible_pair_once_and_writes_every_row_once(case):
+    cfg, meta, num_blocks = _build(case)
+    max_pos = int(meta.kv_lens.max())
+    res = A.schedule_check(cfg, meta, num_blocks, io_dtype=A.IODType.FP16, sm_count=case.sm_count, max_pos=max_pos)
+    expected = _expected_coverage(cfg, meta, num_blocks, max_pos)
+    mismatch = np.argwhere(res["coverage"] != expected)
+    assert mismatch.size == 0, (f"{len(mismatch)} (token, head, pos) mismatches, first {mismatch[:5].tolist()}: "
+                                f"got {[int(res['coverage'][tuple(m)]) for m in mismatch[:5]]}")
+    direct, partial, merged = res["direct_writes"], res["partial_writes"], res["merged_chunks"]
+    assert np.all(res["poisoned"] == 0)
+    assert np.all((direct == 1) ^ (partial > 0)), "every row: exactly one of a direct write or partials"
+    assert np.all(direct <= 1)
+    assert np.array_equal(partial, merged), "the merge combines exactly the chunks that were written"
+
+
+def test_schedule_splits_when_the_gpu_is_large():
+    # The replay above is only meaningful if splits happen in it: make sure some cases do.
+    case = Case(((3000, 1), (2500, 12)), 1, 4, 128, 16, sm_count=64)
+    cfg, meta, num_blocks = _build(case)
+    res = A.schedule_check(cfg, meta, num_blocks, sm_count=case.sm_count)
+    assert res["partial_writes"].max() > 1 and res["merged_chunks"].max() > 1
+
+
+def test_schedule_with_loose_plugin_bounds():
+    # The TensorRT plugin only knows T and MB * page_size: bounds far above the real values stay correct.
+    case = Case(((300, 1), (20, 33), (5, 1)), 2, 4, 128, 16, sm_count=32)
+    cfg, meta, num_blocks = _build(case)
+    max_pos = int(meta.kv_lens.max())
+    res = A.schedule_check(cfg, meta, num_blocks, max_q_len=meta.num_tokens,
+                           max_kv_len=meta.max_blocks * cfg.pool.page_size * 50, sm_count=32, max_pos=max_pos)
+    assert np.array_equal(res["coverage"], _expected_coverage(cfg, meta, num_blocks, max_pos))
+    assert np.all((res["direct_writes"] == 1) ^ (res["partial_writes"] > 0))
+
+
+def test_schedule_with_too_small_kv_bound_still_covers_everything():
+    # maxKVLen only sizes the split: the last chunk of the grid takes whatever remains of a longer span.
+    case = Case(((2000, 1),), 1, 4, 128, 16, sm_count=64)
+    cfg, meta, num_blocks = _build(case)
+    res = A.schedule_check(cfg, meta, num_blocks, max_kv_len=600, sm_count=64, max_pos=2001)
+    assert np.array_equal(res["coverage"], _expected_coverage(cfg, meta, num_blocks, 2001))
+    assert np.array_equal(res["partial_writes"], res["merged_chunks"])
+
+
+def test_wrong_max_q_len_poisons_instead_of_leaving_stale_rows():
+    # maxQLen = 1 claims pure decode, so the multi-token kernel is not launched; the decode kernel then fills
+    # the rows of the 5-token sequence with NaN (loud) rather than leaving whatever the buffer held.
+    case = Case(((10, 1), (10, 5)), 1, 4, 128, 16)
+    cfg, meta, num_blocks = _build(case)
+    res = A.schedule_check(cfg, meta, num_blocks, max_q_len=1)
+    assert np.all(res["poisoned"][1:] == 1) and np.all(res["poisoned"][0] == 0)
+    assert np.all(res["direct_writes"][1:] == 0) and np.all(res["direct_writes"][0] == 1)
+
+
+def test_args_struct_matches_the_library():
+    # The ctypes mirror's field offsets equal the C struct's (the binding also checks this when it loads).
+    n = len(A.PagedKVAttentionArgs._fields_)
+    offsets = (ctypes.c_int64 * n)()
+    assert A._capi().pagedkv_attention_args_layout(offsets, n) == n
+    assert list(offsets) == [getattr(A.PagedKVAttentionArgs, f).offset for f, _ in A.PagedKVAttentionArgs._fields_]
+    assert A._capi().pagedkv_attention_args_layout(offsets, n - 1) == -1
