@@ -37,7 +37,8 @@ fi
 
 if has tests; then
   log "gpu tests"
-  python3 -m pytest -q -m gpu -p no:cacheprovider --timeout=900 -rfEs --junitxml="$OUT/gpu-tests.xml" tests \
+  timeout ${PAGEDKV_GPU_TEST_TIMEOUT:-420} python3 -m pytest -q -m gpu -n ${PAGEDKV_GPU_TEST_WORKERS:-8} \
+    -p no:cacheprovider --timeout=300 -rfEs --junitxml="$OUT/gpu-tests.xml" ${PAGEDKV_GPU_TESTS:-tests} \
     > "$OUT/gpu-tests.log" 2>&1
   t=$?; [ $t -ne 0 ] && rc=$t
   tail -40 "$OUT/gpu-tests.log" | tee -a "$OUT/summary.txt"
