@@ -58,8 +58,10 @@ def run_case(rng, heads, kv_heads, head_dim, page, cache, page_layout, window, s
     else:
         pool = rng.standard_normal(layout.pool_shape(num_blocks)).astype(np.float32).astype(storage)
     width = (heads + 2 * kv_heads) * head_dim
-    qkv = rng.standard_normal((meta.num_tokens, width)).astype(BF16)
-    bias = (0.1 * rng.standard_normal(width)).astype(BF16)
+    # Activations share a 16-bit cache's type (the attention kernel takes q of the cache's type); bf16 otherwise.
+    io = storage if cache in (CacheDType.FP16, CacheDType.BF16) else BF16
+    qkv = rng.standard_normal((meta.num_tokens, width)).astype(io)
+    bias = (0.1 * rng.standard_normal(width)).astype(io)
 
     pool_ref = pool.copy()
     q_ref = qkv_write(qkv, bias, meta, pool_ref, wcfg)

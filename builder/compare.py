@@ -49,11 +49,14 @@ class StepResult:
     passed: bool
     argmax_agree: int  # rows of the step whose rewritten argmax equals the original's
     rows: int
-    greedy: list[tuple[object, int, int]] = field(default_factory=list)  # (sequence, original, rewritten)
+    # (sequence, original argmax, rewritten argmax, decisive): a disagreement is *decisive* when the original
+    # logits rank its token above the rewritten pick by more than the step's tolerance. Near-ties (random
+    # weights make many) can flip under the cache dtype's rounding without any error in the rewrite.
+    greedy: list[tuple[object, int, int, bool]] = field(default_factory=list)
 
     @property
     def greedy_agree(self) -> bool:
-        return all(o == r for _, o, r in self.greedy)
+        return all(o == r or not decisive for _, o, r, decisive in self.greedy)
 
 
 @dataclass
@@ -101,7 +104,7 @@ class CompareReport:
     def greedy_tokens(self) -> dict:
         out: dict = {}
         for s in self.steps:
-            for seq, orig, _ in s.greedy:
+            for seq, orig, _, _ in s.greedy:
                 out.setdefault(seq, []).append(orig)
         return out
 
@@ -111,8 +114,14 @@ class CompareReport:
                  f"{'step':>4}  {'tokens':>6}  {'batch':<34} {'max abs':>9}  {'abs/scale':>9}  {'argmax':>7}  greedy"]
         for s in self.steps:
             batch = " ".join(f"{seq}:{kind[0]}{n}" for seq, n, kind in s.entries)
-            greedy = ("-" if not s.greedy else "ok" if s.greedy_agree else
-                      "DIFF " + ", ".join(f"{q}:{o}!={r}" for q, o, r in s.greedy if o != r))
+            if not s.greedy:
+                greedy = "-"
+            elif all(o == r for _, o, r, _ in s.greedy):
+                greedy = "ok"
+            elif s.greedy_agree:  # only near-ties differ
+                greedy = "tie " + ", ".join(f"{q}:{o}~{r}" for q, o, r, _ in s.greedy if o != r)
+            else:
+                greedy = "DIFF " + ", ".join(f"{q}:{o}!={r}" for q, o, r, d in s.greedy if o != r and d)
             flag = "" if s.passed else "  FAIL"
             lines.append(f"{s.step:>4}  {s.rows:>6}  {batch[:34]:<34} {s.max_abs:9.2e}  {s.max_scaled:9.2e}  "
                          f"{s.argmax_agree:>3}/{s.rows:<3}  {greedy}{flag}")
@@ -227,7 +236,8 @@ def compare(original, rewritten, *, backend: str = "reference", num_prompts: int
             for i, ((sid, _), e, g) in enumerate(zip(entries, expected, got)):
                 if sched.wants_next_token(i):
                     o, r = int(np.argmax(e[-1])), int(np.argmax(g[-1]))
-                    result.greedy.append((sid, o, r))
+                    tol = atol + rtol * float(np.max(np.abs(exp_all)))
+                    result.greedy.append((sid, o, r, bool(e[-1][o] - e[-1][r] > tol)))
                     nxt.append(o)
                 else:
                     nxt.append(None)

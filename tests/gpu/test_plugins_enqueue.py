@@ -407,7 +407,8 @@ def acfg(write: WriteConfig, **kw) -> AttentionConfig:
 
 ATTENTION_CASES = [
     ("fp16-d64-mixed", wcfg(), "fp16", {}),
-    ("bf16-d128-gqa4-nhd", wcfg(num_q_heads=8, head_dim=128, page_layout=PageLayout.NHD), "bf16", {}),
+    ("bf16-d128-gqa4-nhd", wcfg(num_q_heads=8, head_dim=128, page_layout=PageLayout.NHD,
+                                cache_dtype=CacheDType.BF16), "bf16", {}),
     ("fp16-window-sinks-softcap", wcfg(page_size=8), "fp16", dict(window=9, attention_sinks=2, logit_softcap=5.0,
                                                                   softmax_scale=0.2)),
     ("bf16-fp8cache-d256", wcfg(num_q_heads=2, num_kv_heads=1, head_dim=256, cache_dtype=CacheDType.FP8_E4M3,
@@ -454,7 +455,7 @@ def test_attention_plugin_matches_reference(host, tmp_path, case_id, write, io_n
 # ================================================================================================ chained
 CHAIN_CASES = [
     ("fp16", wcfg(has_bias=True), "fp16", False),
-    ("bf16-gqa4-d128", wcfg(num_q_heads=8, head_dim=128, page_size=32), "bf16", False),
+    ("bf16-gqa4-d128", wcfg(num_q_heads=8, head_dim=128, page_size=32, cache_dtype=CacheDType.BF16), "bf16", False),
     ("fp16-fp8q-fp8cache", wcfg(cache_dtype=CacheDType.FP8_E4M3, k_scale=0.05, v_scale=0.05, q_out_fp8=True,
                                 q_scale=0.03), "fp16", True),
 ]
