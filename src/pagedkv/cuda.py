@@ -6,6 +6,7 @@ goes through ``DeviceBuffer`` so that ownership and release are explicit (contex
 
 from __future__ import annotations
 
+import ctypes
 import functools
 
 import numpy as np
@@ -179,3 +180,65 @@ class DeviceBuffer:
                 self.close()
         except Exception:
             pass
+
+
+class PinnedBuffer:
+    """``nbytes`` of page-locked host memory (cudaHostAlloc); ``close()`` / context manager frees it.
+    ``view()`` arrays alias the buffer and must not be used after ``close()``."""
+
+    def __init__(self, nbytes: int):
+        if nbytes < 0:
+            raise ValueError(f"nbytes: must be >= 0, got {nbytes}")
+        rt = _rt()
+        self.nbytes = int(nbytes)
+        self.ptr = int(check(rt.cudaHostAlloc(max(self.nbytes, 1), rt.cudaHostAllocDefault),
+                                  f"cudaHostAlloc({self.nbytes})"))
+
+    def view(self, dtype=np.uint8, shape=None, offset: int = 0) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        count = (self.nbytes - offset) // dtype.itemsize if shape is None else int(np.prod(shape))
+        if offset < 0 or offset + count * dtype.itemsize > self.nbytes:
+            raise ValueError(f"view: {count} x {dtype} at offset {offset} exceed the buffer's {self.nbytes} bytes")
+        raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(self.ptr + offset)
+        arr = np.frombuffer(raw, dtype=dtype, count=count)
+        return arr if shape is None else arr.reshape(shape)
+
+    def close(self) -> None:
+        if self.ptr:
+            check(_rt().cudaFreeHost(self.ptr), "cudaFreeHost")
+            self.ptr = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):  # last resort; deterministic release is close()/with
+        try:
+            if getattr(self, "ptr", 0):
+                self.close()
+        except Exception:
+            pass
+
+
+class Event:
+    """A CUDA event without timing, to know when an async copy out of a staging buffer has finished."""
+
+    def __init__(self):
+        rt = _rt()
+        self._event = check(rt.cudaEventCreateWithFlags(rt.cudaEventDisableTiming), "cudaEventCreate")
+        self.recorded = False
+
+    def record(self, stream: Stream) -> None:
+        check(_rt().cudaEventRecord(self._event, stream.raw), "cudaEventRecord")
+        self.recorded = True
+
+    def synchronize(self) -> None:
+        if self.recorded:
+            check(_rt().cudaEventSynchronize(self._event), "cudaEventSynchronize")
+
+    def close(self) -> None:
+        if self._event is not None:
+            check(_rt().cudaEventDestroy(self._event), "cudaEventDestroy")
+            self._event = None

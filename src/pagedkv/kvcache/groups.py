@@ -1,0 +1,163 @@
+"""Pool groups: the layers that share one pool (same geometry, dtype and window), and pool sizing.
+
+A model whose layers differ (other KV head counts, head dims or attention windows) gets one pool group per
+kind of layer. Each group has its own pool (one allocation, ``KVLayout.pool_shape``), its own blocks and
+its own block table; a block of a group holds all of the group's layers (as in TensorRT-LLM), so one block
+id addresses a token range in every layer of the group.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pagedkv.config import PoolConfig
+from pagedkv.layout import CacheDType, KVLayout
+
+
+class WindowMode(enum.Enum):
+    FULL = "full"        # full causal attention: every page stays
+    RELEASE = "release"  # sliding window on a linear cache: pages that leave the window are released (-1)
+    CYCLIC = "cyclic"    # sliding window on a ring (KVLayout.cyclic_len): slots are reused in place
+
+
+@dataclass(frozen=True)
+class PoolGroupSpec:
+    """One pool group.
+
+    ``window`` is the attention window of the group's layers (``AttentionConfig.window``, 0: full causal)
+    and ``attention_sinks`` the always-visible first positions. The window mode follows from the layout:
+    ``layout.cyclic_len > 0`` -> CYCLIC (the ring must hold the window; sinks are the layout's
+    ``sink_tokens``), else ``window > 0`` -> RELEASE, else FULL.
+    ``k_scales`` / ``v_scales``: one per layer of the group, for quantized caches (x ~= stored * scale).
+    """
+
+    name: str
+    layout: KVLayout
+    cache_dtype: CacheDType = CacheDType.FP16
+    window: int = 0
+    attention_sinks: int = 0
+    k_scales: tuple[float, ...] | None = None
+    v_scales: tuple[float, ...] | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "cache_dtype", CacheDType.parse(self.cache_dtype))
+        if not self.name:
+            raise ValueError("name: a pool group needs a non-empty name")
+        if self.cache_dtype == CacheDType.NVFP4:
+            raise ValueError(f"cache_dtype: NVFP4 is reserved in the layout but not implemented (group {self.name!r})")
+        if self.window < 0:
+            raise ValueError(f"window: must be >= 0 (0: full causal), got {self.window} (group {self.name!r})")
+        if self.attention_sinks < 0:
+            raise ValueError(f"attention_sinks: must be >= 0, got {self.attention_sinks} (group {self.name!r})")
+        if self.attention_sinks and not self.window:
+            raise ValueError(f"attention_sinks={self.attention_sinks}: only meaningful with a window > 0 "
+                             f"(group {self.name!r})")
+        lay = self.layout
+        if lay.cyclic_len:
+            if self.window <= 0:
+                raise ValueError(f"window: a cyclic pool group (cyclic_len={lay.cyclic_len}) needs the attention "
+                                 f"window > 0, got {self.window} (group {self.name!r})")
+            if lay.cyclic_len < self.window:
+                raise ValueError(f"cyclic_len={lay.cyclic_len} < window={self.window}: the ring must hold the "
+                                 f"window (group {self.name!r})")
+            if self.attention_sinks != lay.sink_tokens:
+                raise ValueError(f"attention_sinks={self.attention_sinks} must equal the layout's sink_tokens="
+                                 f"{lay.sink_tokens}: sink positions outside the ring's sinks would be "
+                                 f"overwritten (group {self.name!r})")
+        for name in ("k_scales", "v_scales"):
+            scales = getattr(self, name)
+            if scales is None:
+                scales = (1.0,) * lay.num_layers
+            scales = tuple(float(s) for s in scales)
+            if len(scales) != lay.num_layers:
+                raise ValueError(f"{name}: expected {lay.num_layers} values (one per layer of group "
+                                 f"{self.name!r}), got {len(scales)}")
+            for i, s in enumerate(scales):
+                if not (math.isfinite(s) and s > 0):
+                    raise ValueError(f"{name}[{i}]: must be finite and > 0, got {s} (group {self.name!r})")
+            if not self.cache_dtype.quantized and any(s != 1.0 for s in scales):
+                raise ValueError(f"{name}: only quantized caches (fp8/int8) take scales; group {self.name!r} "
+                                 f"is {self.cache_dtype.name}")
+            object.__setattr__(self, name, scales)
+        # fixed for the spec's life; cached because the manager asks on every reserve/commit
+        mode = (WindowMode.CYCLIC if lay.cyclic_len else WindowMode.RELEASE if self.window > 0 else WindowMode.FULL)
+        object.__setattr__(self, "_mode", mode)
+
+    @property
+    def mode(self) -> WindowMode:
+        return self._mode
+
+    @property
+    def page_size(self) -> int:
+        return self.layout.page_size
+
+    @property
+    def itemsize(self) -> int:
+        return self.cache_dtype.itemsize
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one block: all layers, K and V, all heads, ``page_size`` tokens."""
+        return self.layout.stride_block * self.itemsize
+
+    @property
+    def ring_pages(self) -> int:
+        """Cyclic groups: the most pages a sequence ever holds (sinks + bubble + ring); 0 otherwise."""
+        if not self.layout.cyclic_len:
+            return 0
+        lay = self.layout
+        return -(-(lay.sink_tokens + lay.bubble_len + lay.cyclic_len) // lay.page_size)
+
+    def pool_shape(self, num_blocks: int) -> tuple[int, ...]:
+        return self.layout.pool_shape(num_blocks)
+
+    def pool_config(self, layer_in_group: int, pool_index: int) -> PoolConfig:
+        """The plugin attributes of one layer of this group (row ``pool_index`` of ``kv_pools``)."""
+        lay = self.layout
+        if not 0 <= layer_in_group < lay.num_layers:
+            raise ValueError(f"layer_in_group: expected in [0, {lay.num_layers}), got {layer_in_group}")
+        return PoolConfig(num_kv_heads=lay.num_kv_heads, head_dim=lay.head_dim, page_size=lay.page_size,
+                          num_layers=lay.num_layers, layer_index=layer_in_group, pool_index=pool_index,
+                          cache_dtype=self.cache_dtype, page_layout=lay.page_layout,
+                          sink_tokens=lay.sink_tokens, cyclic_len=lay.cyclic_len,
+                          k_scale=self.k_scales[layer_in_group], v_scale=self.v_scales[layer_in_group])
+
+
+def blocks_for_budget(groups: Sequence[PoolGroupSpec], budget_bytes: int,
+                      shares: Sequence[float] | None = None) -> list[int]:
+    """Blocks per group that fit in ``budget_bytes``.
+
+    ``shares`` (default: equal block counts for every group) are the fractions of the budget each group
+    gets; group g receives ``floor(budget * share_g / block_bytes_g)`` blocks. With the default every group
+    gets ``floor(budget / sum(block_bytes))`` blocks. Raises when a group would get no block at all.
+    """
+    if budget_bytes < 0:
+        raise ValueError(f"budget_bytes: must be >= 0, got {budget_bytes}")
+    if not groups:
+        raise ValueError("groups: at least one pool group is needed")
+    block_bytes = [g.block_bytes for g in groups]
+    if shares is None:
+        counts = [int(budget_bytes // sum(block_bytes))] * len(groups)
+    else:
+        if len(shares) != len(groups):
+            raise ValueError(f"shares: expected {len(groups)} values (one per group), got {len(shares)}")
+        if any(not (math.isfinite(s) and s >= 0) for s in shares) or not math.isclose(sum(shares), 1.0):
+            raise ValueError(f"shares: must be >= 0 and sum to 1, got {list(shares)}")
+        counts = [int(math.floor(budget_bytes * s / b)) for s, b in zip(shares, block_bytes)]
+    for g, c in zip(groups, counts):
+        if c <= 0:
+            raise ValueError(f"budget of {budget_bytes} bytes leaves no block for pool group {g.name!r} "
+                             f"(one block is {g.block_bytes} bytes)")
+    return counts
+
+
+def budget_from_free_memory(fraction: float, free_bytes: int) -> int:
+    """``fraction`` of ``free_bytes`` (device free memory from cudaMemGetInfo), validated."""
+    if not (0.0 < fraction <= 1.0):
+        raise ValueError(f"memory_fraction: expected in (0, 1], got {fraction}")
+    return int(np.floor(free_bytes * fraction))
