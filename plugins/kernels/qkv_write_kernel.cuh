@@ -2,9 +2,10 @@
 // qkv_write_bf16.cu; launchQKVWrite in qkv_write.cu validates and dispatches). Legend and work decomposition:
 // qkv_write_params.cuh; design notes and byte counts: benchmarks/NOTES-write.md.
 //
-// One launch per layer and step. Every byte of the packed QKV rows is read once (16-byte streaming loads),
-// every byte of q and of the new K/V rows is written once (16-byte stores, 8-byte for 1-byte dtypes). All
-// pool addresses come from the contract helpers in kv_layout.h (locateToken, elemOffset).
+// One launch per layer and step. Every byte of the packed QKV rows is read once (16-byte asynchronous copies
+// into a shared-memory ring, kPrefetch passes ahead), every byte of q and of the new K/V rows is written once
+// (16-byte stores, 8-byte for 1-byte dtypes). All pool addresses come from the contract helpers in kv_layout.h
+// (locateToken, elemOffset).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -35,6 +36,9 @@ struct IOStorage<IODType::kBF16> {
 
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int32_t kPrefetch = kQKVWritePrefetchRows;
+// Ring of asynchronous copies: kPrefetch in flight plus the slot being processed, so that a copy is only ever
+// issued into the slot read one pass earlier (that read has landed: its value was consumed).
+constexpr int32_t kRingSlots = kPrefetch + 1;
 
 // The sequence owning a token and what the write needs of it. A warp keeps the last one it found: in a
 // prefill the next token it handles usually belongs to the same sequence.
@@ -50,17 +54,24 @@ struct alignas(16) SeqSpan {
 // equal-length chunks, fetched together with its pastLen in one round trip; on a miss, a 32-ary search with
 // one coalesced load and a ballot per round (B <= 32: one round, B <= 1024: two). Whatever cuQLens holds, the
 // result stays in [0, B): bad metadata can mislocate a token but never index outside the metadata arrays.
+//
+// guessSequence only issues the guess's three loads (nothing waits for them until a value is used), so that the
+// kernel can start them early for its first token; findSequence checks the guess and searches on a miss.
+__device__ __forceinline__ SeqSpan guessSequence(StepMetadata const& meta, float seqsPerToken, int32_t t) {
+    // The guess needs no exact division: a float estimate of t * B / T (seqsPerToken = B / T on the host).
+    int32_t guess = __float2int_rd((static_cast<float>(t) + 0.5f) * seqsPerToken);
+    guess = min(max(guess, 0), meta.numSeqs - 1);
+    return SeqSpan{guess, __ldg(meta.cuQLens + guess), __ldg(meta.cuQLens + guess + 1), __ldg(meta.pastLens + guess)};
+}
+
 __device__ __forceinline__ SeqSpan findSequence(StepMetadata const& meta, float seqsPerToken, int32_t t,
                                                int32_t lane) {
     int32_t const numSeqs = meta.numSeqs;
     int32_t const* cuQ = meta.cuQLens;
-    // The guess needs no exact division: a float estimate of t * B / T (seqsPerToken = B / T on the host).
-    int32_t guess = __float2int_rd((static_cast<float>(t) + 0.5f) * seqsPerToken);
-    guess = min(max(guess, 0), numSeqs - 1);
-    int32_t const guessBegin = __ldg(cuQ + guess);
-    int32_t const guessEnd = __ldg(cuQ + guess + 1);
-    int32_t const guessPast = __ldg(meta.pastLens + guess);
-    if (guessBegin <= t && t < guessEnd) return SeqSpan{guess, guessBegin, guessEnd, guessPast};
+    SeqSpan const guessed = guessSequence(meta, seqsPerToken, t);
+    int32_t const guess = guessed.seq;
+    int32_t const guessBegin = guessed.begin;
+    if (guessBegin <= t && t < guessed.end) return guessed;
 
     // Search [lo, hi): the answer is < hi, and cuQ[lo] <= t holds (cuQ[0] = 0 <= t, or cuQ[guess+1] <= t).
     int32_t lo = 0;
@@ -103,8 +114,9 @@ __device__ __forceinline__ void reportBadPage(int32_t* status, SeqSpan const& sp
     }
 }
 
-// Registers: 3 CTAs of 256 threads per SM (<= 80 registers, no spills) keep 24 warps and, with 3 loads in
-// flight per thread, 24 x 32 x 3 x 16 B = 36 KB of reads in flight per SM, what HBM3e needs at ~700 ns.
+// 3 CTAs of 256 threads per SM (<= 80 registers, no spills; ~31 KB of static shared memory each) keep 24 warps
+// and, with kPrefetch = 4 copies in flight per thread, 24 x 32 x 4 x 16 B = 48 KB of reads in flight per SM:
+// Little's law at the read half of the copy ceiling (~16 B/ns per SM) covers ~3 us of loaded latency.
 template <IODType IO, CacheDType C>
 __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
     qkvWriteKernel(__grid_constant__ QKVWriteKernelParams const kp) {
@@ -126,9 +138,58 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
     int64_t const rowStride = static_cast<int64_t>(plan.numHeadRows) * headDim;
     int64_t const qRowStride = static_cast<int64_t>(p.numQHeads) * headDim;
     io_t const* const bias = static_cast<io_t const*>(p.bias);
-    // This layer's pool descriptor (engine input kv_pools): address and capacity live in device memory and
-    // are read per token that writes K/V (L1 hits after the first), not held in registers across tokens.
+    // This layer's pool descriptor (engine input kv_pools): address and capacity live in device memory.
     int64_t const* const desc = meta.poolDescs + static_cast<int64_t>(meta.poolIndex) * kPoolDescFields;
+
+    // My contiguous, balanced share [g, gEnd) of the (token, pass) pairs g = t * P + pass; pass `pass` of
+    // token t is head row pass * rowsPerPass + slot for my lane. Computed first, so that the first loads and
+    // the pool descriptor are in flight while the CTA sets up its RoPE table (decode: the kernel is a chain of
+    // round trips, and this takes one link off it).
+    int32_t const warpId = static_cast<int32_t>(blockIdx.x) * kQKVWriteWarps + warp;
+    int32_t const passes = plan.passesPerToken;  // P
+    int32_t g = 0;
+    int32_t gEnd = 0;
+    if (warpId < plan.numWarps) {
+        g = static_cast<int32_t>(static_cast<int64_t>(warpId) * plan.totalPasses / plan.numWarps);
+        gEnd = static_cast<int32_t>(static_cast<int64_t>(warpId + 1) * plan.totalPasses / plan.numWarps);
+    }
+    bool const active = g < gEnd;  // warp-uniform
+
+    // Loads run kPrefetch passes ahead of the processing, across token boundaries: (aheadToken, aheadPass) is
+    // the pair of the next pass to load. Each byte of qkv is read once, 16 bytes per lane, as an asynchronous
+    // copy into this thread's column of a shared-memory ring (vec.cuh: copyAsync16 says why not registers).
+    // Layout [slot][thread]: a warp's 16-byte accesses are consecutive, conflict-free.
+    __shared__ uint4 ring[kRingSlots][kQKVWriteThreads];
+    int32_t aheadToken = g / passes;
+    int32_t aheadPass = g - aheadToken * passes;
+    int32_t aheadLeft = gEnd - g;  // pairs left to load
+    int32_t aheadSlot = 0;
+    auto const loadNext = [&]() {
+        int32_t const row = aheadPass * plan.rowsPerPass + slot;
+        bool const valid = aheadLeft > 0 && row < plan.numHeadRows;
+        io_t const* src = static_cast<io_t const*>(p.qkv);  // not read when !valid
+        if (valid) src += static_cast<int64_t>(aheadToken) * rowStride + static_cast<int64_t>(row) * headDim + dim0;
+        copyAsync16(&ring[aheadSlot][threadIdx.x], src, valid);
+        commitAsyncCopies();  // one group per pass, also for a zero-fill: the wait below counts groups
+        --aheadLeft;
+        if (++aheadPass == passes) {
+            aheadPass = 0;
+            ++aheadToken;
+        }
+        if (++aheadSlot == kRingSlots) aheadSlot = 0;
+    };
+    // The pool (address, NB) of this layer: device memory, loaded once per warp into registers. And the
+    // sequence guess of my first token (exact for decode batches), seeded into the warp's span cache below.
+    kv_t* pool = nullptr;
+    int64_t poolBlocks = 0;
+    SeqSpan firstGuess{-1, 0, 0, 0};  // empty: no token matches
+    if (active) {
+#pragma unroll
+        for (int k = 0; k < kPrefetch; ++k) loadNext();
+        pool = reinterpret_cast<kv_t*>(__ldg(desc + kPoolDescAddress));
+        poolBlocks = __ldg(desc + kPoolDescNumBlocks);
+        firstGuess = guessSequence(meta, kp.seqsPerToken, g / passes);
+    }
 
     // RoPE constants of my 8 dims. They depend on the lane's vector index only, so they are set up once per
     // CTA; per token only the angle changes. The turns per position sit in shared memory laid out [k][vec]
@@ -137,12 +198,25 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
     // kGlobal partners only: one warp pass of rows (rowsPerPass * D = 32 lanes x 8 dims floats) per warp.
     __shared__ float stage[kQKVWriteWarps][32 * kVecElems];
     bool const rope = kp.ropePartner != RopePartner::kNone;
+    static_assert(kVecElems * 32 <= kQKVWriteThreads, "one thread per laneTurns entry");
     if (rope) {
-        for (int32_t i = threadIdx.x; i < kVecElems * plan.vecsPerRow; i += blockDim.x) {
+        // Thread i < 8 * VPH (a whole number of warps: VPH is 8, 16 or 32) fills entry i. The parameter table is
+        // read with warp-uniform indices, every entry in turn: indexing it per thread (32 addresses per warp)
+        // makes the constant cache serialize the addresses, and after an L2 flush each distinct line is a
+        // dependent miss on the way to the barrier that every warp of the CTA waits at.
+        int32_t const i = threadIdx.x;
+        if (i < kVecElems * plan.vecsPerRow) {
             int32_t const k = i >> plan.vecShift;
             int32_t const v = i & (plan.vecsPerRow - 1);
             RopeElem const e = ropeElem(p.rope.style, p.rope.rotaryDim, v * kVecElems + k);
-            laneTurns[i] = e.rotates ? kp.ropeTurns[e.freq] : 0;
+            int32_t const myFreq = e.rotates ? e.freq : -1;  // freq < R/2 = ropeHalf when it rotates
+            uint64_t myTurns = 0;
+#pragma unroll 8
+            for (int32_t f = 0; f < kp.ropeHalf; ++f) {
+                uint64_t const turns = kp.ropeTurns[f];
+                myTurns = f == myFreq ? turns : myTurns;
+            }
+            laneTurns[i] = myTurns;
         }
         __syncthreads();
     }
@@ -161,41 +235,14 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
     }
 
     // Each warp's last sequence lookup. It lives in shared memory, not registers: it is read once per token,
-    // and 4 registers held across the row loop would cost a CTA of occupancy.
+    // and 4 registers held across the row loop would cost a CTA of occupancy. It starts as the guess for my
+    // first token: a real (seq, cuQLens[seq], cuQLens[seq+1], pastLens[seq]) entry, used only for the tokens
+    // it contains, exactly as findSequence would return it for them; a miss searches as usual.
     __shared__ SeqSpan warpSpan[kQKVWriteWarps];
-    if (lane == 0) warpSpan[warp] = SeqSpan{-1, 0, 0, 0};  // empty: no token matches before the first lookup
+    if (lane == 0) warpSpan[warp] = firstGuess;
     __syncwarp();
 
-    // My contiguous, balanced share [g, gEnd) of the (token, pass) pairs g = t * P + pass; pass `pass` of
-    // token t is head row pass * rowsPerPass + slot for my lane.
-    int32_t const warpId = static_cast<int32_t>(blockIdx.x) * kQKVWriteWarps + warp;
-    if (warpId >= plan.numWarps) return;
-    int32_t const passes = plan.passesPerToken;  // P
-    int32_t g = static_cast<int32_t>(static_cast<int64_t>(warpId) * plan.totalPasses / plan.numWarps);
-    int32_t const gEnd = static_cast<int32_t>(static_cast<int64_t>(warpId + 1) * plan.totalPasses / plan.numWarps);
-    if (g >= gEnd) return;
-
-    // Loads run kPrefetch passes ahead of the processing, across token boundaries: (aheadToken, aheadPass)
-    // is the pair of g + kPrefetch. Each byte of qkv is read once, 16 bytes per lane, streaming.
-    int32_t aheadToken = g / passes;
-    int32_t aheadPass = g - aheadToken * passes;
-    int32_t aheadLeft = gEnd - g;  // pairs left to load
-    auto const loadNext = [&]() {
-        uint4 v = make_uint4(0, 0, 0, 0);
-        int32_t const row = aheadPass * plan.rowsPerPass + slot;
-        if (aheadLeft > 0 && row < plan.numHeadRows)
-            v = loadStreaming16(static_cast<io_t const*>(p.qkv) + static_cast<int64_t>(aheadToken) * rowStride +
-                                static_cast<int64_t>(row) * headDim + dim0);
-        --aheadLeft;
-        if (++aheadPass == passes) {
-            aheadPass = 0;
-            ++aheadToken;
-        }
-        return v;
-    };
-    uint4 raw[kPrefetch];
-#pragma unroll
-    for (int k = 0; k < kPrefetch; ++k) raw[k] = loadNext();
+    if (!active) return;  // after the CTA barrier above; an inactive warp issued no copies
 
     // Per-token state, set up when the range enters a new token (warp-uniform).
     int32_t token = g / passes;
@@ -203,7 +250,7 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
     bool enterToken = true;
     bool owned = false;     // a sequence owns the token (false only for cuQLens[B] <= t: K/V not written)
     bool tokenRope = false;  // this token's rows in my range include Q or K heads and RoPE is on
-    kv_t* pool = nullptr;
+    int32_t readSlot = 0;  // the ring slot of pass g
     int64_t block = kInvalidBlock;
     int32_t offset = 0;
     bool writeKV = false;
@@ -250,9 +297,8 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
             writeKV = false;
             zeroTail = false;
             if (needKV && owned) {
-                pool = reinterpret_cast<kv_t*>(__ldg(desc + kPoolDescAddress));
                 BlockTableRow const blockRow{meta.blockTable + static_cast<int64_t>(span.seq) * meta.maxBlocks,
-                                             meta.maxBlocks, __ldg(desc + kPoolDescNumBlocks)};
+                                             meta.maxBlocks, poolBlocks};
                 KVLocation const loc = locateToken(layout, blockRow, cachePos);
                 block = loc.block;
                 offset = loc.offset;
@@ -294,14 +340,15 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
             }
         }
 
-        // One head row: bias, rotation (Q and K heads), store. raw[0] holds it; the load kPrefetch passes
-        // ahead goes out before it is processed.
+        // One head row: bias, rotation (Q and K heads), store. Groups committed so far: kPrefetch + (passes
+        // processed); leaving kPrefetch - 1 pending completes pass g's. Its slot is read, then the load kPrefetch
+        // passes ahead goes out into the slot read one pass ago, before this row is processed.
         int32_t const t = token;
         int32_t const row = pass * plan.rowsPerPass + slot;
-        uint4 const mine = raw[0];
-#pragma unroll
-        for (int i = 0; i + 1 < kPrefetch; ++i) raw[i] = raw[i + 1];
-        raw[kPrefetch - 1] = loadNext();
+        waitAsyncCopies<kPrefetch - 1>();
+        uint4 const mine = ring[readSlot][threadIdx.x];
+        if (++readSlot == kRingSlots) readSlot = 0;
+        loadNext();
         {
             io_t const* const tokenRow = static_cast<io_t const*>(p.qkv) + static_cast<int64_t>(t) * rowStride;
             bool const inRange = row < plan.numHeadRows;
@@ -378,6 +425,7 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
             }
         }
     }
+    waitAsyncCopies<0>();  // the zero-fill copies issued past the range: none outlives the thread
 }
 
 // CTAs per SM the kernel can keep resident (occupancy calculator), cached per device.
@@ -390,6 +438,11 @@ int residentCTAsPerSM() {
     std::lock_guard<std::mutex> lock(mutex);
     if (device >= static_cast<int>(perDevice.size())) perDevice.resize(device + 1, 0);
     if (perDevice[device] == 0) {
+        // The load ring lives in shared memory: ask for a carveout that holds kQKVWriteMinCTAsPerSM CTAs (a
+        // hint; the default may favour L1 and leave room for fewer). Half of the SM's unified memory is ample.
+        if (cudaFuncSetAttribute(qkvWriteKernel<IO, C>, cudaFuncAttributePreferredSharedMemoryCarveout, 50) !=
+            cudaSuccess)
+            (void)cudaGetLastError();  // only a hint: do not let its failure surface as the launch's error
         int n = 0;
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, qkvWriteKernel<IO, C>, kQKVWriteThreads, 0);
         perDevice[device] = n > 0 ? n : 1;
@@ -399,16 +452,14 @@ int residentCTAsPerSM() {
 
 }  // namespace qkvwrite
 
-// Grid: one wave of resident CTAs whose warps split the (token, pass) pairs into balanced contiguous ranges
-// (a 20000-token prefill: ~40 passes, i.e. ~1.6 tokens, per warp), or one warp per pair when there are fewer
-// pairs than resident warps (decode: a token spread over many warps).
+// Grid: at most one wave of resident CTAs, whose warps split the (token, pass) pairs into balanced contiguous
+// ranges (qkvWriteWarps in qkv_write_params.cuh chooses how many warps).
 template <IODType IO, CacheDType C>
 cudaError_t runQKVWriteKernel(QKVWriteKernelParams const& kp, int32_t smCount, cudaStream_t stream) {
     int64_t const residentWarps =
         static_cast<int64_t>(qkvwrite::residentCTAsPerSM<IO, C>()) * smCount * kQKVWriteWarps;
     QKVWriteKernelParams launch = kp;
-    launch.plan.numWarps = static_cast<int32_t>(kp.plan.totalPasses < residentWarps ? kp.plan.totalPasses
-                                                                                    : residentWarps);
+    launch.plan.numWarps = qkvWriteWarps(kp.plan.totalPasses, kp.p.meta.numTokens, residentWarps);
     unsigned const grid = static_cast<unsigned>((launch.plan.numWarps + kQKVWriteWarps - 1) / kQKVWriteWarps);
     if (grid == 0) return cudaSuccess;
     qkvwrite::qkvWriteKernel<IO, C><<<grid, kQKVWriteThreads, 0, stream>>>(launch);

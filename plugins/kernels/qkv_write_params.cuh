@@ -26,7 +26,7 @@ namespace pagedkv {
 constexpr int32_t kQKVWriteThreads = 256;  // threads per CTA (8 independent warps)
 constexpr int32_t kQKVWriteWarps = kQKVWriteThreads / 32;
 constexpr int32_t kQKVWriteMinCTAsPerSM = 3;  // __launch_bounds__: caps registers at 80 per thread
-constexpr int32_t kQKVWritePrefetchRows = 3;  // loads a thread keeps in flight (registers: see the kernel)
+constexpr int32_t kQKVWritePrefetchRows = 4;  // 16-byte loads a thread keeps in flight (shared-memory ring)
 
 // Where the kernel finds the partner element of a rotated element.
 enum class RopePartner : int32_t {
@@ -43,7 +43,7 @@ struct QKVWritePlan {
     int32_t numHeadRows;     // NHR = H + 2*KVH
     int32_t passesPerToken;  // P = ceil(NHR / rowsPerPass)
     int64_t totalPasses;     // T * P (< 2^30, validated)
-    int32_t numWarps;        // warps sharing the passes: min(T * P, resident warps), set at launch
+    int32_t numWarps;        // warps sharing the passes: qkvWriteWarps(...), set at launch
 };
 
 struct QKVWriteKernelParams {
@@ -109,6 +109,21 @@ PKV_HD RopeElem ropeElem(RopeStyle style, int32_t rotaryDim, int32_t dim) {
         e.partnerDim = e.first ? dim + half : dim - half;
     }
     return e;
+}
+
+// Host: how many warps share the T * P (token, pass) pairs (T >= 1), given the warps of one resident wave:
+//  - T * P <= resident: one warp per pair (decode: a token spread over P warps, all its head rows in parallel);
+//  - else, when whole warps per token, wpt = resident / T >= 4, still fill >= 3/4 of the wave: T * wpt warps.
+//    The kernel's balanced ranges [w * T*P / N, (w+1) * T*P / N) with N = T * wpt are then, for
+//    w = t * wpt + j, [t*P + j*P/wpt, t*P + (j+1)*P/wpt) (floors): no range straddles two tokens, so no warp
+//    pays two tokens' chains of dependent loads (sequence, block table), which would set the kernel's latency
+//    in a decode batch of a few hundred tokens;
+//  - else (prefill): every resident warp, each with a range of many passes.
+inline int32_t qkvWriteWarps(int64_t totalPasses, int32_t numTokens, int64_t residentWarps) {
+    if (totalPasses <= residentWarps) return static_cast<int32_t>(totalPasses);
+    int64_t const warpsPerToken = residentWarps / numTokens;
+    if (warpsPerToken >= 4) return static_cast<int32_t>(numTokens * warpsPerToken);
+    return static_cast<int32_t>(residentWarps);
 }
 
 // Host: checks everything the host can see (dims, dtypes, layout vs counts, RoPE table, scales, pointers);

@@ -43,6 +43,37 @@ using vec_bits_t = typename VecBits<T>::type;
 // the block tables and the bias out of L1/L2.
 __device__ __forceinline__ uint4 loadStreaming16(void const* p) { return __ldcs(reinterpret_cast<uint4 const*>(p)); }
 
+// Asynchronous 16-byte copy global -> shared (sm_80+: cp.async.cg, cached in L2 only, like a streaming load),
+// zero-filling the 16 bytes instead when !valid (then `src` is not read). Unlike a register load, a copy in
+// flight holds no register: a ring of them in shared memory can be indexed with a runtime slot, so a loop that
+// is not unrolled still keeps several loads in flight (a rotating register array in such a loop needs moves,
+// and a move waits for its load to land: the prefetch depth collapses to one). Completion is per thread:
+// commitAsyncCopies() closes a group, waitAsyncCopies<N>() waits until at most N of the thread's groups are
+// pending; the thread may then read what its own copies wrote, with no barrier.
+__device__ __forceinline__ void copyAsync16(void* dst, void const* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    *static_cast<uint4*>(dst) = valid ? loadStreaming16(src) : make_uint4(0, 0, 0, 0);  // synchronous
+#else
+    uint32_t const dstShared = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+    int32_t const srcBytes = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dstShared), "l"(src), "r"(srcBytes)
+                 : "memory");
+#endif
+}
+
+__device__ __forceinline__ void commitAsyncCopies() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+template <int kPendingGroups>
+__device__ __forceinline__ void waitAsyncCopies() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPendingGroups) : "memory");
+#endif
+}
+
 // 16-byte load of small read-only data reused across tokens (the bias row).
 __device__ __forceinline__ uint4 loadReadOnly16(void const* p) { return __ldg(reinterpret_cast<uint4 const*>(p)); }
 

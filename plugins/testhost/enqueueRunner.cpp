@@ -187,6 +187,9 @@ Json runStep(PluginLibrary& library, Json const& step, std::map<std::string, Dev
     if (rcaps.runtime->onShapeChange(inDesc.data(), nbIn, outDesc.data(), nbOut) != 0) {
         return r.set("stage", "onShapeChange").set("ok", false);
     }
+    // The uploads and poison fills above ran on the legacy stream (cudaMemset is asynchronous for device
+    // memory), which a non-blocking stream does not wait for: finish them before TensorRT-style enqueue.
+    checkCuda(cudaDeviceSynchronize(), "synchronize before enqueue");
     rc = rcaps.runtime->enqueue(inDesc.data(), outDesc.data(), inPtrs.data(), outPtrs.data(),
                                 workspaceBytes > 0 ? workspace.ptr : nullptr, stream);
     cudaError_t const syncErr = cudaStreamSynchronize(stream);

@@ -108,14 +108,25 @@ class Stream:
         self.close()
 
 
+_live_device_bytes = 0  # bytes held by open DeviceBuffers of this process (leak checks)
+
+
+def live_device_bytes() -> int:
+    """Device bytes currently held by this process's open ``DeviceBuffer``s. Unlike ``cudaMemGetInfo`` it is
+    exact and private to the process (other processes on the same GPU don't move it)."""
+    return _live_device_bytes
+
+
 class DeviceBuffer:
     """``nbytes`` of device memory from ``cudaMalloc``; freed by ``close()`` or the context manager."""
 
     def __init__(self, nbytes: int):
+        global _live_device_bytes
         if nbytes < 0:
             raise ValueError(f"nbytes: must be >= 0, got {nbytes}")
         self.nbytes = int(nbytes)
         self.ptr = int(check(_rt().cudaMalloc(max(self.nbytes, 1)), f"cudaMalloc({self.nbytes})"))
+        _live_device_bytes += self.nbytes
 
     @classmethod
     def from_array(cls, array: np.ndarray, stream: Stream | None = None) -> "DeviceBuffer":
@@ -164,9 +175,11 @@ class DeviceBuffer:
             check(rt.cudaMemsetAsync(self.ptr, value, self.nbytes, stream.raw), "cudaMemsetAsync")
 
     def close(self) -> None:
+        global _live_device_bytes
         if self.ptr:
             check(_rt().cudaFree(self.ptr), "cudaFree")
             self.ptr = 0
+            _live_device_bytes -= self.nbytes
 
     def __enter__(self):
         return self

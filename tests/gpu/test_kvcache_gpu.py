@@ -207,6 +207,7 @@ def test_memory_returns_to_baseline_after_many_sequences():
         warm.upload_step(warm.build_step([0]))
     cuda.synchronize()
     baseline, _ = cuda.mem_get_info()
+    live_baseline = cuda.live_device_bytes()
     mgr = KVCacheManager([spec], 4096, host_blocks=64, storage="device")
     try:
         during, _ = cuda.mem_get_info()
@@ -233,7 +234,13 @@ def test_memory_returns_to_baseline_after_many_sequences():
         mgr.close()
     cuda.synchronize()
     after, _ = cuda.mem_get_info()
-    assert after == baseline, f"device memory not returned: {baseline - after} bytes missing"
+    # Exact: every device byte this process allocated through pagedkv is returned.
+    assert cuda.live_device_bytes() == live_baseline, \
+        f"device memory not returned: {cuda.live_device_bytes() - live_baseline} bytes still held"
+    # Device-wide free memory is shared with other processes (the GPU suite runs tests in parallel) and the
+    # driver allocates in 2 MiB granules, so it is checked to a bound far below one leaked pool (256 MiB here)
+    # or 10^4 leaked metadata buffers.
+    assert abs(baseline - after) <= 64 * 2**20, f"device free memory moved by {baseline - after} bytes"
 
 
 def test_byte_budget_sizing():

@@ -315,6 +315,27 @@ def test_large_prefill_uses_the_grid_stride_loop():
     run_case(case, seed=3)
 
 
+# Long warp ranges: ~10 (token, pass) pairs per warp on an H200 (132 SMs x 24 resident warps), so the kernel's
+# ring of asynchronous loads wraps many times, and ranges start and end mid-token and mid-sequence; one case per
+# RoPE partner path (shared-memory staging, in-vector, shuffle) and per 1-byte / 2-byte cache store.
+LONG_RANGE_CASES = [
+    Case("long-ranges-fp8-D64-R24-bias", q_lens=(6000, 1, 4650, 37), past_lens=(0, 900, 13, 0), head_dim=64,
+         cache=CacheDType.FP8_E4M3, bias=True, rope=RopeConfig(rotary_dim=24)),
+    Case("long-ranges-int8-nhd-D256-gptj", q_lens=(3000, 1, 1, 2398), past_lens=(0, 40, 7, 0), heads=4,
+         kv_heads=1, head_dim=256, cache=CacheDType.INT8, page_layout=PageLayout.NHD, page_size=32,
+         rope=RopeConfig(style=RopeStyle.GPTJ)),
+    Case("long-ranges-fp16-nhd-explicit-ragged",
+         q_lens=tuple(int(x) for x in np.random.default_rng(9).integers(0, 131, 80)),
+         past_lens=tuple(int(x) for x in np.random.default_rng(10).integers(0, 50, 80)), io="fp16",
+         cache=CacheDType.FP16, page_layout=PageLayout.NHD, explicit_positions=True),
+]
+
+
+@pytest.mark.parametrize("case", LONG_RANGE_CASES, ids=[c.name for c in LONG_RANGE_CASES])
+def test_long_warp_ranges_match_reference(case):
+    run_case(case, seed=4)
+
+
 # ---- several steps ---------------------------------------------------------------------------------------
 CHUNK_CASES = [
     Case("chunks-bf16-P16", q_lens=(100, 57), past_lens=(0, 0)),
