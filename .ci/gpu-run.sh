@@ -32,7 +32,7 @@ if has build; then
       -Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90 -Cbuild-dir=/tmp/pkv-build -Cbuild.verbose=false \
       > "$OUT/build.log" 2>&1 || { log "BUILD FAILED"; tail -60 "$OUT/build.log"; exit 1; }
   log "build ok in $(( $(date +%s) - t0 )) s"
-  (cd /tmp && python3 -m pagedkv.cli doctor) 2>&1 | tee -a "$OUT/summary.txt"
+  (cd /tmp && python3 -m pagedkv.cli doctor && python3 -m pagedkv.cli selfcheck) 2>&1 | tee -a "$OUT/summary.txt"
 fi
 
 if has tests; then
