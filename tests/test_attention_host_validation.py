@@ -192,6 +192,26 @@ def test_plan_kernel_choice_and_split():
     assert plan["max_span"] == 1000 + 4
 
 
+@pytest.mark.parametrize("B, L, ctas_per_sm, chunks", [
+    (16, 8192, 2, 2),     # 128 units: 2 chunks = 256 CTAs, one wave of 264 (5 chunks gave 2.42 waves)
+    (1, 32768, 2, 32),    # 8 units: 32 chunks of 1024 = 256 CTAs, one wave
+    (1, 131072, 2, 33),   # 33 chunks of 4032 = 264 CTAs, exactly one wave
+    (64, 4096, 2, 1),     # 512 CTAs = 1.94 waves unsplit; 2 chunks would be 3.88 waves of half-size CTAs
+    (64, 4096, 4, 1),     # 8-bit cache (4 CTAs/SM): one wave
+    (256, 1024, 2, 1),
+])
+def test_decode_split_fills_whole_waves(B, L, ctas_per_sm, chunks):
+    # The decode split minimizes waves x (chunk + per-CTA cost): a partly filled last wave costs a full one.
+    cfg = _cfg()
+    plan, _ = _plan(cfg, T=B, B=B, MB=L // 16, max_q=1, max_kv=L, dec=ctas_per_sm)
+    assert plan["decode_grid"][2] == chunks
+    ctas = B * cfg.pool.num_kv_heads * chunks
+    slots = 132 * ctas_per_sm
+    assert ctas / (-(-ctas // slots) * slots) > 0.95, "whole waves"
+    if chunks > 1:
+        assert plan["decode_chunk_len"] * (chunks - 1) < L <= plan["decode_chunk_len"] * chunks
+
+
 @pytest.mark.parametrize("seed", range(30))
 def test_plan_workspace_fits_any_launch_within_the_bounds(seed):
     rng = np.random.default_rng(seed)

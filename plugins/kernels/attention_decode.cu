@@ -11,6 +11,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "attention_dispatch.cuh"
 #include "attention_kernels.h"
 #include "attention_tile.cuh"
@@ -28,11 +30,11 @@ struct DecodeConfig {
     static constexpr int kStages = kDecodeStages;
     static constexpr int kElemBytes = k8Bit ? 1 : 2;
     static constexpr int kRawTileBytes = kTile * kD * kElemBytes;  // one K (or V) tile as stored
-    static constexpr int kConvTileBytes = k8Bit ? kTile * kD * 2 : 0;
     static constexpr int kPosBytes = kStages * kTile * 4;
-    static constexpr int kWarpBytes = kStages * 2 * kRawTileBytes + 2 * kConvTileBytes + kPosBytes;
+    static constexpr int kWarpBytes = kStages * 2 * kRawTileBytes + kPosBytes;
     static constexpr int kQBytes = kRows * kD * 2;
-    static constexpr int kPipelineBytes = kQBytes + kWarps * kWarpBytes;
+    static constexpr int kScratchBytes = k8Bit ? 16 : 0;  // loadQRowsK8's per-warp max |q| (kWarps floats)
+    static constexpr int kPipelineBytes = kQBytes + kScratchBytes + kWarps * kWarpBytes;
     // End-of-CTA combine buffer (aliases the pipeline): per warp and row, D partial outputs (+4 floats of
     // padding against bank conflicts), the running max and the sum.
     static constexpr int kCombineStride = kD + 4;
@@ -40,7 +42,11 @@ struct DecodeConfig {
     static constexpr int kSmemBytes = kPipelineBytes > kCombineBytes ? kPipelineBytes : kCombineBytes;
     // Q fragments stay in registers for D <= 128; for D = 256 they are re-read from shared memory per step.
     static constexpr bool kQInRegs = kD <= 128;
+    // 8-bit tiles need ~54 KB of shared memory at D = 128 (no conversion buffers): ask ptxas for the
+    // registers of 4 resident CTAs (16 warps) so that the longer instruction stream per byte is hidden.
+    static constexpr int kMinCtasPerSm = k8Bit && kD <= 128 ? 4 : 1;
     static_assert(kRawTileBytes % 16 == 0 && kWarpBytes % 16 == 0 && kQBytes % 16 == 0, "16-byte alignment");
+    static_assert((kTile & (kTile - 1)) == 0 && kTile <= 32, "the tile-is-clean vote reads position lane % kTile");
 };
 
 // Rows of a sequence that needed the (unlaunched) multi-token kernel: NaN, so a wrong maxQLen bound shows.
@@ -58,9 +64,91 @@ __device__ void poisonRows(AttentionKernelParams const& p, CtaWork const& w, int
     }
 }
 
-template <typename CT, bool k8Bit, int kD>
-__global__ void __launch_bounds__(DecodeConfig<CT, k8Bit, kD>::kThreads)
-    attentionDecodeKernel(__grid_constant__ AttentionKernelParams const p) {
+// One 16-token tile of an 8-bit cache, straight from the staging tiles into MMA fragments (Frag8): S = Q K^T,
+// the online-softmax step, O += P V. Both products run as f16 MMAs whatever the compute type: 8-bit values
+// are exact in f16 and convert with one cvt per pair (e4m3), Q was converted by loadQRowsK8 (bf16 queries
+// scaled by a power of two, undone by qUnscale on the logits), and P is in [0, 1]. kFp8: e4m3, else int8 (a
+// uniform choice per launch, hoisted out of the loop by decodeBody's instantiation).
+template <typename CT, int kD, bool kFp8, bool kQInRegs>
+__device__ __forceinline__ void decodeTile8(AttentionKernelParams const& p, uint32_t kRaw, uint32_t vRaw,
+                                            int32_t const* tilePos, uint32_t const (&qFrag)[kQInRegs ? kD / 16 : 1][4],
+                                            uint32_t sQAddr, uint32_t offA, float qUnscale, bool needMask,
+                                            int32_t qPos0, int32_t qPos1,
+                                            int32_t lane, float (&o)[kD / 8][4], float (&m)[2], float (&l)[2]) {
+    using F = Frag8<kD>;
+    using Lane = FragLane<kD>;
+    int32_t const g = lane >> 2;
+    int32_t const c = lane & 3;
+
+    // S = Q K^T: lane (g, c) reads chunks laneChunkK(c, h) of tokens g and g + 8; word wi is k-step 4h + wi.
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int h = 0; h < F::kKChunksPerLane; ++h) {
+        uint4 const k0 = ldsU32x4(kRaw + F::chunkOffset(g, F::laneChunkK(c, h)));
+        uint4 const k1 = ldsU32x4(kRaw + F::chunkOffset(g + 8, F::laneChunkK(c, h)));
+        uint32_t const w0[4] = {k0.x, k0.y, k0.z, k0.w};
+        uint32_t const w1[4] = {k1.x, k1.y, k1.z, k1.w};
+#pragma unroll
+        for (int wi = 0; wi < 4; ++wi) {
+            int const kk = 4 * h + wi;
+            uint32_t a[4];
+            if constexpr (kQInRegs) {
+                a[0] = qFrag[kk][0], a[1] = qFrag[kk][1], a[2] = qFrag[kk][2], a[3] = qFrag[kk][3];
+            } else {
+                ldmatrixX4(a, Lane::at(sQAddr, offA, 0, kk));
+            }
+            uint32_t b0, b1;
+            bytes4ToHalfPairs<kFp8>(w0[wi], b0, b1);
+            Mma<__half>::run(s[0], a, b0, b1);
+            bytes4ToHalfPairs<kFp8>(w1[wi], b0, b1);
+            Mma<__half>::run(s[1], a, b0, b1);
+        }
+    }
+    if constexpr (std::is_same<CT, __nv_bfloat16>::value) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] *= qUnscale;  // a power of two: exact
+    }
+
+    float alpha[2];
+    softmaxStep<2>(p, s, tilePos, needMask, qPos0, qPos1, lane, m, l, alpha);
+    rescaleRows(o, alpha);
+
+    // O += P V as an f16 MMA (tokenPairsToHalf): lane (g, c) reads tokens 2c, 2c + 1, 2c + 8, 2c + 9 (the k
+    // pairs of its B fragments), the kVRun contiguous dims of each 128-dim block that output column g
+    // stands for (Frag8::vDim).
+    uint32_t pa[4];
+    probFragment<__half, 2>(s, 0, pa);
+    constexpr int kBlocks = kD >= 128 ? kD / 128 : 1;  // 128-dim blocks; D = 64: one block of 8 bytes per lane
+    constexpr int kWords = kD >= 128 ? 4 : 2;          // words per token and block: 4 output tiles each
+#pragma unroll
+    for (int hv = 0; hv < kBlocks; ++hv) {
+        uint32_t w[4][kWords];  // [token 2c, 2c+1, 2c+8, 2c+9][word]
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            int32_t const tok = 2 * c + (t & 1) + 8 * (t >> 1);
+            if constexpr (kD >= 128) {
+                uint4 const v = ldsU32x4(vRaw + F::chunkOffset(tok, g + 8 * hv));
+                w[t][0] = v.x, w[t][1] = v.y, w[t][2] = v.z, w[t][3] = v.w;
+            } else {
+                uint2 const v = ldsU32x2(vRaw + F::chunkOffset(tok, g >> 1) + 8 * (g & 1));
+                w[t][0] = v.x, w[t][1] = v.y;
+            }
+        }
+#pragma unroll
+        for (int wd = 0; wd < kWords; ++wd) {
+            uint32_t b0[4], b1[4];  // output tiles 4 wd + j: tokens (2c, 2c+1) and (2c+8, 2c+9)
+            tokenPairsToHalf<kFp8>(w[0][wd], w[1][wd], b0);
+            tokenPairsToHalf<kFp8>(w[2][wd], w[3][wd], b1);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) Mma<__half>::run(o[hv * 16 + wd * 4 + j], pa, b0[j], b1[j]);
+        }
+    }
+}
+
+template <typename CT, bool k8Bit, int kD, bool kFp8>
+__device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
     using Cfg = DecodeConfig<CT, k8Bit, kD>;
     constexpr int kTile = Cfg::kTile;
     constexpr int kStages = Cfg::kStages;
@@ -79,12 +167,11 @@ __global__ void __launch_bounds__(DecodeConfig<CT, k8Bit, kD>::kThreads)
     KVSource const src = makeKVSource(p, w, kvHead);
     int32_t const numRows = w.rowEnd - w.rowBegin;  // <= 16
 
-    // ---- shared memory: Q tile, then per warp: stages x (K, V) raw tiles, [8-bit: converted K, V], positions
+    // ---- shared memory: Q tile, then per warp: stages x (K, V) raw tiles, positions
     unsigned char* const sQ = smem;
-    unsigned char* const warpBase = smem + Cfg::kQBytes + warp * Cfg::kWarpBytes;
-    unsigned char* const sConvK = warpBase + kStages * 2 * Cfg::kRawTileBytes;
-    unsigned char* const sConvV = sConvK + Cfg::kConvTileBytes;
-    int32_t* const sPos = reinterpret_cast<int32_t*>(sConvV + Cfg::kConvTileBytes);  // [kStages][kTile]
+    float* const sWarpMax = reinterpret_cast<float*>(smem + Cfg::kQBytes);
+    unsigned char* const warpBase = smem + Cfg::kQBytes + Cfg::kScratchBytes + warp * Cfg::kWarpBytes;
+    int32_t* const sPos = reinterpret_cast<int32_t*>(warpBase + kStages * 2 * Cfg::kRawTileBytes);  // [kStages][kTile]
     auto rawK = [&](int stage) { return warpBase + stage * 2 * Cfg::kRawTileBytes; };
     auto rawV = [&](int stage) { return warpBase + stage * 2 * Cfg::kRawTileBytes + Cfg::kRawTileBytes; };
 
@@ -95,20 +182,26 @@ __global__ void __launch_bounds__(DecodeConfig<CT, k8Bit, kD>::kThreads)
         if (i < mine) {
             int32_t const stage = i % kStages;
             int32_t const v0 = w.tiles.tile(warp + i * Cfg::kWarps) * kTile;
-            loadKVRowsWarp<kD, Cfg::kElemBytes, kTile>(p, src, v0, smemAddr(rawK(stage)), smemAddr(rawV(stage)),
-                                                       sPos + stage * kTile, lane);
+            loadKVRowsWarp<kD, Cfg::kElemBytes, kTile, k8Bit>(p, src, v0, smemAddr(rawK(stage)),
+                                                              smemAddr(rawV(stage)), sPos + stage * kTile, lane);
         }
         cpAsyncCommit();  // always: keeps the group count uniform for cp.async.wait_group
     };
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) issue(i);
 
-    loadQRows<CT, kD, Cfg::kRows, Cfg::kThreads>(p, sQ, w.rowBegin, w.rowEnd, kvHead, tid);
+    float qUnscale = 1.f;  // 8-bit path: the logits' factor undoing loadQRowsK8's power-of-two Q scaling
+    if constexpr (k8Bit)
+        qUnscale = loadQRowsK8<CT, kD, Cfg::kRows, Cfg::kThreads>(p, sQ, sWarpMax, w.rowBegin, w.rowEnd, kvHead, tid);
+    else
+        loadQRows<CT, kD, Cfg::kRows, Cfg::kThreads>(p, sQ, w.rowBegin, w.rowEnd, kvHead, tid);
     __syncthreads();
 
     int32_t const g = lane >> 2;
     int32_t const qPos0 = g < numRows ? rowQueryPos(w.seq, w.rowBegin + g, p.groupSize) : -1;
     int32_t const qPos1 = g + 8 < numRows ? rowQueryPos(w.seq, w.rowBegin + g + 8, p.groupSize) : -1;
+    int32_t const qFirst = rowQueryPos(w.seq, w.rowBegin, p.groupSize);   // earliest query of the CTA's rows
+    int32_t const qLast = rowQueryPos(w.seq, w.rowEnd - 1, p.groupSize);  // latest
     using Lane = FragLane<kD>;
     uint32_t const sQAddr = smemAddr(sQ);
     uint32_t const offA = Lane::offsetA(lane), offK = Lane::offsetK(lane), offV = Lane::offsetV(lane);
@@ -129,45 +222,48 @@ __global__ void __launch_bounds__(DecodeConfig<CT, k8Bit, kD>::kThreads)
         __syncwarp();                // ... and every lane's (and every lane is done with tile i - 1)
         issue(i + kStages - 1);      // refills the stage tile i - 1 used
         int32_t const stage = i % kStages;
-        uint32_t kTileAddr = smemAddr(rawK(stage));
-        uint32_t vTileAddr = smemAddr(rawV(stage));
+        uint32_t const kTileAddr = smemAddr(rawK(stage));
+        uint32_t const vTileAddr = smemAddr(rawV(stage));
+        int32_t const* const tilePos = sPos + stage * kTile;
+        // A tile whose every row holds a position that all the CTA's queries see needs no per-element mask
+        // (tileNeedsMask, the multi-token kernel's rule; positions ascend within a tile). Padding rows
+        // (qPos -1) then see it too, harmlessly: their Q is zero and they are never written.
+        bool const holdsAll = __all_sync(0xffffffffu, tilePos[lane & (kTile - 1)] >= 0);
+        bool const needMask = tileNeedsMask(holdsAll, tilePos[0], tilePos[kTile - 1], qFirst, qLast, p.window);
         if constexpr (k8Bit) {
-            convertTile8<CT, kD, kTile, 32>(rawK(stage), sConvK, p.cacheIsFp8 != 0, lane);
-            convertTile8<CT, kD, kTile, 32>(rawV(stage), sConvV, p.cacheIsFp8 != 0, lane);
-            __syncwarp();
-            kTileAddr = smemAddr(sConvK);
-            vTileAddr = smemAddr(sConvV);
-        }
-
-        // S = Q K^T for 16 rows x 16 tokens
-        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+            decodeTile8<CT, kD, kFp8, Cfg::kQInRegs>(p, kTileAddr, vTileAddr, tilePos, qFrag, sQAddr, offA, qUnscale,
+                                                    needMask, qPos0, qPos1, lane, o, m, l);
+        } else {
+            // S = Q K^T for 16 rows x 16 tokens
+            float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
-        for (int kk = 0; kk < kD / 16; ++kk) {
-            uint32_t a[4];
-            if constexpr (Cfg::kQInRegs) {
-                a[0] = qFrag[kk][0], a[1] = qFrag[kk][1], a[2] = qFrag[kk][2], a[3] = qFrag[kk][3];
-            } else {
-                ldmatrixX4(a, Lane::at(sQAddr, offA, 0, kk));
+            for (int kk = 0; kk < kD / 16; ++kk) {
+                uint32_t a[4];
+                if constexpr (Cfg::kQInRegs) {
+                    a[0] = qFrag[kk][0], a[1] = qFrag[kk][1], a[2] = qFrag[kk][2], a[3] = qFrag[kk][3];
+                } else {
+                    ldmatrixX4(a, Lane::at(sQAddr, offA, 0, kk));
+                }
+                uint32_t b[4];
+                ldmatrixX4(b, Lane::at(kTileAddr, offK, 0, kk));
+                Mma<CT>::run(s[0], a, b[0], b[1]);
+                Mma<CT>::run(s[1], a, b[2], b[3]);
             }
-            uint32_t b[4];
-            ldmatrixX4(b, Lane::at(kTileAddr, offK, 0, kk));
-            Mma<CT>::run(s[0], a, b[0], b[1]);
-            Mma<CT>::run(s[1], a, b[2], b[3]);
-        }
 
-        float alpha[2];
-        softmaxStep<2>(p, s, sPos + stage * kTile, true, qPos0, qPos1, lane, m, l, alpha);
-        rescaleRows(o, alpha);
+            float alpha[2];
+            softmaxStep<2>(p, s, tilePos, needMask, qPos0, qPos1, lane, m, l, alpha);
+            rescaleRows(o, alpha);
 
-        // O += P V
-        uint32_t pa[4];
-        probFragment<CT, 2>(s, 0, pa);
+            // O += P V
+            uint32_t pa[4];
+            probFragment<CT, 2>(s, 0, pa);
 #pragma unroll
-        for (int dp = 0; dp < kD / 16; ++dp) {
-            uint32_t b[4];
-            ldmatrixX4Trans(b, Lane::at(vTileAddr, offV, 0, dp));
-            Mma<CT>::run(o[2 * dp], pa, b[0], b[1]);
-            Mma<CT>::run(o[2 * dp + 1], pa, b[2], b[3]);
+            for (int dp = 0; dp < kD / 16; ++dp) {
+                uint32_t b[4];
+                ldmatrixX4Trans(b, Lane::at(vTileAddr, offV, 0, dp));
+                Mma<CT>::run(o[2 * dp], pa, b[0], b[1]);
+                Mma<CT>::run(o[2 * dp + 1], pa, b[2], b[3]);
+            }
         }
     }
     cpAsyncWait<0>();
@@ -186,10 +282,13 @@ __global__ void __launch_bounds__(DecodeConfig<CT, k8Bit, kD>::kThreads)
     }
 #pragma unroll
     for (int dn = 0; dn < kD / 8; ++dn) {
-        float* const r0 = cO + (warp * 16 + g) * Cfg::kCombineStride + dn * 8 + 2 * c;
+        float* const r0 = cO + (warp * 16 + g) * Cfg::kCombineStride;
         float* const r1 = r0 + 8 * Cfg::kCombineStride;
-        r0[0] = o[dn][0], r0[1] = o[dn][1];
-        r1[0] = o[dn][2], r1[1] = o[dn][3];
+        // column 2c (+1) of output tile dn is dim dn * 8 + 2c (+1), or Frag8::vDim of it for 8-bit caches
+        int32_t const d0 = k8Bit ? Frag8<kD>::vDim(dn, 2 * c) : dn * 8 + 2 * c;
+        int32_t const d1 = k8Bit ? Frag8<kD>::vDim(dn, 2 * c + 1) : dn * 8 + 2 * c + 1;
+        r0[d0] = o[dn][0], r0[d1] = o[dn][1];
+        r1[d0] = o[dn][2], r1[d1] = o[dn][3];
     }
     __syncthreads();
 
@@ -240,6 +339,19 @@ __global__ void __launch_bounds__(DecodeConfig<CT, k8Bit, kD>::kThreads)
             *reinterpret_cast<float4*>(dst + d) =
                 make_float4(acc[d] * scale, acc[d + 1] * scale, acc[d + 2] * scale, acc[d + 3] * scale);
         if ((tid & 7) == 0) p.partialLse[prow] = sum > 0.f ? mMax + __log2f(sum) : negInf();
+    }
+}
+
+template <typename CT, bool k8Bit, int kD>
+__global__ void __launch_bounds__(DecodeConfig<CT, k8Bit, kD>::kThreads, DecodeConfig<CT, k8Bit, kD>::kMinCtasPerSm)
+    attentionDecodeKernel(__grid_constant__ AttentionKernelParams const p) {
+    if constexpr (k8Bit) {
+        if (p.cacheIsFp8)
+            decodeBody<CT, true, kD, true>(p);
+        else
+            decodeBody<CT, true, kD, false>(p);
+    } else {
+        decodeBody<CT, false, kD, false>(p);
     }
 }
 

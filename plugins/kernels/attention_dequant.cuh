@@ -15,6 +15,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "attention_mma.cuh"
 
@@ -64,6 +65,49 @@ __device__ __forceinline__ void int8x4ToPairs(uint32_t x, uint32_t& lo, uint32_t
     float f3 = static_cast<float>(v >> 24);
     lo = Mma<CT>::pack(f0, f1);
     hi = Mma<CT>::pack(f2, f3);
+}
+
+// ---- conversions straight into MMA fragments (decode kernel, 8-bit caches; kFp8: e4m3, else int8)
+// Hardware e4m3 -> f16 (sm_89+): cvt.rn.f16x2.e4m3x2 turns the two bytes of a 16-bit value into an f16 pair,
+// the low byte into the low half. Exact: every e4m3 value (subnormals included, |x| <= 448) is an f16. (The
+// NaN codes 0x7f/0xff become NaN here, not +-480 as above; written rows never hold them: the write side
+// saturates, and rows past a sequence or on absent pages are never loaded.)
+__device__ __forceinline__ void e4m3x4ToHalfPairs(uint32_t x, uint32_t& lo, uint32_t& hi) {
+    asm("{\n"
+        "  .reg .b16 l, h;\n"
+        "  mov.b32 {l, h}, %2;\n"
+        "  cvt.rn.f16x2.e4m3x2 %0, l;\n"
+        "  cvt.rn.f16x2.e4m3x2 %1, h;\n"
+        "}\n"
+        : "=r"(lo), "=r"(hi)
+        : "r"(x));
+}
+
+// Four stored bytes (byte 0 first) -> the f16 pairs (b0, b1) and (b2, b3): the K operand of the 8-bit decode
+// path's f16 Q K^T MMA (exact for e4m3 and int8).
+template <bool kFp8>
+__device__ __forceinline__ void bytes4ToHalfPairs(uint32_t x, uint32_t& lo, uint32_t& hi) {
+    if constexpr (kFp8)
+        e4m3x4ToHalfPairs(x, lo, hi);
+    else
+        int8x4ToPairs<__half>(x, lo, hi);
+}
+
+// Bytes j of x and of y (two tokens' values of the same 4 dims) -> out[j] = f16 pair (x_j low, y_j high),
+// the k pair of a P*V B fragment. f16 whatever the compute type: the decode kernel runs P*V for 8-bit
+// caches as an f16 MMA (P is in [0, 1], where f16 is the more precise 16-bit type; 8-bit values are exact
+// in f16), so the conversion is one PRMT per two pairs plus one cvt per pair.
+template <bool kFp8>
+__device__ __forceinline__ void tokenPairsToHalf(uint32_t x, uint32_t y, uint32_t (&out)[4]) {
+    uint32_t const p01 = __byte_perm(x, y, 0x5140);  // [x0, y0, x1, y1]
+    uint32_t const p23 = __byte_perm(x, y, 0x7362);  // [x2, y2, x3, y3]
+    if constexpr (kFp8) {
+        e4m3x4ToHalfPairs(p01, out[0], out[1]);
+        e4m3x4ToHalfPairs(p23, out[2], out[3]);
+    } else {
+        int8x4ToPairs<__half>(p01, out[0], out[1]);
+        int8x4ToPairs<__half>(p23, out[2], out[3]);
+    }
 }
 
 // Eight 8-bit stored values -> eight compute-type values (one 16-byte chunk). `isFp8` is uniform per launch.

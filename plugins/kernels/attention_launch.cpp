@@ -1,6 +1,8 @@
 // launchAttention: validate (before any CUDA call), plan (attention_plan.cpp: the one scheduling decision),
 // fold the scales, launch the decode / multi-token kernels and the split-K merge on `stream`. Never syncs.
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "attention_kernels.h"
@@ -41,7 +43,9 @@ AttentionKernelParams makeKernelParams(AttentionParams const& p, AttentionPlan c
     double softmaxScale = p.softmaxScale > 0.f ? double(p.softmaxScale) : 1.0 / std::sqrt(double(p.headDim));
     double rawScale = softmaxScale * (quantized ? double(p.kScale) : 1.0) * (p.qFP8 ? double(p.qScale) : 1.0);
     k.useSoftcap = p.logitSoftcap > 0.f ? 1 : 0;
-    k.scoreScaleLog2 = float(rawScale * double(kLog2eHost));
+    // > 0 even when the product underflows float: softmaxStep multiplies -inf (masked) scores by it, and a
+    // scale this small makes every logit 0 either way.
+    k.scoreScaleLog2 = std::max(float(rawScale * double(kLog2eHost)), std::numeric_limits<float>::min());
     k.capInScale = k.useSoftcap ? float(rawScale / double(p.logitSoftcap)) : 0.f;
     k.capOutScaleLog2 = k.useSoftcap ? float(double(p.logitSoftcap) * double(kLog2eHost)) : 0.f;
     k.outScale = quantized ? p.vScale : 1.f;

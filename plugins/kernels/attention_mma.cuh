@@ -55,6 +55,19 @@ __device__ __forceinline__ void ldmatrixX4Trans(uint32_t (&r)[4], uint32_t addr)
                  : "r"(addr));
 }
 
+// ---- plain shared loads, volatile like ldmatrix so that they stay ordered after the cp.async wait and the
+// warp barrier that publish the tile (the asm above carry no memory clobber).
+__device__ __forceinline__ uint4 ldsU32x4(uint32_t addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+    return v;
+}
+__device__ __forceinline__ uint2 ldsU32x2(uint32_t addr) {
+    uint2 v;
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+    return v;
+}
+
 // ---- per compute type: the MMA and packing of two floats into one 32-bit register (low half = first)
 template <typename CT>
 struct Mma;

@@ -16,6 +16,12 @@ bool aligned16(void const* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u
 int64_t ceilDiv64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t roundUp64(int64_t a, int64_t b) { return ceilDiv64(a, b) * b; }
 
+// Decode split model (planAttention): a CTA's fixed cost (metadata, page lookups, pipeline fill, combine)
+// in KV tokens of streaming time, and the most waves worth considering (beyond that a split only adds
+// chunks and merge work).
+constexpr int64_t kDecodeCtaCostTokens = 64;
+constexpr int64_t kDecodeMaxWaves = 4;
+
 // The layout must be exactly what makeKVLayout builds from its own fields (kernels trust its strides).
 bool layoutIsCanonical(KVLayout const& l) {
     KVLayout ref;
@@ -127,8 +133,9 @@ AttentionPlan planAttention(AttentionParams const& p, DeviceFacts const& facts) 
     int64_t const spanChunks = ceilDiv64(maxSpan, kMinChunkTokens);
     int64_t const smCount = std::max(facts.smCount, 1);
 
-    // Split-K: when a kernel's CTAs can't fill `waves` waves of the GPU, cut every sequence's span into
-    // chunks so that they can (bounded by the span, the workspace and the grid).
+    // Split-K of the multi-token kernel: when its CTAs can't fill `waves` waves of the GPU, cut every
+    // sequence's span into chunks so that they can (bounded by the span, the workspace and the grid).
+    auto chunkLenFor = [&](int32_t n) { return int32_t(roundUp64(ceilDiv64(maxSpan, n), kChunkAlign)); };
     auto chooseChunks = [&](int64_t units, int64_t ctasPerSm, int64_t waves) -> int32_t {
         int64_t capacity = smCount * std::max<int64_t>(ctasPerSm, 1) * waves;
         if (units >= capacity) return 1;
@@ -136,14 +143,32 @@ AttentionPlan planAttention(AttentionParams const& p, DeviceFacts const& facts) 
         int64_t n = std::min({want, spanChunks, wsChunks, int64_t(kMaxGridChunks)});
         return int32_t(std::max<int64_t>(n, 1));
     };
-    auto chunkLenFor = [&](int32_t n) { return int32_t(roundUp64(ceilDiv64(maxSpan, n), kChunkAlign)); };
     auto gridChunksFor = [&](int32_t n, int32_t len) { return n <= 1 ? 1 : int32_t(ceilDiv64(maxSpan, len)); };
 
     // Decode kernel: every sequence x KV head is one unit (sequences of the other class exit at once).
+    // The kernel is memory-bound and its CTAs of one plan carry equal work (the longest span), so a wave
+    // that is only partly filled costs about as much as a full one (measured on the H200: 16 x 8K with 5
+    // chunks = 640 CTAs = 2.42 waves of 264 ran at 75 % of the copy ceiling, 128 x 2K = 3.88 waves at 92 %).
+    // Pick the chunk count with the least modeled time: waves x (chunk tokens + a per-CTA fixed cost),
+    // ties to fewer chunks (less merge work, fewer prologues).
+    auto chooseDecodeChunks = [&](int64_t units, int64_t ctasPerSm) -> int32_t {
+        int64_t const slots = smCount * std::max<int64_t>(ctasPerSm, 1);
+        int64_t const nMax = std::min({spanChunks, wsChunks, int64_t(kMaxGridChunks),
+                                       ceilDiv64(kDecodeMaxWaves * slots, std::max<int64_t>(units, 1))});
+        int32_t best = 1;
+        int64_t bestCost = ceilDiv64(units, slots) * (int64_t(maxSpan) + kDecodeCtaCostTokens);
+        for (int64_t n = 2; n <= nMax; ++n) {
+            int32_t const len = chunkLenFor(int32_t(n));
+            int64_t const grid = ceilDiv64(maxSpan, len);  // chunks the grid really has after rounding
+            if (grid <= 1) continue;
+            int64_t const cost = ceilDiv64(units * grid, slots) * (int64_t(len) + kDecodeCtaCostTokens);
+            if (cost < bestCost) bestCost = cost, best = int32_t(n);
+        }
+        return best;
+    };
     plan.runDecode = G <= kDecodeRows;
     if (plan.runDecode) {
-        // Decode CTAs are light: aim at two waves so that the tail is short.
-        int32_t n = chooseChunks(int64_t(B) * KVH, facts.decodeCtasPerSm, 2);
+        int32_t n = chooseDecodeChunks(int64_t(B) * KVH, facts.decodeCtasPerSm);
         plan.split.decodeChunkLen = chunkLenFor(n);
         plan.split.decodeGridChunks = gridChunksFor(n, plan.split.decodeChunkLen);
         plan.decodeGrid = dim3(uint32_t(B), uint32_t(KVH), uint32_t(plan.split.decodeGridChunks));

@@ -8,6 +8,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "attention_dequant.cuh"
 #include "attention_kernels.h"
@@ -53,43 +54,53 @@ __device__ __forceinline__ KVSource makeKVSource(AttentionKernelParams const& p,
     return s;
 }
 
-// ---- KV rows: virtual indices [v0, v0 + kRows) of the CTA's span -> shared memory, K and V.
-// 16-bit caches land in swizzled tiles that ldmatrix reads directly; 8-bit caches land row-major in a staging
-// tile that convertTile8 turns into a swizzled 16-bit tile. A row holding nothing (kvRowAt: pos = -1) is
-// zero-filled without touching global memory, and sPos[r] records each row's cache position (or -1) for the
-// masks. Threads [0, kThreads) of the caller (a warp or the CTA) share the work.
-template <int kD, int kElemBytes, int kRows, int kThreads>
-__device__ __forceinline__ void loadKVRows(AttentionKernelParams const& p, KVSource const& src, int32_t v0,
-                                           uint32_t sK, uint32_t sV, int32_t* sPos, int32_t tid) {
-    constexpr int kRowBytes = kD * kElemBytes;
-    constexpr int kChunks = kRowBytes / 16;
-    static_assert((kRows * kChunks) % kThreads == 0, "KV tile chunks must split evenly over the threads");
-#pragma unroll
-    for (int i = 0; i < kRows * kChunks / kThreads; ++i) {
-        int const q = tid + i * kThreads;
-        int const r = q / kChunks;
-        int const ch = q % kChunks;
-        KVRow const row = kvRowAt(p.layout, src.table, src.span, src.chunk, v0 + r);
-        bool const holds = row.pos >= 0;
-        unsigned char const* kSrc = src.pool;  // any valid address: nothing is read when !holds
-        unsigned char const* vSrc = src.pool;
-        if (holds) {
-            kSrc = src.pool + p.layout.elemOffset(row.loc.block, p.layer, 0, src.kvHead, row.loc.offset) * kElemBytes +
-                   ch * 16;
-            vSrc = src.pool + p.layout.elemOffset(row.loc.block, p.layer, 1, src.kvHead, row.loc.offset) * kElemBytes +
-                   ch * 16;
-        }
-        uint32_t const dst = kElemBytes == 2 ? swizzledChunk(r, ch, kRowBytes) : uint32_t(r * kRowBytes + ch * 16);
-        cpAsync16(sK + dst, kSrc, holds);
-        cpAsync16(sV + dst, vSrc, holds);
-        if (ch == 0) sPos[r] = row.pos;
-    }
-}
+// ---- 8-bit K/V tiles read straight into MMA fragments (decode kernel): no conversion pass through shared
+// memory. The staging tile is [tokens][kD] bytes with 16-byte chunk ch of row r at ch ^ (r & (chunks - 1,
+// at most 7)). Two index permutations make every fragment a few wide, bank-conflict-free shared loads:
+//  * Q K^T: a dot product does not care in which order the head dims are summed, so the MMA's k index
+//    (logical dim) runs over the physical dims in the order that lets lane (g, c) read whole 16-byte chunks:
+//    k-step i = 4h + wi takes word wi of chunk laneChunkK(c, h) of token g (g + 8), bytes (0, 1) as the
+//    fragment's k pair (2c, 2c + 1) and bytes (2, 3) as (2c + 8, 2c + 9). Q is stored in shared memory in
+//    the same logical order (loadQRowsK8), so its ldmatrix fragments match.
+//  * P V: the MMA's n index of output tile dn at n = g is the physical dim vDim(dn, g), chosen so that lane
+//    g reads its dims of all output tiles as one contiguous run of a token row (tokens 2c, 2c + 1, 2c + 8,
+//    2c + 9 of the tile: the k pairs of the B fragment). The output accumulators are mapped back through
+//    vDim when they leave the registers.
+// Bank conflicts: K reads (8 lanes per 16-byte phase: tokens 2q, 2q + 1 x c) and V reads (tokens 2c.. x
+// g = 2q, 2q + 1) hit 8 distinct chunk positions for D = 128 and 256; D = 64 V reads are 2-way.
+template <int kD>
+struct Frag8 {
+    static constexpr int kChunks = kD / 16;                 // 16-byte chunks per token row
+    static constexpr int kSwizzleMask = (kChunks < 8 ? kChunks : 8) - 1;
+    static constexpr int kKChunksPerLane = kD / 64;         // chunks of one token a lane reads for Q K^T
+    static constexpr int kVBytesPerLane = kD / 8;           // bytes of one token a lane reads for P V
+    static constexpr int kVRun = kD / 8 < 16 ? kD / 8 : 16; // contiguous dims per lane and 128-dim block
 
-// Warp-level variant for the decode kernel, where the loader runs once per 16-token tile of each warp and its
-// instruction count matters: lane r < kRows resolves row r once (kvRowAt + elemOffset: the page lookup), and
-// the lanes that copy the row's 16-byte chunks receive its K and V byte offsets by shuffle.
-template <int kD, int kElemBytes, int kRows>
+    static __device__ __forceinline__ uint32_t chunkOffset(int32_t row, int32_t chunk) {
+        return uint32_t(row * kD + ((chunk ^ (row & kSwizzleMask)) << 4));
+    }
+    // Chunk h (< kKChunksPerLane) of lane quad position c, for Q K^T.
+    static __host__ __device__ constexpr int laneChunkK(int c, int h) {
+        return kD == 64 ? c : 8 * (h >> 1) + 2 * c + (h & 1);
+    }
+    // Physical dim of logical dim kl (the MMA's k index of Q K^T).
+    static __host__ __device__ constexpr int physDimK(int kl) {
+        return 16 * laneChunkK(((kl & 15) & 7) >> 1, (kl >> 4) >> 2) + 4 * ((kl >> 4) & 3) + 2 * ((kl & 15) >> 3) +
+               (kl & 1);
+    }
+    // Physical dim of output tile dn (< kD / 8), column n (< 8), for P V.
+    static __host__ __device__ constexpr int vDim(int dn, int n) { return 128 * (dn >> 4) + kVRun * n + (dn & 15); }
+};
+
+// ---- KV rows: virtual indices [v0, v0 + kRows) of the CTA's span -> shared memory, K and V, by one warp.
+// 16-bit caches land in swizzled tiles that ldmatrix reads directly; 8-bit caches land in a staging tile,
+// row-major for convertTile8 (multi-token kernel) or chunk-swizzled for Frag8 (kSwizzle8: decode kernel).
+// A row holding nothing (kvRowAt: pos = -1) is zero-filled without touching global memory, and sPos[r]
+// records each row's cache position (or -1) for the masks. Lane r < kRows resolves row r once (kvRowAt +
+// elemOffset: the page lookup), and the lanes that copy the row's 16-byte chunks receive its K and V byte
+// offsets by shuffle, so a tile costs one lookup per row, not one per thread and row (the decode kernel
+// loads 16-token tiles per warp, the multi-token kernel 8 rows of a 32-token tile per warp).
+template <int kD, int kElemBytes, int kRows, bool kSwizzle8 = false>
 __device__ __forceinline__ void loadKVRowsWarp(AttentionKernelParams const& p, KVSource const& src, int32_t v0,
                                                uint32_t sK, uint32_t sV, int32_t* sPos, int32_t lane) {
     constexpr int kRowBytes = kD * kElemBytes;
@@ -112,7 +123,9 @@ __device__ __forceinline__ void loadKVRowsWarp(AttentionKernelParams const& p, K
         int64_t const k = __shfl_sync(0xffffffffu, kOff, r);
         int64_t const v = __shfl_sync(0xffffffffu, vOff, r);
         bool const holds = k >= 0;
-        uint32_t const dst = kElemBytes == 2 ? swizzledChunk(r, ch, kRowBytes) : uint32_t(r * kRowBytes + ch * 16);
+        uint32_t const dst = kElemBytes == 2 ? swizzledChunk(r, ch, kRowBytes)
+                             : kSwizzle8     ? Frag8<kD>::chunkOffset(r, ch)
+                                             : uint32_t(r * kRowBytes + ch * 16);
         cpAsync16(sK + dst, holds ? src.pool + k + ch * 16 : src.pool, holds);
         cpAsync16(sV + dst, holds ? src.pool + v + ch * 16 : src.pool, holds);
     }
@@ -160,6 +173,90 @@ __device__ __forceinline__ void loadQRows(AttentionKernelParams const& p, unsign
     }
 }
 
+// ---- query rows for the 8-bit decode path, which runs Q K^T as an f16 MMA (8-bit K values are exact in f16
+// and convert with one cvt per pair). Like loadQRows, but (1) logical dim kl of the tile holds physical dim
+// Frag8<kD>::physDimK(kl) (pairs kl, kl + 1 of even kl are physical neighbours), and (2) the tile is f16:
+// bf16 queries are multiplied by 2^shift, one power of two for the whole CTA that puts the largest |q| in
+// [2^14, 2^15) -- no overflow, and every value above max|q| * 2^-28 keeps all 8 of its bf16 significant bits
+// in f16 (11 bits), i.e. converts exactly. Returns 2^-shift, the factor the logits must be multiplied by
+// (1 for f16 and fp8 queries, which convert exactly as they are). Every thread of the CTA must call it: it
+// synchronizes the CTA once (sWarpMax: kThreads / 32 floats of scratch); the caller synchronizes again
+// before reading sQ.
+template <typename CT, int kD, int kRows, int kThreads>
+__device__ __forceinline__ float loadQRowsK8(AttentionKernelParams const& p, unsigned char* sQ, float* sWarpMax,
+                                             int32_t rowBegin, int32_t rowEnd, int32_t kvHead, int32_t tid) {
+    constexpr int kChunks = kD / 8;
+    constexpr int kPerThread = kRows * kChunks / kThreads;
+    static_assert(kRows * kChunks % kThreads == 0 && kThreads % 32 == 0, "Q tile chunks must split evenly");
+    constexpr bool kBf16 = std::is_same<CT, __nv_bfloat16>::value;
+    uint32_t pairs[kPerThread][4];  // fp8 q: f16 pairs already; else pairs of CT
+    float maxAbs = 0.f;
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+        int const q = tid + i * kThreads;
+        int const r = q / kChunks;
+        int const ch = q % kChunks;
+        int32_t const row = rowBegin + r;
+        pairs[i][0] = pairs[i][1] = pairs[i][2] = pairs[i][3] = 0u;
+        if (row < rowEnd) {
+            int32_t const token = row / p.groupSize;
+            int32_t const head = kvHead * p.groupSize + row % p.groupSize;
+            int64_t const rowElem = (int64_t(token) * p.numQHeads + head) * kD;
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                int64_t const elem = rowElem + Frag8<kD>::physDimK(ch * 8 + 2 * t);  // even: pair-aligned
+                if (p.qFP8) {
+                    uint32_t const raw =
+                        __ldg(reinterpret_cast<unsigned short const*>(static_cast<unsigned char const*>(p.q) + elem));
+                    uint32_t hi;
+                    e4m3x4ToHalfPairs(raw, pairs[i][t], hi);
+                } else {
+                    pairs[i][t] = __ldg(reinterpret_cast<uint32_t const*>(static_cast<CT const*>(p.q) + elem));
+                    if constexpr (kBf16) {
+                        float2 const f = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 const*>(&pairs[i][t]));
+                        maxAbs = fmaxf(maxAbs, fmaxf(fabsf(f.x), fabsf(f.y)));
+                    }
+                }
+            }
+        }
+    }
+    float qScale = 1.f, qUnscale = 1.f;
+    if constexpr (kBf16) {
+        if (!p.qFP8) {  // uniform
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) maxAbs = fmaxf(maxAbs, __shfl_xor_sync(0xffffffffu, maxAbs, off));
+            if ((tid & 31) == 0) sWarpMax[tid >> 5] = maxAbs;
+            __syncthreads();
+#pragma unroll
+            for (int w = 0; w < kThreads / 32; ++w) maxAbs = fmaxf(maxAbs, sWarpMax[w]);
+            // floor(log2(maxAbs)) from the exponent field (0 and subnormals read as -127; inf/NaN as 128 and
+            // stay inf/NaN whatever the scale); the shift is clamped so that both powers of two are normal.
+            int32_t const ex = int32_t((__float_as_uint(maxAbs) >> 23) & 0xFFu) - 127;
+            int32_t const shift = max(-100, min(100, 14 - ex));
+            qScale = __uint_as_float(uint32_t(127 + shift) << 23);
+            qUnscale = __uint_as_float(uint32_t(127 - shift) << 23);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+        int const q = tid + i * kThreads;
+        int const r = q / kChunks;
+        int const ch = q % kChunks;
+        uint32_t h[4];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            if (kBf16 && !p.qFP8) {
+                float2 const f = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 const*>(&pairs[i][t]));
+                h[t] = Mma<__half>::pack(f.x * qScale, f.y * qScale);  // exact power-of-two scaling, then RN
+            } else {
+                h[t] = pairs[i][t];  // f16 q as stored, or fp8 q already converted
+            }
+        }
+        *reinterpret_cast<uint4*>(sQ + swizzledChunk(r, ch, kD * 2)) = make_uint4(h[0], h[1], h[2], h[3]);
+    }
+    return qUnscale;
+}
+
 // ---- ldmatrix lane addresses (fragment layouts: attention_mma.cuh). In a swizzled tile the chunk of 16-dim
 // step k read by a lane is (2k + half) ^ (row & 7) = 2k ^ (half ^ (row & 7)), so its byte offset within the
 // row is ((half ^ (row & 7)) << 4) ^ (k << 5): a per-lane constant XOR a compile-time immediate (rows are
@@ -204,8 +301,8 @@ __device__ __forceinline__ float accurateTanh(float x) {
     return 1.f - 2.f * r;
 }
 
-__device__ __forceinline__ float logitLog2(AttentionKernelParams const& p, float raw) {
-    return p.useSoftcap ? accurateTanh(raw * p.capInScale) * p.capOutScaleLog2 : raw * p.scoreScaleLog2;
+__device__ __forceinline__ float cappedLogitLog2(AttentionKernelParams const& p, float raw) {
+    return accurateTanh(raw * p.capInScale) * p.capOutScaleLog2;
 }
 
 // Online-softmax step for one m16 tile of a warp: s[nt][e] holds the raw scores of KV tokens nt*8 + 2c + (e&1)
@@ -213,17 +310,22 @@ __device__ __forceinline__ float logitLog2(AttentionKernelParams const& p, float
 // running max m and the thread-partial sums l are updated, s becomes the probabilities (unnormalized), and
 // alpha is the factor the accumulated output of each row must be rescaled by. kvPos of column j is
 // sPos[j]; qPos0/qPos1 are the query positions of rows g and g + 8 (-1: padding row, sees nothing).
+// Without soft-cap the scores stay raw until the exponent: the logit scale is > 0 (validated), so the row max
+// of raw scores times the scale is the max of the scaled logits (rounding is monotonic), and each
+// probability costs one FFMA + ex2 instead of FMUL, FADD, ex2.
 template <int kNT>
 __device__ __forceinline__ void softmaxStep(AttentionKernelParams const& p, float (&s)[kNT][4], int32_t const* sPos,
                                             bool needMask, int32_t qPos0, int32_t qPos1, int32_t lane,
                                             float (&m)[2], float (&l)[2], float (&alpha)[2]) {
     int32_t const c = lane & 3;
+    bool const capped = p.useSoftcap != 0;                  // uniform
+    float const toLog2 = capped ? 1.f : p.scoreScaleLog2;  // s (after the loop below) * toLog2 = log2 logit
     float rowMax[2] = {negInf(), negInf()};
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            float x = logitLog2(p, s[nt][e]);
+            float x = capped ? cappedLogitLog2(p, s[nt][e]) : s[nt][e];
             if (needMask) {
                 int32_t const kvPos = sPos[nt * 8 + 2 * c + (e & 1)];
                 if (!kvVisible(e < 2 ? qPos0 : qPos1, kvPos, p.window, p.sinkTokens)) x = negInf();
@@ -238,6 +340,7 @@ __device__ __forceinline__ void softmaxStep(AttentionKernelParams const& p, floa
         // the 4 lanes of a quad hold the same row
         rowMax[h] = fmaxf(rowMax[h], __shfl_xor_sync(0xffffffffu, rowMax[h], 1));
         rowMax[h] = fmaxf(rowMax[h], __shfl_xor_sync(0xffffffffu, rowMax[h], 2));
+        rowMax[h] *= toLog2;  // -inf stays -inf
         float const mNew = fmaxf(m[h], rowMax[h]);
         mUse[h] = mNew == negInf() ? 0.f : mNew;  // a row that saw nothing yet: keep exp2(-inf - 0) = 0
         alpha[h] = fastExp2(m[h] - mUse[h]);
@@ -248,7 +351,7 @@ __device__ __forceinline__ void softmaxStep(AttentionKernelParams const& p, floa
     for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            float const pr = fastExp2(s[nt][e] - mUse[e >> 1]);
+            float const pr = fastExp2(fmaf(s[nt][e], toLog2, -mUse[e >> 1]));
             s[nt][e] = pr;
             rowSum[e >> 1] += pr;
         }

@@ -53,6 +53,7 @@ class Case:
     layer: int = 0
     pool_index: int = 0
     loose_bounds: bool = False     # max_q_len = T, max_kv_len = MB * page_size, like the TensorRT plugin
+    q_pow2: int = 0                # q *= 2**q_pow2 (exact): magnitudes outside the f16 range
     seed: int = 0
 
     def __post_init__(self):
@@ -70,8 +71,8 @@ class Case:
     @property
     def id(self) -> str:
         s = "+".join(f"{p}:{q}" for p, q in self.seqs[:3]) + (f"+{len(self.seqs) - 3}more" if len(self.seqs) > 3 else "")
-        extra = [n for n, on in (("fp8q", self.q_fp8), ("evict", self.evict_below_window), ("loose", self.loose_bounds))
-                 if on]
+        extra = [n for n, on in (("fp8q", self.q_fp8), ("evict", self.evict_below_window), ("loose", self.loose_bounds),
+                                 (f"q2^{self.q_pow2}", self.q_pow2 != 0)) if on]
         return (f"H{self.num_q_heads}kv{self.num_kv_heads}D{self.head_dim}P{self.page_size}-{self.cache.name}-{self.io}"
                 f"-{self.layout.name}-w{self.window}s{self.sinks}ring{self.cyclic_pages}-cap{self.softcap:g}"
                 f"-L{self.layer}/{self.num_layers}-{'-'.join(extra)}-[{s}]")
@@ -144,7 +145,7 @@ def build(case: Case):
     if case.q_fp8:
         q = quantize(q * 4 * cfg.q_scale, CacheDType.FP8_E4M3, cfg.q_scale)
     else:
-        q = q.astype(case.io_dtype)
+        q = (q * 2.0**case.q_pow2).astype(case.io_dtype)
     return cfg, meta, pool, q
 
 
@@ -185,6 +186,15 @@ CASES = [
     Case(_decode_lengths(16), cache=CacheDType.INT8, io="float16"),
     Case(_decode_lengths(16), cache=CacheDType.FP8_E4M3, io="bfloat16", q_fp8=True),
     Case(((40, 1), (0, 100)), cache=CacheDType.FP16, io="float16", q_fp8=True),
+    # 8-bit decode path (fragments straight from the 8-bit tiles, f16 MMAs): every head dim, and bf16 queries
+    # far outside the f16 range both ways (the per-CTA power-of-two Q scaling must keep them exact)
+    Case(_decode_lengths(16), cache=CacheDType.FP8_E4M3, io="bfloat16", head_dim=256, seed=50),
+    Case(_decode_lengths(16), cache=CacheDType.INT8, io="bfloat16", head_dim=64, seed=51),
+    Case(_decode_lengths(16), cache=CacheDType.FP8_E4M3, io="bfloat16", q_pow2=20,
+         softmax_scale=2.0**-20 / np.sqrt(128), seed=52),
+    Case(_decode_lengths(16), cache=CacheDType.FP8_E4M3, io="bfloat16", q_pow2=-30,
+         softmax_scale=2.0**30 / np.sqrt(128), seed=53),
+    Case(((900, 1), (500, 3), (40, 1)), window=100, sinks=4, cache=CacheDType.FP8_E4M3, io="bfloat16", seed=54),
     # NHD pages, pool with several layers / pool groups
     Case(_decode_lengths(16), layout=PageLayout.NHD),
     Case(((30, 1), (300, 40)), layout=PageLayout.NHD, num_layers=3, layer=2, pool_index=1, cache=CacheDType.FP16,
@@ -222,6 +232,7 @@ def test_matches_reference(case):
 
 @pytest.mark.parametrize("case", [
     Case(((32767, 1),), seed=30),                                   # one long decode: split-K + merge
+    Case(((12000, 1),), num_q_heads=4, num_kv_heads=1, seed=34),     # > 32 chunks: the merge's chunk batches
     Case(((9000, 1), (3, 1)), cache=CacheDType.FP8_E4M3, page_size=64, seed=31),
     Case(((12000, 4), (12000, 1)), num_q_heads=16, num_kv_heads=4, head_dim=64, seed=32),
     Case(((12000, 40),), num_q_heads=8, num_kv_heads=2, seed=33),   # a late prefill chunk, split over the prefix
