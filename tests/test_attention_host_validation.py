@@ -168,6 +168,7 @@ def test_plan_kernel_choice_and_split():
     assert plan["decode_chunk_len"] % 64 == 0 and plan["decode_chunk_len"] >= 256
     assert plan["decode_grid"][2] * plan["decode_chunk_len"] >= 32768
     assert 0 < plan["workspace_bytes"] <= ws
+    assert plan["merge_grid"] == 1 * cfg.num_q_heads  # one merge CTA per (token, head) row
     # a large decode batch fills the GPU by itself: no split, no merge, no workspace
     plan, _ = _plan(cfg, T=256, B=256, MB=64, max_q=1, max_kv=1024)
     assert plan["run_decode"] and not plan["run_merge"] and plan["decode_grid"] == [256, 8, 1]
@@ -179,6 +180,7 @@ def test_plan_kernel_choice_and_split():
     # speculative drafts of 8 tokens x G=4 = 32 rows > 16: multi-token kernel, split over a long context
     plan, _ = _plan(cfg, T=8, B=1, MB=8192, max_q=8, max_kv=131072)
     assert plan["run_multi"] and plan["multi_grid"][2] > 1 and plan["run_merge"]
+    assert plan["merge_grid"] == 8 * cfg.num_q_heads
     # G > 16 (MQA, 32 query heads on one KV head): the multi-token kernel serves decode too
     mqa = dataclasses.replace(cfg, pool=dataclasses.replace(cfg.pool, num_kv_heads=1))
     plan, _ = _plan(mqa, T=4, B=4, MB=64, max_q=1, max_kv=1024)

@@ -13,6 +13,7 @@
 
 #include <type_traits>
 
+#include "attention_decode_tile.cuh"
 #include "attention_dispatch.cuh"
 #include "attention_kernels.h"
 #include "attention_tile.cuh"
@@ -161,10 +162,19 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
     int32_t const warp = tid >> 5;
     int32_t const lane = tid & 31;
 
+    // The split-K merge (launched as a programmatic dependent, attention_merge.cu) may be scheduled once every
+    // CTA of this grid has started: it waits for this grid's completion before reading any partial, so the
+    // trigger only hides its launch latency behind this kernel's run.
+    // Only when the merge follows (a split plan), so that no other kernel's launch is moved forward.
+    if (p.split.decodeGridChunks > 1) gridDependencyLaunchDependents();
+    // The pool descriptor does not depend on the step metadata: load it first, so that its round trip
+    // overlaps decodeCtaWork's (the prologue is metadata -> block table -> first KV tile; every CTA of a
+    // single-sequence split pays it once, unhidden).
+    PoolView const pool = loadPool(p);
     CtaWork const w = decodeCtaWork(p.split, p.stepView(), seq, z);
     if (w.poison) poisonRows<CT, kD>(p, w, kvHead, tid, Cfg::kThreads);
     if (!w.active) return;
-    KVSource const src = makeKVSource(p, w, kvHead);
+    KVSource const src = makeKVSourceFromPool(pool, p, w, kvHead);
     int32_t const numRows = w.rowEnd - w.rowBegin;  // <= 16
 
     // ---- shared memory: Q tile, then per warp: stages x (K, V) raw tiles, positions
@@ -182,8 +192,12 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
         if (i < mine) {
             int32_t const stage = i % kStages;
             int32_t const v0 = w.tiles.tile(warp + i * Cfg::kWarps) * kTile;
-            loadKVRowsWarp<kD, Cfg::kElemBytes, kTile, k8Bit>(p, src, v0, smemAddr(rawK(stage)),
-                                                              smemAddr(rawV(stage)), sPos + stage * kTile, lane);
+            if constexpr (k8Bit)  // issue-bound path: the shuffle-free loader (attention_decode_tile.cuh)
+                loadKVTile8Decode<kD>(p, src, v0, smemAddr(rawK(stage)), smemAddr(rawV(stage)), sPos + stage * kTile,
+                                      lane);
+            else
+                loadKVRowsWarp<kD, Cfg::kElemBytes, kTile>(p, src, v0, smemAddr(rawK(stage)), smemAddr(rawV(stage)),
+                                                           sPos + stage * kTile, lane);
         }
         cpAsyncCommit();  // always: keeps the group count uniform for cp.async.wait_group
     };

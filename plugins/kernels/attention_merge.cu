@@ -1,14 +1,23 @@
 // Split-K merge: for every (token, head) row of a sequence whose span was cut into n > 1 chunks, combine the
 // chunks' normalized partial outputs O_z with their log2-sum-exps L_z:
-//   out = sum_z 2^(L_z - L_max) O_z / sum_z 2^(L_z - L_max)
-// (a chunk that saw nothing has L_z = -inf and weight 0). Rows of unsplit sequences were written by the
-// attention kernels and are left alone. The chunk count comes from the same function the attention kernels
-// used (seqChunks), so the merge reads exactly the chunks that were written.
+//   out = sum_z 2^(L_z - M) O_z / sum_z 2^(L_z - M)   (any M; a chunk that saw nothing has L_z = -inf, weight 0)
+// Rows of unsplit sequences were written by the attention kernels and are left alone. The chunk count comes
+// from the same function the attention kernels used (seqChunks), so the merge reads exactly the chunks that
+// were written.
 //
-// One warp per row, lanes over the head dim; grid ceil(T * H / 4) CTAs of 4 warps.
+// One CTA of 4 warps per row (grid T * H); warp w takes chunks w, w + 4, ..., kInFlight of them per batch,
+// lanes over the head dim. A batch loads its chunks' LSEs and partial rows together (all independent) and
+// folds them into a running (max, sum, acc) like an online softmax, so a 32-chunk split (1 x 32K) costs ONE
+// L2 round trip per warp after the dependency wait, not one for the LSE max plus one per 8 chunks. The 4 warps'
+// states are combined in shared memory.
+//
+// Programmatic dependent launch (sm_90+): the launcher may start this kernel while the attention kernel before
+// it is still running (attention_launch.cpp); everything before gridDependencyWait() reads only the step
+// metadata, which the kernels before the attention kernel produced (they completed before it started).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "attention_decode_tile.cuh"
 #include "attention_dispatch.cuh"
 #include "attention_kernels.h"
 #include "attention_tile.cuh"
@@ -17,7 +26,7 @@ namespace pagedkv {
 namespace attn {
 namespace {
 
-constexpr int kMergeWarps = 4;
+constexpr int kMergeWarps = 4;  // per CTA; the plan launches one CTA per (token, head) row
 
 // kN consecutive floats of a partial row (16-byte aligned for kN >= 4: rows are kD floats, kD % 64 == 0).
 template <int kN>
@@ -40,65 +49,92 @@ __device__ __forceinline__ void loadPartial(float const* src, float (&x)[kN]) {
 template <typename CT, int kD>
 __global__ void __launch_bounds__(kMergeWarps * 32) attentionMergeKernel(__grid_constant__ AttentionKernelParams const p) {
     constexpr int kDimsPerLane = kD / 32;  // 2, 4 or 8
-    int32_t const lane = threadIdx.x & 31;
-    int64_t const rowIndex = int64_t(blockIdx.x) * kMergeWarps + (threadIdx.x >> 5);
-    if (rowIndex >= int64_t(p.numTokens) * p.numQHeads) return;
+    constexpr int kInFlight = 8;           // chunks per warp and batch: 32 per CTA
+    __shared__ float sAcc[kMergeWarps][kD];
+    __shared__ float sMax[kMergeWarps];
+    __shared__ float sSum[kMergeWarps];
+
+    int32_t const tid = threadIdx.x;
+    int32_t const lane = tid & 31;
+    int32_t const warp = tid >> 5;
+    int64_t const rowIndex = blockIdx.x;
+    if (rowIndex >= int64_t(p.numTokens) * p.numQHeads) return;  // uniform per CTA
     int32_t const token = int32_t(rowIndex / p.numQHeads);
     int32_t const head = int32_t(rowIndex % p.numQHeads);
     SeqInfo const s = makeSeqInfo(p.cuQLens, p.pastLens, seqOfToken(p.cuQLens, p.numSeqs, token));
     int32_t const n = seqChunks(p.split, s, p.groupSize, p.window, p.sinkTokens);
-    if (n <= 1) return;
+    if (n <= 1) return;  // uniform per CTA; exiting before the wait reads nothing the attention kernel writes
 
-    // Pass 1: the largest LSE, lanes over chunks (n <= kMaxGridChunks).
-    float lseMax = negInf();
-    for (int32_t z = lane; z < n; z += 32) lseMax = fmaxf(lseMax, p.partialLse[partialRow(p, z, token, head)]);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) lseMax = fmaxf(lseMax, __shfl_xor_sync(0xffffffffu, lseMax, off));
+    gridDependencyWait();  // the partials are complete and visible from here on
 
-    // Pass 2: lane j computes the weight of chunk base + j (its LSE is an L1 hit from pass 1) and the warp
-    // broadcasts it while all lanes read that chunk's row. The chunk loop is unrolled kInFlight deep with
-    // independent loads, so a long split (1 x 32K: 32-64 chunks) costs a few L2 round trips, not one per chunk.
-    constexpr int kInFlight = 8;
+    // This warp's running state over its chunks: m (log2 domain, uniform over the warp), sum of weights
+    // relative to m, and acc = sum of weight x partial row (this lane's dims).
+    float m = negInf();
+    float wsum = 0.f;
     float acc[kDimsPerLane];
 #pragma unroll
     for (int d = 0; d < kDimsPerLane; ++d) acc[d] = 0.f;
-    float wsum = 0.f;  // lane-partial: the weights of the chunks this lane computed
-    if (lseMax != negInf()) {
-        for (int32_t base = 0; base < n; base += 32) {
-            int32_t const count = n - base < 32 ? n - base : 32;
-            float const myWeight =
-                lane < count ? fastExp2(p.partialLse[partialRow(p, base + lane, token, head)] - lseMax) : 0.f;
-            wsum += myWeight;
-            for (int32_t j0 = 0; j0 < count; j0 += kInFlight) {
-                float part[kInFlight][kDimsPerLane];
-                float wz[kInFlight];
+    for (int32_t base = warp; base < n; base += kMergeWarps * kInFlight) {
+        float lse[kInFlight];
+        float part[kInFlight][kDimsPerLane];
 #pragma unroll
-                for (int u = 0; u < kInFlight; ++u) {
-                    int32_t const j = j0 + u;
-                    float const w = __shfl_sync(0xffffffffu, myWeight, j & 31);  // every lane shuffles
-                    wz[u] = j < count ? w : 0.f;
-                    if (j < count) {
-                        float const* src = p.partialOut + partialRow(p, base + j, token, head) * kD + lane * kDimsPerLane;
-                        loadPartial<kDimsPerLane>(src, part[u]);
-                    } else {
+        for (int u = 0; u < kInFlight; ++u) {  // independent loads: one round trip for the batch
+            int32_t const z = base + u * kMergeWarps;
+            if (z < n) {
+                int64_t const prow = partialRow(p, z, token, head);
+                lse[u] = p.partialLse[prow];
+                loadPartial<kDimsPerLane>(p.partialOut + prow * kD + lane * kDimsPerLane, part[u]);
+            } else {
+                lse[u] = negInf();
 #pragma unroll
-                        for (int d = 0; d < kDimsPerLane; ++d) part[u][d] = 0.f;
-                    }
-                }
-#pragma unroll
-                for (int u = 0; u < kInFlight; ++u)
-#pragma unroll
-                    for (int d = 0; d < kDimsPerLane; ++d) acc[d] += wz[u] * part[u][d];
+                for (int d = 0; d < kDimsPerLane; ++d) part[u][d] = 0.f;
             }
         }
+        float mNew = m;
+#pragma unroll
+        for (int u = 0; u < kInFlight; ++u) mNew = fmaxf(mNew, lse[u]);
+        float const mUse = mNew == negInf() ? 0.f : mNew;  // nothing seen yet: every weight is exp2(-inf) = 0
+        float const alpha = fastExp2(m - mUse);            // 0 while m is -inf
+        wsum *= alpha;
+#pragma unroll
+        for (int d = 0; d < kDimsPerLane; ++d) acc[d] *= alpha;
+#pragma unroll
+        for (int u = 0; u < kInFlight; ++u) {
+            float const wz = fastExp2(lse[u] - mUse);  // 0 for -inf (an empty chunk or a slot past n)
+            wsum += wz;
+#pragma unroll
+            for (int d = 0; d < kDimsPerLane; ++d) acc[d] = fmaf(wz, part[u][d], acc[d]);
+        }
+        m = mNew;
     }
+
+    // ---- combine the warps (a warp with no chunk has m = -inf, wsum = 0, acc = 0)
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) wsum += __shfl_xor_sync(0xffffffffu, wsum, off);
-    float const inv = wsum > 0.f ? 1.f / wsum : 0.f;
-    CT* const dst = static_cast<CT*>(p.out) + (int64_t(token) * p.numQHeads + head) * kD + lane * kDimsPerLane;
+    for (int d = 0; d < kDimsPerLane; ++d) sAcc[warp][lane * kDimsPerLane + d] = acc[d];
+    if (lane == 0) sMax[warp] = m, sSum[warp] = wsum;
+    __syncthreads();
+    float mAll = negInf();
 #pragma unroll
-    for (int d = 0; d < kDimsPerLane; d += 2)
-        *reinterpret_cast<uint32_t*>(dst + d) = Mma<CT>::pack(acc[d] * inv, acc[d + 1] * inv);
+    for (int w = 0; w < kMergeWarps; ++w) mAll = fmaxf(mAll, sMax[w]);
+    float const mUse = mAll == negInf() ? 0.f : mAll;
+    float f[kMergeWarps];
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kMergeWarps; ++w) {
+        f[w] = fastExp2(sMax[w] - mUse);
+        total += f[w] * sSum[w];
+    }
+    float const inv = total > 0.f ? 1.f / total : 0.f;  // every chunk saw nothing: 0, never 0/0
+    CT* const dst = static_cast<CT*>(p.out) + (int64_t(token) * p.numQHeads + head) * kD;
+    for (int32_t i = tid; i < kD / 2; i += kMergeWarps * 32) {
+        float x0 = 0.f, x1 = 0.f;
+#pragma unroll
+        for (int w = 0; w < kMergeWarps; ++w) {
+            x0 = fmaf(f[w], sAcc[w][2 * i], x0);
+            x1 = fmaf(f[w], sAcc[w][2 * i + 1], x1);
+        }
+        *reinterpret_cast<uint32_t*>(dst + 2 * i) = Mma<CT>::pack(x0 * inv, x1 * inv);
+    }
 }
 
 }  // namespace
@@ -109,8 +145,7 @@ cudaError_t launchMergeKernel(AttentionKernelParams const& kp, IODType io, int32
     return dispatchAttention(io, false, headDim, [&](auto ct, auto, auto d) -> cudaError_t {
         using CT = typename decltype(ct)::type;
         constexpr int kD = decltype(d)::value;
-        attentionMergeKernel<CT, kD><<<grid, kMergeWarps * 32, 0, stream>>>(kp);
-        return cudaGetLastError();
+        return launchProgrammaticDependent(attentionMergeKernel<CT, kD>, grid, dim3(kMergeWarps * 32), stream, kp);
     });
 }
 

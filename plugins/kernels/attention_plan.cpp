@@ -194,8 +194,9 @@ AttentionPlan planAttention(AttentionParams const& p, DeviceFacts const& facts) 
     plan.partialChunks = plan.runMerge ? chunks : 0;
     plan.workspaceBytes = plan.runMerge ? size_t(int64_t(chunks) * T * H * rowBytes) : 0;
     int64_t rows = int64_t(T) * H;
-    constexpr int64_t kMergeRowsPerCta = 4;  // one warp per row, 4 warps
-    plan.mergeGrid = dim3(uint32_t(ceilDiv64(rows, kMergeRowsPerCta)), 1, 1);
+    // One CTA (4 warps over the chunks) per (token, head) row: a long split's chunks are read in one batch
+    // per warp (attention_merge.cu). rows <= INT32_MAX (validated: numTokens * numQHeads < 2^31).
+    plan.mergeGrid = dim3(uint32_t(rows), 1, 1);
     return plan;
 }
 

@@ -36,7 +36,7 @@ struct AttentionPlan {
     dim3 multiGrid;        // (bodyTiles + B, KVH, multiGridChunks)
     int32_t multiTileRows;
     bool runMerge;         // some sequence may be split
-    dim3 mergeGrid;        // one warp per (token, head) row
+    dim3 mergeGrid;        // one CTA per (token, head) row
     int32_t partialChunks; // chunk slots in the workspace (0 when nothing is split)
     size_t workspaceBytes; // bytes the launch uses (<= params.workspaceBytes)
 };

@@ -195,6 +195,11 @@ CASES = [
     Case(_decode_lengths(16), cache=CacheDType.FP8_E4M3, io="bfloat16", q_pow2=-30,
          softmax_scale=2.0**30 / np.sqrt(128), seed=53),
     Case(((900, 1), (500, 3), (40, 1)), window=100, sinks=4, cache=CacheDType.FP8_E4M3, io="bfloat16", seed=54),
+    # the 8-bit decode loader (two lanes per row, own page lookups): NHD rows, a non-power-of-two page, and
+    # a sliding window whose span starts mid-page over evicted pages
+    Case(_decode_lengths(16), cache=CacheDType.INT8, io="float16", layout=PageLayout.NHD, page_size=24, seed=55),
+    Case(((900, 1), (500, 3), (3000, 1)), window=100, sinks=4, evict_below_window=True, cache=CacheDType.FP8_E4M3,
+         io="bfloat16", head_dim=256, seed=56),
     # NHD pages, pool with several layers / pool groups
     Case(_decode_lengths(16), layout=PageLayout.NHD),
     Case(((30, 1), (300, 40)), layout=PageLayout.NHD, num_layers=3, layer=2, pool_index=1, cache=CacheDType.FP16,
@@ -233,6 +238,12 @@ def test_matches_reference(case):
 @pytest.mark.parametrize("case", [
     Case(((32767, 1),), seed=30),                                   # one long decode: split-K + merge
     Case(((12000, 1),), num_q_heads=4, num_kv_heads=1, seed=34),     # > 32 chunks: the merge's chunk batches
+    # ~79 chunks at D = 256: each merge warp folds 3 batches (online rescale across batches), fp16 output
+    Case(((20000, 1),), num_q_heads=8, num_kv_heads=1, head_dim=256, cache=CacheDType.FP16, io="float16",
+         seed=35),
+    # a split decode next to a split 9-token draft (18 rows: multi-token kernel), D = 64: the merge is launched
+    # after the multi-token kernel, which never triggers it early, and combines both kernels' chunks
+    Case(((30000, 1), (5000, 9)), num_q_heads=8, num_kv_heads=4, head_dim=64, seed=36),
     Case(((9000, 1), (3, 1)), cache=CacheDType.FP8_E4M3, page_size=64, seed=31),
     Case(((12000, 4), (12000, 1)), num_q_heads=16, num_kv_heads=4, head_dim=64, seed=32),
     Case(((12000, 40),), num_q_heads=8, num_kv_heads=2, seed=33),   # a late prefill chunk, split over the prefix
