@@ -15,6 +15,7 @@ Everything here reads; nothing changes the model. The rewrite (``rewrite.py``) a
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -45,15 +46,53 @@ def _is_identity(node: onnx.NodeProto) -> bool:
     return node.op_type == "Identity" or (node.op_type == "Concat" and len([i for i in node.input if i]) == 1)
 
 
+# ONNX Runtime's fused ops that onnx's shape inference has no schema for (ORT's transformer optimizer writes
+# them outside attention): (domain, op) -> the outputs that have the shape and type of input 0. Without this,
+# inference stops at the first of them and every shape downstream (Reshape targets, Slice ends) is unknown.
+SHAPE_PRESERVING_FOREIGN_OPS = {
+    ("", "SimplifiedLayerNormalization"): (0,),
+    ("com.microsoft", "SimplifiedLayerNormalization"): (0,),
+    ("com.microsoft", "SkipSimplifiedLayerNormalization"): (0, 3),
+    ("com.microsoft", "SkipLayerNormalization"): (0, 3),
+    ("com.microsoft", "FastGelu"): (0,),
+    ("com.microsoft", "BiasGelu"): (0,),
+    ("com.microsoft", "Gelu"): (0,),
+    ("com.microsoft", "QuickGelu"): (0,),
+}
+
+
+def _infer_shapes(model: onnx.ModelProto) -> onnx.GraphProto:
+    """The model's graph with shape inference's value_info; ORT's shape-preserving fused ops stand in as
+    Identity nodes for the inference only (the nodes returned are the model's own)."""
+    nodes, changed = [], False
+    for node in model.graph.node:
+        keep = SHAPE_PRESERVING_FOREIGN_OPS.get((node.domain or "", node.op_type))
+        if keep is None or (not node.domain and onnx.defs.has(node.op_type)):
+            nodes.append(node)
+            continue
+        changed = True
+        nodes += [onnx.helper.make_node("Identity", [node.input[0]], [node.output[i]])
+                  for i in keep if i < len(node.output) and node.output[i]]
+    surrogate = model
+    if changed:
+        surrogate = copy.deepcopy(model)
+        del surrogate.graph.node[:]
+        surrogate.graph.node.extend(nodes)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(surrogate, data_prop=True).graph
+    except Exception:  # noqa: BLE001 - inference is a help, not a requirement
+        return model.graph
+    if changed:
+        del inferred.node[:]
+        inferred.node.extend(model.graph.node)
+    return inferred
+
+
 # ---- the index ----------------------------------------------------------------------------------------
 class GraphView:
     def __init__(self, model: onnx.ModelProto):
-        try:
-            inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
-        except Exception:  # noqa: BLE001 - inference is a help, not a requirement
-            inferred = model
         self.model = model
-        self.graph = inferred.graph
+        self.graph = _infer_shapes(model)
         self.opsets = {o.domain: o.version for o in model.opset_import}
         self.nodes = list(self.graph.node)
         self.producer: dict[str, onnx.NodeProto] = {}
@@ -107,16 +146,23 @@ class GraphView:
         if node.op_type in ("Unsqueeze", "Squeeze", "Cast", "Identity"):
             inner = self.partial_value(node.input[0])
             return inner if inner is not None and len(inner) == 1 else None
-        if node.op_type == "Gather" and self.producer.get(node.input[0]) is not None \
-                and self.producer[node.input[0]].op_type == "Shape":
-            index = self.constant(node.input[1])
+        if node.op_type == "Shape":
+            dims = self.static_shape(node.input[0])
+            start, end = self.attr(node, "start", 0), self.attr(node, "end", None)
+            return None if dims is None else dims[start:end] if end is not None else dims[start:]
+        if node.op_type == "Gather":  # of a shape: Gather(Shape(x), i), or of a permuted one (ORT folds
+            index = self.constant(node.input[1])  # Shape(Transpose(x)) into Gather(Shape(x), perm))
             if index is None:
                 return None
-            shape_node = self.producer[node.input[0]]
-            dims = self.static_shape(shape_node.input[0])
-            if dims is None or shape_node.attribute:  # (Shape with start/end: not worth the bookkeeping)
-                return [None] * max(1, index.size)
-            return [dims[int(i)] for i in index.reshape(-1)]
+            table = self.constant(node.input[0])
+            dims = self.partial_value(node.input[0]) if table is None or table.ndim == 1 else None
+            if dims is None:
+                source = self.producer.get(node.input[0])
+                return [None] * max(1, index.size) if source is not None and source.op_type == "Shape" else None
+            picks = [int(i) for i in index.reshape(-1)]
+            if GraphView.attr(node, "axis", 0) != 0 or any(not -len(dims) <= i < len(dims) for i in picks):
+                return None
+            return [dims[i] for i in picks]
         if node.op_type in ("Add", "Sub", "Mul", "Div") and len(node.input) == 2:
             a, b = self.partial_value(node.input[0]), self.partial_value(node.input[1])
             if a is None or b is None or (len(a) != len(b) and 1 not in (len(a), len(b))):
@@ -442,7 +488,7 @@ def _reshape_target(view, node, output, labels, colmap, token_prefix) -> list[in
             return feature
     target = view.partial_value(node.input[1]) if node.op_type == "Reshape" else None
     if target is not None and len(target) > token_prefix:
-        feature = [colmap.shape[i - token_prefix] if v == 0 and i - token_prefix < colmap.ndim else v
+        feature = [colmap.shape[i - token_prefix] if v == 0 and 0 <= i - token_prefix < colmap.ndim else v
                    for i, v in enumerate(target)][token_prefix:]
         if feature.count(-1) == 1:
             known = int(np.prod([v for v in feature if v != -1]))
@@ -670,16 +716,24 @@ def _unwrap_inv_freq(positions: list[int], angles: np.ndarray) -> np.ndarray:
     return freq
 
 
-def measure_rope(view: GraphView, region: Region, step: ProbeStep, heads_map: np.ndarray) -> RopeMeasurement:
+def measure_rope(view: GraphView, region: Region, step: ProbeStep, heads_map: np.ndarray,
+                 chain: ProjectionChain | None = None) -> RopeMeasurement:
     """Run the RoPE region on unit vectors at positions 0 and LADDER; read pairs, rotary dim, frequencies.
 
     ``heads_map`` [heads, D] gives, for each (head, dim), the index into the region input's flattened
-    feature axes."""
+    feature axes. ``chain`` (the projection chain the region sits on): its hidden-state input is fed as zeros
+    too, so that a Shape read inside the region (the sin/cos or the reshape taking the batch from q) stops at
+    this layer's input instead of pulling in every layer before it (ORT's graph optimizations share such reads;
+    the earlier layers would then run at the ladder's long positions on past caches of that length)."""
     layout = region.layout
     heads, D = heads_map.shape
     feat_shape = layout.colmap.shape
     perm_to_tokens = layout.tokens_first()
     inverse = np.argsort(perm_to_tokens)
+    hidden_feed = {}
+    if chain is not None:
+        weight = view.constant(chain.weight)
+        hidden_feed[chain.hidden] = np.zeros((D, 1, weight.shape[0]), dtype=weight.dtype)
 
     def run(position: int) -> np.ndarray:  # -> M [D out, D in] per head: [heads, D, D]
         x = np.zeros((D, 1, int(np.prod(feat_shape))), dtype=np.float32)  # [basis, seq, features]
@@ -687,7 +741,8 @@ def measure_rope(view: GraphView, region: Region, step: ProbeStep, heads_map: np
             x[d, 0, heads_map[:, d]] = 1.0
         x = x.reshape((D, 1) + feat_shape).transpose(inverse)
         dtype = _np_dtype(view.elem_type(region.input))
-        (y,) = view.evaluate([region.output], {region.input: x.astype(dtype)}, step.at(D, position, 1))
+        (y,) = view.evaluate([region.output], {region.input: x.astype(dtype), **hidden_feed},
+                             step.at(D, position, 1))
         y = np.asarray(y, dtype=np.float64).transpose(perm_to_tokens).reshape(D, -1)  # [basis, features]
         return np.stack([y[:, heads_map[h]].T for h in range(heads)])  # [heads, out d, in d]
 

@@ -277,7 +277,7 @@ def _analyze(view: GraphView, m: patterns.AttentionMatch, step: ProbeStep, index
             region = ropes[n]
             position = {int(c): i for i, c in enumerate(region.layout.colmap.ravel())}
             heads_map = np.vectorize(position.__getitem__)(colmaps[n])
-            found[n] = fit_rope_config(measure_rope(view, region, step, heads_map), m.head_dim,
+            found[n] = fit_rope_config(measure_rope(view, region, step, heads_map, chains[n]), m.head_dim,
                                        describe(region.nodes[-1]))
         if found["q"] != found["k"]:
             raise RewriteError(f"{describe(m.anchor)}: q and k use different RoPE: {found['q']} vs {found['k']}")
@@ -542,9 +542,28 @@ def _finish(graph: gs.Graph, model: onnx.ModelProto) -> onnx.ModelProto:
     out.doc_string = (model.doc_string + "\n" if model.doc_string else "") + "rewritten by pagedkv.builder.rewrite"
     del out.metadata_props[:]
     out.metadata_props.extend(model.metadata_props)
-    onnx.checker.check_model(out)
-    onnx.shape_inference.infer_shapes(out, strict_mode=True)
+    _check(out, model)
     return out
+
+
+UNCHECKED_DOMAIN = "pagedkv.unchecked"
+
+
+def _check(out: onnx.ModelProto, model: onnx.ModelProto) -> None:
+    """onnx.checker and strict shape inference on the result. Ops the input model already carried in the
+    default domain that onnx has no schema for (ORT's transformer optimizer writes ``SimplifiedLayerNormalization``
+    there: ONNX Runtime registers it, onnx does not) are untouched by the rewrite: they are checked like custom
+    ops, on a copy."""
+    foreign = {n.op_type for n in model.graph.node if n.domain in ("", "ai.onnx") and not onnx.defs.has(n.op_type)}
+    checked = out
+    if foreign:
+        checked = copy.deepcopy(out)
+        for node in checked.graph.node:
+            if node.domain in ("", "ai.onnx") and node.op_type in foreign:
+                node.domain = UNCHECKED_DOMAIN
+        checked.opset_import.append(onnx.helper.make_opsetid(UNCHECKED_DOMAIN, 1))
+    onnx.checker.check_model(checked)
+    onnx.shape_inference.infer_shapes(checked, strict_mode=True)
 
 
 def rewrite_model(model: onnx.ModelProto | str | Path, options: RewriteOptions | None = None) -> RewriteResult:

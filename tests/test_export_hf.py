@@ -7,6 +7,9 @@ chunks (so steps mix prefill chunks and decodes) and 8 greedy decode steps: logi
 tolerance (conftest.TOLERANCES["float16"], on the logits' scale), identical greedy tokens, paged K/V equal
 to the present K/V.
 
+Beyond the matrix: the dynamo exporter at opset 23 with SDPA (the standard Attention and RotaryEmbedding
+ops), and the legacy export run through ONNX Runtime's transformer optimizer before the rewrite.
+
 Cells whose graph the rewrite does not recognize yet are listed in REWRITE_GAPS: they are strict xfails that
 must raise RewriteError, so a cell that starts to pass (or fails differently) turns red until the entry is
 removed. Skipped as a whole only when torch / transformers are not installed (the ``export`` extra).
@@ -35,11 +38,6 @@ PROMPTS = [5, 17, 33]
 # Empty today: every cell passes. Example entry:
 #   ("qwen3", "dynamo"): "past_value still read outside attention by a Shape node",
 REWRITE_GAPS: dict[tuple[str, str], str] = {}
-
-# Beyond the matrix: the dynamo exporter at opset 23 with SDPA emits the standard Attention and
-# RotaryEmbedding ops (the rewrite's onnx23 form, as real exporters write it).
-OPSET23_GAP = ("Attention node 'node_scaled_dot_product_attention': the rewrite expects the K cache to reach a "
-               "MatMul, found the opset-23 Attention op as the HF dynamo exporter writes it")
 
 _exported: dict = {}
 
@@ -88,20 +86,90 @@ def test_export_rewrite_compare(family, exporter, tmp_path_factory):
     assert all(len(t) == 8 for t in report.greedy_tokens.values())
 
 
-@needs_export
-@pytest.mark.xfail(strict=True, raises=_rewrite_error(), reason=f"rewrite gap: {OPSET23_GAP}")
-def test_dynamo_opset23_sdpa(tmp_path):
+def _rewrite_and_compare(path, label: str):
     from pagedkv.builder.compare import compare
     from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
 
-    result = hf.export_hf("llama", tmp_path / "llama23.onnx", exporter="dynamo", opset=23,
-                          attn_implementation="sdpa")
-    ops = {n.op_type for n in onnx.load(str(result.path)).graph.node}
-    assert {"Attention", "RotaryEmbedding"} <= ops  # the exporter did emit the standard ops: not the gap
-    rewritten = rewrite_model(str(result.path), RewriteOptions()).model  # RewriteError today
-    report = compare(str(result.path), rewritten, prompt_lens=PROMPTS, decode_steps=8, chunk_size=8,
+    result = rewrite_model(str(path), RewriteOptions())
+    start = time.perf_counter()
+    report = compare(str(path), result.model, prompt_lens=PROMPTS, decode_steps=8, chunk_size=8,
                      atol=FP16[0], rtol=FP16[1])
+    print(f"{label}: compare {time.perf_counter() - start:.1f} s, max abs {report.max_abs:.2e}")
     assert report.passed, str(report)
+    assert report.kv and report.kv_passed, str(report)
+    assert all(len(t) == 8 for t in report.greedy_tokens.values())
+    return result
+
+
+# Beyond the matrix: the dynamo exporter at opset 23 with SDPA emits the standard Attention and RotaryEmbedding
+# ops. transformers keeps the cache update (Concat) and repeat_kv outside the op, so the op gets the repeated
+# present K/V and a boolean mask, no past inputs. family -> the window the rewrite must find.
+OPSET23_FAMILIES = {"llama": 0, "mistral": 8}
+
+
+@needs_export
+@pytest.mark.parametrize("family", list(OPSET23_FAMILIES))
+def test_dynamo_opset23_sdpa(family, tmp_path):
+    result = hf.export_hf(family, tmp_path / f"{family}23.onnx", exporter="dynamo", opset=23,
+                          attn_implementation="sdpa")
+    graph = onnx.load(str(result.path)).graph
+    assert {"Attention", "RotaryEmbedding"} <= {n.op_type for n in graph.node}
+    attention = [n for n in graph.node if n.op_type == "Attention"]
+    assert len(attention) == result.num_layers
+    assert all(len([i for i in n.input if i]) == 4 for n in attention)  # q, k, v, mask: past concatenated outside
+    rewritten = _rewrite_and_compare(result.path, f"{family}/dynamo opset 23")
+    layers = rewritten.report.layers
+    assert [r.pattern for r in layers] == ["onnx_attention"] * result.num_layers
+    assert {(r.num_heads, r.num_kv_heads, r.window) for r in layers} == {(4, 2, OPSET23_FAMILIES[family])}
+    assert not {n.op_type for n in rewritten.model.graph.node} & {"Attention", "RotaryEmbedding"}
+
+
+# ONNX Runtime's transformer optimizer on the legacy export, before the rewrite. In onnxruntime 1.32 there is no
+# llama model type; "gpt2" (Gpt2OnnxModel: FusionRotaryAttention, RotaryEmbedding, the layer norms) is what its
+# llama scripts use. On transformers 5 exports it fuses no attention-related op: FusionRotaryEmbeddings looks
+# for sin/cos caches gathered by position ids, while transformers computes cos/sin from inv_freq x positions
+# ("failed to match sin path in apply_rope"), and the rotary attention fusion needs the fused rotary. What it
+# does fuse (the RMSNorms, the residual adds into them, GELU) sits outside attention and must stay untouched.
+# The default opt_level (1 for gpt2: ORT's basic graph optimizations run too; their common-subexpression
+# elimination makes layer 1's RoPE read a Shape whose source runs through layer 0, which measure_rope cuts off
+# by feeding the layer's hidden state). family -> the fused-op statistics expected.
+NORMS = {"SimplifiedLayerNormalization": 1, "SkipSimplifiedLayerNormalization": 4}
+GELU_LN = {"LayerNormalization": 1, "SkipLayerNormalization": 2, "FastGelu": 2}
+ORT_OPTIMIZER_FAMILIES = {
+    "llama": NORMS,
+    "mistral": NORMS,
+    "qwen2": NORMS,
+    "qwen3": {"SimplifiedLayerNormalization": 5, "SkipSimplifiedLayerNormalization": 4},  # + 4 q/k head norms
+    "gemma": {**NORMS, "FastGelu": 2},
+    "phi": GELU_LN,
+    "gptj": GELU_LN,
+    "gpt_neox": {"LayerNormalization": 3, "SkipLayerNormalization": 2, "BiasGelu": 2},  # parallel residual
+}
+ATTENTION_FUSIONS = ("Attention", "MultiHeadAttention", "GroupQueryAttention", "RotaryEmbedding")
+
+
+@needs_export
+@pytest.mark.parametrize("family", list(ORT_OPTIMIZER_FAMILIES))
+def test_ort_transformer_optimizer_then_rewrite(family, tmp_path_factory):
+    from onnxruntime.transformers import optimizer
+
+    from pagedkv.onnx_export._hf_families import tiny_config
+
+    exported = _export(family, "legacy", tmp_path_factory)
+    config = tiny_config(family)
+    optimized = optimizer.optimize_model(str(exported.path), model_type="gpt2", num_heads=config.num_attention_heads,
+                                         hidden_size=config.hidden_size)
+    fused = {op: count for op, count in optimized.get_fused_operator_statistics().items() if count}
+    assert fused == ORT_OPTIMIZER_FAMILIES[family]
+    ops = [(n.domain, n.op_type) for n in optimized.model.graph.node]
+    assert not [op for op in ops if op[1] in ATTENTION_FUSIONS]  # nothing attention-related was fused
+    path = tmp_path_factory.mktemp("ort") / f"{family}_legacy_ort.onnx"
+    optimized.save_model_to_file(str(path))
+    rewritten = _rewrite_and_compare(path, f"{family}/legacy + ORT optimizer")
+    assert [r.pattern for r in rewritten.report.layers] == ["decomposed"] * exported.num_layers
+    after = [(n.domain, n.op_type) for n in rewritten.model.graph.node]
+    for op in {op for op in ops if op[1] in fused}:  # the fused norms / GELUs are kept as they are
+        assert after.count(op) == ops.count(op), op  # (qwen3's q/k head norms stay in the kept q/k chains)
 
 
 @needs_export

@@ -418,3 +418,130 @@ def test_exporter_quirks_around_the_cache():
     folded = [n for n in result.model.graph.node if n.name == "/past_batch"]
     assert folded and folded[0].op_type == "Constant"  # batch 1 of the packed graph
     assert "past_key_values.1.value" not in {i.name for i in result.model.graph.input}
+
+
+# ---- the opset-23 Attention op fed by the past/present Concat (the dynamo exporter at opset 23 with sdpa) ----
+def _past_outside_attention(model: onnx.ModelProto, repeat: bool) -> None:
+    """Move each Attention op's past into Concats before it (present = Concat(past, new)); with ``repeat``, the
+    caches also go through transformers' repeat_kv (Unsqueeze -> Expand -> Reshape) like the real export."""
+    nodes = model.graph.node
+    for attn in [n for n in nodes if n.op_type == "Attention"]:
+        at = list(nodes).index(attn)
+        layer = attn.name.split("/")[2]
+        q, k, v, mask, past_k, past_v = attn.input
+        heads = 4
+        new = []
+        caches = []
+        for name, new_t, past, present in (("k", k, past_k, attn.output[1]), ("v", v, past_v, attn.output[2])):
+            new.append(onnx.helper.make_node("Concat", [past, new_t], [present], axis=2, name=f"/{layer}/cat_{name}"))
+            cache = present
+            if repeat:
+                shape = f"/{layer}/{name}_shape"
+                new += [onnx.helper.make_node("Unsqueeze", [present, "axis2"], [f"{cache}_u"],
+                                              name=f"/{layer}/u_{name}"),
+                        onnx.helper.make_node("Shape", [f"{cache}_u"], [shape], name=f"/{layer}/s_{name}"),
+                        onnx.helper.make_node("Mul", [shape, "repeat_factor"], [f"{shape}_r"],
+                                              name=f"/{layer}/m_{name}"),
+                        onnx.helper.make_node("Expand", [f"{cache}_u", f"{shape}_r"], [f"{cache}_e"],
+                                              name=f"/{layer}/e_{name}"),
+                        onnx.helper.make_node("Reshape", [f"{cache}_e", "repeated_shape"], [f"{cache}_r"],
+                                              name=f"/{layer}/r_{name}")]
+                cache = f"{cache}_r"
+            caches.append(cache)
+        del attn.input[:]
+        attn.input.extend([q, caches[0], caches[1], mask])
+        del attn.output[1:]
+        for i, node in enumerate(new):
+            nodes.insert(at + i, node)
+    if repeat:
+        model.graph.initializer.extend([
+            onnx.numpy_helper.from_array(np.asarray([2], np.int64), "axis2"),
+            onnx.numpy_helper.from_array(np.asarray([1, 1, heads // 2, 1, 1], np.int64), "repeat_factor"),
+            onnx.numpy_helper.from_array(np.asarray([0, heads, -1, 64], np.int64), "repeated_shape")])
+
+
+def _run_step(model: onnx.ModelProto, cfg: SyntheticConfig, past: int, seq: int) -> np.ndarray:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(7)
+    feeds = {"input_ids": rng.integers(0, cfg.vocab, (1, seq)).astype(np.int64),
+             "attention_mask": np.ones((1, past + seq), np.int64),
+             "position_ids": np.arange(past, past + seq, dtype=np.int64)[None]}
+    for i in range(cfg.num_layers):
+        for kv in ("key", "value"):
+            feeds[f"past_key_values.{i}.{kv}"] = rng.standard_normal((1, cfg.num_kv_heads, past, cfg.head_dim),
+                                                                     dtype=np.float32)
+    return sess.run(None, feeds)[0]
+
+
+@pytest.mark.parametrize("repeat", [False, True], ids=["gqa-in-op", "repeat_kv"])
+def test_onnx_attention_fed_by_the_present_concat(repeat):
+    cfg = SyntheticConfig(attention_form="onnx23")  # 4 query heads, 2 KV heads
+    assert (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (4, 2, 64)
+    model = _edited(cfg, lambda m: _past_outside_attention(m, repeat))
+    onnx.checker.check_model(model)
+    np.testing.assert_allclose(_run_step(model, cfg, 5, 3), _run_step(original(cfg), cfg, 5, 3), rtol=1e-5, atol=1e-5)
+    result = rewrite_model(model)
+    base = rewritten(cfg)
+    fields = ("pattern", "num_heads", "num_kv_heads", "head_dim", "rope", "window", "softmax_scale", "qkv_bias")
+    assert [[getattr(r, f) for f in fields] for r in result.report.layers] == [
+        [getattr(r, f) for f in fields] for r in base.report.layers]
+    for op in (WRITE_PLUGIN_NAME, ATTENTION_PLUGIN_NAME):
+        assert [attributes(n) for n in plugin_nodes(result.model, op)] == [
+            attributes(n) for n in plugin_nodes(base.model, op)]
+    assert not {"Attention", "RotaryEmbedding", "Expand"} & {n.op_type for n in result.model.graph.node}
+
+
+def test_onnx_attention_with_a_wrong_repeat_names_the_op():
+    cfg = SyntheticConfig(attention_form="onnx23")
+
+    def edit(model):
+        _past_outside_attention(model, repeat=True)
+        for n in model.graph.node:  # new axis before the KV heads, tiled: query head h reads KV head h % 2
+            if n.op_type == "Expand":
+                n.op_type, n.input[1] = "Tile", "tile_repeats"
+        model.graph.initializer.append(onnx.numpy_helper.from_array(np.asarray([1, 2, 1, 1, 1], np.int64),
+                                                                    "tile_repeats"))
+        for init in model.graph.initializer:
+            if init.name == "axis2":
+                init.CopyFrom(onnx.numpy_helper.from_array(np.asarray([1], np.int64), "axis2"))
+    model = _edited(cfg, edit)
+    with pytest.raises(RewriteError, match=r"Attention node '/model/layers.0/attn/Attention_\d+': expected the GQA "
+                                           r"repeat to give query head h the KV head h // 2"):
+        rewrite_model(model)
+
+
+# ---- graph reading around ORT's optimizer --------------------------------------------------------------------
+def test_partial_value_reads_shape_slices_and_permuted_shapes():
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", "seq", 4, 8])
+    nodes = [onnx.helper.make_node("Shape", ["x"], ["tail"], start=2),
+             onnx.helper.make_node("Shape", ["x"], ["full"]),
+             onnx.helper.make_node("Gather", ["full", "perm"], ["permuted"]),
+             onnx.helper.make_node("Gather", ["permuted", "last"], ["width"]),
+             onnx.helper.make_node("Gather", ["table", "last"], ["row"])]
+    inits = [onnx.numpy_helper.from_array(np.asarray([0, 2, 1, 3], np.int64), "perm"),
+             onnx.numpy_helper.from_array(np.asarray([3], np.int64), "last"),
+             onnx.numpy_helper.from_array(np.arange(8, dtype=np.int64).reshape(4, 2), "table")]
+    outs = [onnx.helper.make_empty_tensor_value_info(n) for n in ("tail", "width", "row")]
+    view = GraphView(onnx.helper.make_model(onnx.helper.make_graph(nodes, "g", [x], outs, inits)))
+    assert view.partial_value("tail") == [4, 8]
+    assert view.partial_value("permuted") == [None, 4, None, 8]
+    assert view.partial_value("width") == [8]
+    assert view.partial_value("row") is None  # a row of a 2-D table is not a shape entry
+
+
+def test_shapes_are_inferred_through_ort_fused_norms():
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", "seq", 16])
+    nodes = [onnx.helper.make_node("SkipSimplifiedLayerNormalization", ["x", "x", "w"], ["y", "", "", "sum"],
+                                   domain="com.microsoft", epsilon=1e-6),
+             onnx.helper.make_node("SimplifiedLayerNormalization", ["sum", "w"], ["z"], epsilon=1e-6),
+             onnx.helper.make_node("Reshape", ["z", "split"], ["heads"])]
+    inits = [onnx.numpy_helper.from_array(np.ones(16, np.float32), "w"),
+             onnx.numpy_helper.from_array(np.asarray([0, 0, 2, 8], np.int64), "split")]
+    model = onnx.helper.make_model(onnx.helper.make_graph(nodes, "g", [x], [
+        onnx.helper.make_empty_tensor_value_info("y"), onnx.helper.make_empty_tensor_value_info("heads")], inits),
+        opset_imports=[onnx.helper.make_opsetid("", 17), onnx.helper.make_opsetid("com.microsoft", 1)])
+    view = GraphView(model)
+    assert view.static_shape("heads") == [None, None, 2, 8]
+    assert view.dim_names("y") == ["batch", "seq", 16]
+    assert [n.op_type for n in view.nodes] == ["SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization",
+                                               "Reshape"]  # the view's nodes are the model's own

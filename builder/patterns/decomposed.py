@@ -6,6 +6,9 @@
               └ [repeat: Unsqueeze/Expand/Reshape]              └ [repeat]
                 └ Transpose(-1, -2) [Mul sqrt(s)]                 │
     q [Mul sqrt(s)] ─ MatMul ─ [Mul|Div s] ─ Add(mask)|Where ─ Softmax(-1) ─ MatMul ─ Transpose ─ Reshape ─> o_proj
+
+When the (repeated) caches reach the opset-23 ``Attention`` op instead of the two MatMuls (the dynamo exporter
+at opset 23 with SDPA), ``onnx_attention.match_concat`` reads the op.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import onnx
 
 from pagedkv.builder.graph_info import (GraphView, RewriteError, describe, follow_output, layout_chain,
                                         trace_projection)
-from pagedkv.builder.patterns import AttentionMatch, KVAnchor, heads_from_shape
+from pagedkv.builder.patterns import AttentionMatch, KVAnchor, heads_from_shape, onnx_attention
 
 NAME = "decomposed"
 ANCHOR_OPS = {("", "Concat")}
@@ -51,7 +54,7 @@ def _follow_cache(view: GraphView, anchor: KVAnchor):
     base = repeated = t  # the cache before and after the GQA repeat ops
     while True:
         node = _next(view, t, anchor.node)
-        if node.op_type == "MatMul":
+        if node.op_type == "MatMul" or (node.op_type == "Attention" and (node.domain or "") == "" and not transposed):
             return node, list(node.input).index(t), (base, repeated), scale, transposed
         factor = _scalar_factor(view, node, t)
         if factor is not None:
@@ -67,8 +70,8 @@ def _follow_cache(view: GraphView, anchor: KVAnchor):
             if repeated == base == t:  # e.g. GPT-J's Cast to the present: the repeat starts after it
                 base = repeated = node.output[0]
         else:
-            raise RewriteError(f"{describe(node)}: expected the cache {anchor.present!r} to reach a MatMul through "
-                               f"repeat/Transpose/scale ops, found {node.op_type}")
+            raise RewriteError(f"{describe(node)}: expected the cache {anchor.present!r} to reach a MatMul (or the "
+                               f"opset-23 Attention op) through repeat/Transpose/scale ops, found {node.op_type}")
         t = node.output[0]
 
 
@@ -128,10 +131,16 @@ def _concat_inputs(view: GraphView, anchor: KVAnchor) -> str:
 
 def match(view: GraphView, anchors: list[KVAnchor]) -> list[AttentionMatch]:
     keys, values = {}, {}  # QK^T MatMul -> anchor info; PV MatMul -> anchor info
+    fused: dict = {}  # opset-23 Attention op fed by the caches -> {input index: its anchor info}
     for anchor in anchors:
         new = _concat_inputs(view, anchor)
         matmul, index, repeated, scale, transposed = _follow_cache(view, anchor)
-        if index == 1 and transposed:
+        if matmul.op_type == "Attention":
+            if index not in (onnx_attention.K, onnx_attention.V):
+                raise RewriteError(f"{describe(matmul)}: expected the cache {anchor.present!r} as its K or V input, "
+                                   f"got input {index}")
+            fused.setdefault(matmul.name or id(matmul), (matmul, {}))[1][index] = (anchor, new, repeated, scale)
+        elif index == 1 and transposed:
             keys[matmul.name or id(matmul)] = (anchor, new, matmul, repeated, scale)
         elif index == 1 and not transposed:
             values[matmul.name or id(matmul)] = (anchor, new, matmul, repeated, scale)
@@ -139,6 +148,11 @@ def match(view: GraphView, anchors: list[KVAnchor]) -> list[AttentionMatch]:
             raise RewriteError(f"{describe(matmul)}: expected the cache {anchor.present!r} as its second input "
                                f"(K transposed, or V), got input {index}")
     matches = []
+    for node, caches in fused.values():
+        if set(caches) != {onnx_attention.K, onnx_attention.V}:
+            raise RewriteError(f"{describe(node)}: expected both the K and the V cache to reach it from past/present "
+                               f"Concats, found only input(s) {sorted(caches)}")
+        matches.append(onnx_attention.match_concat(view, node, caches[onnx_attention.K], caches[onnx_attention.V]))
     for anchor, k_new, scores_mm, k_repeated, k_scale in keys.values():
         softmax, score_scale, mask, true_visible = _scores_to_softmax(view, scores_mm)
         pv = _softmax_to_pv(view, softmax)
