@@ -2,17 +2,20 @@
 // itself) and any sequence whose rows do not fit one 16-row tile. FlashAttention-2 style on mma.sync: a CTA
 // owns a tile of kRows query rows (consecutive tokens x the G heads of one KV head), each warp 16 x kMTiles of
 // them with Q fragments, S accumulators and O accumulators in registers; the 4 warps share K/V tiles of kTile
-// tokens that stream through a double-buffered cp.async pipeline, pages resolved per row through the block
-// table. Only the KV tiles the rows can see are visited (sinks + window, causal end), and the per-element
-// mask runs only on tiles that need it.
+// tokens that stream through a cp.async pipeline (3 stages for D <= 128, 2 for D = 256), pages resolved per
+// row through the block table. Only the KV tiles the rows can see are visited (sinks + window, causal end),
+// and the per-element mask runs only on tiles that need it.
 //
 // Grid (bodyTiles + B, KVH, Z): row-tile slots (attention_schedule.h: multiRowTile) in reverse order so that
 // the tiles with the longest causal range start first, KV heads, split-K chunks.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "attention_dispatch.cuh"
 #include "attention_kernels.h"
+#include "attention_prefill_tile.cuh"
 #include "attention_tile.cuh"
 
 namespace pagedkv {
@@ -27,7 +30,11 @@ struct MultiConfig {
     static constexpr int kRows = multiTileRows(kD);      // kWarps * 16 * kMTiles
     static constexpr int kTile = multiTileTokens(kD);    // KV tokens per pipeline stage
     static constexpr int kNT = kTile / 8;                // n8 tiles of S per m16 tile
-    static constexpr int kStages = kMultiStages;
+    // 3 stages for D <= 128: one barrier per KV tile instead of two, and tiles are requested two tiles ahead
+    // (shared memory: 80 KB at D = 128, still 2 CTAs/SM, which the 255 registers allow anyway). D = 256 keeps
+    // 2 stages (3 would exceed 113 KB per CTA and drop it to 1 CTA/SM).
+    static constexpr int kStages = kD <= 128 ? 3 : kMultiStages;
+    static constexpr int kAhead = kStages - 1;  // tiles in flight ahead of the one being computed
     static constexpr int kElemBytes = k8Bit ? 1 : 2;
     static constexpr int kRawTileBytes = kTile * kD * kElemBytes;
     static constexpr int kConvTileBytes = k8Bit ? kTile * kD * 2 : 0;
@@ -77,16 +84,22 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
     // the lookups were ~1/4 of the instructions per tile (issue-bound kernel, measured 144 TFLOP/s).
     constexpr int kWarpRows = kTile / Cfg::kWarps;
     constexpr uint32_t kWarpRowBytes = uint32_t(kWarpRows * kD * Cfg::kElemBytes);
+    // Bytes from a K row to the V row of the same (block, layer, head, offset) (kv is the only difference).
+    int64_t const vDeltaBytes = (p.layout.elemOffset(0, p.layer, 1, kvHead, 0) -
+                                 p.layout.elemOffset(0, p.layer, 0, kvHead, 0)) * Cfg::kElemBytes;
+    // issue(i): tile i's copies into its stage (one commit group per call, empty past the last tile).
     auto issue = [&](int32_t i) {
         if (i < numTiles) {
             int32_t const stage = i % Cfg::kStages;
-            loadKVRowsWarp<kD, Cfg::kElemBytes, kWarpRows>(
-                p, src, w.tiles.tile(i) * kTile + warp * kWarpRows, smemAddr(rawK(stage)) + warp * kWarpRowBytes,
-                smemAddr(rawV(stage)) + warp * kWarpRowBytes, sPos + stage * kTile + warp * kWarpRows, lane);
+            loadKVRowsWarpLean<kD, Cfg::kElemBytes, kWarpRows>(
+                p, src, vDeltaBytes, w.tiles.tile(i) * kTile + warp * kWarpRows,
+                smemAddr(rawK(stage)) + warp * kWarpRowBytes, smemAddr(rawV(stage)) + warp * kWarpRowBytes,
+                sPos + stage * kTile + warp * kWarpRows, lane);
         }
         cpAsyncCommit();
     };
-    issue(0);
+#pragma unroll
+    for (int32_t i = 0; i < Cfg::kAhead; ++i) issue(i);
     loadQRows<CT, kD, Cfg::kRows, Cfg::kThreads>(p, sQ, w.rowBegin, w.rowEnd, kvHead, tid);
 
     // ---- this thread's rows: m-tile mt, rows g and g + 8
@@ -117,9 +130,16 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) m[mt][0] = m[mt][1] = negInf(), l[mt][0] = l[mt][1] = 0.f;
 
+    // Commit groups before iteration i's wait: tiles [0, i + kAhead) (2 stages: issue(i + 1) comes first).
+    // Waiting until at most kAhead - 1 = 1 group is pending therefore means tile i has landed.
+    //  * 2 stages: issue(i + 1) fills the stage of tile i - 1, released by the barrier ending iteration i - 1.
+    //  * 3 stages: issue(i + 2) fills the stage of tile i - 1 (and, 8-bit, convert(i) rewrites the converted
+    //    tiles that compute(i - 1) read) only after this iteration's barrier, which every warp reaches after
+    //    finishing iteration i - 1: one barrier per tile (two with the 8-bit conversion). It is placed after
+    //    the S MMAs (any point after the barrier is safe), and every warp calls it exactly once per iteration.
     for (int32_t i = 0; i < numTiles; ++i) {
-        issue(i + 1);            // the stage it fills was released by the barrier that ended iteration i - 1
-        cpAsyncWait<1>();        // tile i (and, at i = 0, nothing older) has landed for this thread ...
+        if constexpr (Cfg::kStages == 2) issue(i + 1);
+        cpAsyncWait<1>();        // tile i has landed for this thread ...
         __syncthreads();         // ... and for every thread; Q is visible too
         int32_t const stage = i % Cfg::kStages;
         uint32_t kTileAddr = smemAddr(rawK(stage));
@@ -156,8 +176,9 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
 #pragma unroll
                 for (int nt = 0; nt < kNT; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
             // Fully unrolled only when Q fragments live in registers (static indexing); otherwise a partial
-            // unroll keeps ptxas from hoisting every K fragment of the tile at once.
-#pragma unroll(Cfg::kQInRegs ? kD / 16 : 2)
+            // unroll keeps ptxas from hoisting every K fragment of the tile at once (4 k-steps: ldmatrix
+            // interleaved with the MMAs of the previous step, no spills; D = 128 sits at ~246 registers).
+#pragma unroll(Cfg::kQInRegs ? kD / 16 : 4)
             for (int kk = 0; kk < kD / 16; ++kk) {
                 uint32_t a[kMT][4];
 #pragma unroll
@@ -180,12 +201,28 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
                     }
                 }
             }
+            // 3 stages: the loader's integer work issues while the tensor cores still run the S MMAs above
+            // (their results are first needed by the softmax), instead of before any MMA of the tile.
+            if constexpr (Cfg::kStages == 3) issue(i + 2);
 
+            // Soft-cap and mask decided once per tile (uniform), not per score (attention_prefill_tile.cuh).
+            auto softmax = [&](auto capped, auto masked) {
 #pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-                float alpha[2];
-                softmaxStep<kNT>(p, s[mt], tilePos, needMask, qPos[mt][0], qPos[mt][1], lane, m[mt], l[mt], alpha);
-                rescaleRows(o[mt], alpha);
+                for (int mt = 0; mt < kMT; ++mt) {
+                    float alpha[2];
+                    softmaxStepFixed<kNT, decltype(capped)::value, decltype(masked)::value>(
+                        p, s[mt], tilePos, qPos[mt][0], qPos[mt][1], lane, m[mt], l[mt], alpha);
+                    rescaleRows(o[mt], alpha);
+                }
+            };
+            using Yes = std::true_type;
+            using No = std::false_type;
+            if (p.useSoftcap != 0) {
+                if (needMask) softmax(Yes{}, Yes{});
+                else softmax(Yes{}, No{});
+            } else {
+                if (needMask) softmax(No{}, Yes{});
+                else softmax(No{}, No{});
             }
 
             // O += P V, 16 tokens per k-step; each V fragment feeds kMT MMAs
@@ -205,8 +242,11 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
                     }
                 }
             }
+        } else {
+            if constexpr (Cfg::kStages == 3) issue(i + 2);  // warps without rows still load their share
         }
-        __syncthreads();  // every warp is done with this stage (and the converted tile) before they are refilled
+        // 2 stages: every warp is done with this stage (and the converted tile) before they are refilled.
+        if constexpr (Cfg::kStages == 2) __syncthreads();
     }
     cpAsyncWait<0>();
 
