@@ -217,6 +217,15 @@ def run(which: set[str], check: bool) -> list[Result]:
             fi_us = time_us(fi_launch, torch, triton, graph=shape.decode)
             gb = minimal_bytes(shape, 2) / 1e9
             results.append(Result(shape.name, "flashinfer rope+append (NHD)", fi_us, gb, 0.0, 0.0, None, note))
+        if shape.decode:
+            # The floor of a one-kernel graph replay under this timing (L2 flush, events): what any decode kernel
+            # pays before its first instruction and after its last store. Decode time minus this is the kernel's
+            # own chain (NOTES-write.md, round 3).
+            one = torch.zeros(1, device="cuda")
+            floor_us = time_us(lambda: one.add_(1.0), torch, triton, graph=True)
+            results.append(Result(shape.name, "floor: 1-element torch kernel (graph replay)", floor_us, 0.0, 0.0, 0.0,
+                                  None, "launch + timing floor"))
+            del one
         for cache in ("bf16", "fp8"):
             for layout in ("HND", "NHD"):
                 launch, launch_reset, pool, keep = our_launcher(step, torch, cache, layout)
@@ -233,6 +242,12 @@ def run(which: set[str], check: bool) -> list[Result]:
                     us_r = time_us(launch_reset, torch, triton, graph=True)
                     results.append(Result(shape.name, "pagedkv bf16 HND + status memset (plugin enqueue)", us_r,
                                           gb, 0.0, 0.0, us_r / fi_us if fi_us else None))
+                    # Two identical launches in one graph (the write is idempotent): the second runs with warm
+                    # constant / instruction caches, metadata in L2 and the same shared-memory carve-out, so
+                    # (x2) - (x1) is the kernel without its cold-start costs (NOTES-write.md, round 3).
+                    us_2 = time_us(lambda: (launch(), launch()), torch, triton, graph=True)
+                    results.append(Result(shape.name, "pagedkv bf16 HND x2 in one graph", us_2, 2 * gb, 0.0, 0.0,
+                                          None, f"second launch: {us_2 - us:.1f} us"))
                 del pool, keep
         del step
         torch.cuda.empty_cache()

@@ -68,49 +68,5 @@ __device__ __forceinline__ KVSource makeKVSourceFromPool(PoolView const& pool, A
     return s;
 }
 
-// ---- 8-bit decode loader: one 16-token tile (virtual indices [v0, v0 + 16) of the CTA's span) -> the
-// chunk-swizzled staging tiles Frag8 reads, K and V, by one warp. Same contract as loadKVRowsWarp<kD, 1, 16,
-// true> (rows holding nothing are zero-filled without touching global memory, sPos[r] = position or -1), but
-// without shuffles: every lane resolves a row itself (two lanes per row, in parallel, so no extra
-// instruction) and copies half of its chunks, chunk 2j + half for j < kChunks / 2, of K and of V, from a row
-// base address plus immediate offsets. Lane l: row (l & 7) + 8 (l >> 4), half (l >> 3) & 1, so that
-//  * the two 16-byte halves of every 32-byte sector are read by lanes l and l ^ 8 of the same instruction
-//    (whole sectors from L2), and
-//  * each quarter warp (8 lanes: one shared-memory phase of 16-byte stores) writes 8 rows r = 0..7 (or
-//    8..15) at chunk position (2j + half) ^ (r & 7): 8 distinct 16-byte bank groups for D = 128 and 256
-//    (conflict-free; D = 64 rows are 64 bytes, 2-way).
-// Per tile and lane: one lookup, two elemOffsets and kChunks (LOP3 + cp.async) pairs, against 16 / (32 /
-// kChunks) shuffle-and-copy steps of the generic loader (the 8-bit decode path is issue-bound).
-template <int kD>
-__device__ __forceinline__ void loadKVTile8Decode(AttentionKernelParams const& p, KVSource const& src, int32_t v0,
-                                                  uint32_t sK, uint32_t sV, int32_t* sPos, int32_t lane) {
-    constexpr int kRows = 16;
-    constexpr int kChunks = kD / 16;  // 16-byte chunks per 8-bit row: 4, 8 or 16
-    static_assert(kRows == kDecodeTileTokens && kChunks % 2 == 0, "two lanes per row of a 16-token tile");
-    int32_t const row = (lane & 7) + 8 * (lane >> 4);
-    int32_t const half = (lane >> 3) & 1;
-    KVRow const r = kvRowAt(p.layout, src.table, src.span, src.chunk, v0 + row);
-    bool const holds = r.pos >= 0;
-    // A row holding nothing keeps the pool base: the copies below then read nothing (src-size 0) from
-    // addresses inside the pool's first row (< kD bytes past the base).
-    unsigned char const* kSrc = src.pool;
-    unsigned char const* vSrc = src.pool;
-    if (holds) {
-        kSrc += p.layout.elemOffset(r.loc.block, p.layer, 0, src.kvHead, r.loc.offset) + half * 16;
-        vSrc += p.layout.elemOffset(r.loc.block, p.layer, 1, src.kvHead, r.loc.offset) + half * 16;
-    }
-    if (half == 0) sPos[row] = r.pos;
-    // Frag8<kD>::chunkOffset(row, 2j + half) = row * kD + (((2j + half) ^ (row & m)) << 4); row * kD is a
-    // multiple of the 16 * kChunks bytes that the XOR stays inside, so it equals base ^ (j << 5) with
-    // base = row * kD + ((half ^ (row & m)) << 4) (bit 0 of the chunk index comes from half and the swizzle).
-    uint32_t const base = Frag8<kD>::chunkOffset(row, half);
-#pragma unroll
-    for (int j = 0; j < kChunks / 2; ++j) {
-        uint32_t const dst = base ^ uint32_t(j << 5);
-        cpAsync16(sK + dst, kSrc + 32 * j, holds);
-        cpAsync16(sV + dst, vSrc + 32 * j, holds);
-    }
-}
-
 }  // namespace attn
 }  // namespace pagedkv

@@ -10,6 +10,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <vector>
@@ -114,6 +115,31 @@ __device__ __forceinline__ void reportBadPage(int32_t* status, SeqSpan const& sp
     }
 }
 
+// Brings the lines of the kernel's parameter block that the first pass reads into the constant cache, all in
+// flight at once. A parameter operand that misses stalls its instruction, and the instructions behind it wait
+// in order: touched one by one as the code reaches them (the first loads' addresses, the metadata, the pool
+// descriptor, RoPE, q output, status), the ~8 distinct lines are a chain of dependent misses at kernel start,
+// where a decode step has nothing else to overlap them with. Skipped: the RoPE frequency table of the caller's
+// parameters (never read by the kernel) and the turns table (staged in parallel by the kernel itself; the last
+// touch below may land in its first line).
+// Returns a value the caller must store (a real use, so that the compiler keeps the loads).
+__device__ __forceinline__ uint32_t warmParameterLines(QKVWriteKernelParams const& kp) {
+    constexpr size_t kLine = 64;
+    constexpr size_t kFreqTable =
+        offsetof(QKVWriteKernelParams, p) + offsetof(QKVWriteParams, rope) + offsetof(RopeParams, invFreq);
+    constexpr size_t kAfterFreqTable = kFreqTable + sizeof(RopeParams::invFreq);
+    constexpr size_t kTurnsTable = offsetof(QKVWriteKernelParams, ropeTurns);
+    static_assert(offsetof(QKVWriteKernelParams, p) == 0 && kAfterFreqTable <= kTurnsTable,
+                  "the parameter block's layout assumed below");
+    unsigned char const* const bytes = reinterpret_cast<unsigned char const*>(&kp);
+    uint32_t touched = 0;
+#pragma unroll
+    for (size_t at = 0; at < kFreqTable + 16; at += kLine) touched ^= bytes[at];  // + the line of rope.style
+#pragma unroll
+    for (size_t at = kAfterFreqTable; at < kTurnsTable + kLine; at += kLine) touched ^= bytes[at];
+    return touched;
+}
+
 // 3 CTAs of 256 threads per SM (<= 80 registers, no spills; ~31 KB of static shared memory each) keep 24 warps
 // and, with kPrefetch = 4 copies in flight per thread, 24 x 32 x 4 x 16 B = 48 KB of reads in flight per SM:
 // Little's law at the read half of the copy ceiling (~16 B/ns per SM) covers ~3 us of loaded latency.
@@ -129,6 +155,12 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
 
     int32_t const warp = threadIdx.x >> 5;
     int32_t const lane = threadIdx.x & 31;
+    // kGlobal partners only: one warp pass of rows (rowsPerPass * D = 32 lanes x 8 dims floats) per warp.
+    __shared__ float stage[kQKVWriteWarps][32 * kVecElems];
+    // The parameter lines, fetched together before anything else (warmParameterLines says why). The store is
+    // the loads' only use, into this thread's own word of its warp's staging row: the kGlobal path's first
+    // write there follows a __syncwarp, and nothing reads the word before that write.
+    stage[warp][lane] = __uint_as_float(warmParameterLines(kp));
     int32_t const slot = lane >> plan.vecShift;        // which row of a warp pass
     int32_t const vec = lane & (plan.vecsPerRow - 1);  // which 8-element vector of that row
     int32_t const dim0 = vec * kVecElems;              // first head dim of my vector
@@ -195,28 +227,37 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
     // CTA; per token only the angle changes. The turns per position sit in shared memory laid out [k][vec]
     // (what lane `vec` needs for its dim vec*8 + k), so that a warp's reads are conflict-free.
     __shared__ uint64_t laneTurns[kVecElems * 32];  // [8][VPH <= 32]
-    // kGlobal partners only: one warp pass of rows (rowsPerPass * D = 32 lanes x 8 dims floats) per warp.
-    __shared__ float stage[kQKVWriteWarps][32 * kVecElems];
+    // The parameter table kp.ropeTurns, copied to shared memory first (step 1 below).
+    __shared__ uint64_t ropeTurnsStaged[kMaxRotaryPairs];
     bool const rope = kp.ropePartner != RopePartner::kNone;
     static_assert(kVecElems * 32 <= kQKVWriteThreads, "one thread per laneTurns entry");
     if (rope) {
-        // Thread i < 8 * VPH (a whole number of warps: VPH is 8, 16 or 32) fills entry i. The parameter table is
-        // read with warp-uniform indices, every entry in turn: indexing it per thread (32 addresses per warp)
-        // makes the constant cache serialize the addresses, and after an L2 flush each distinct line is a
-        // dependent miss on the way to the barrier that every warp of the CTA waits at.
+        // Step 1: warp w copies entries [w * S, w * S + S) of the parameter table to shared memory. Its S loads
+        // use warp-uniform indices (one broadcast each, no constant-cache serialization) and are all issued
+        // before any is used, so the copy costs one constant-cache miss latency. (Round 2 scanned the whole
+        // table in every thread, 8 loads at a time: 8 dependent misses after the launch, on the way to the
+        // barrier that every warp of the CTA waits at: the decode path's critical chain.)
+        constexpr int32_t kTurnsPerWarp = kMaxRotaryPairs / kQKVWriteWarps;
+        static_assert(kMaxRotaryPairs % kQKVWriteWarps == 0 && kTurnsPerWarp <= 32, "one lane per staged entry");
+        int32_t const firstFreq = warp * kTurnsPerWarp;
+        if (firstFreq < kp.ropeHalf) {  // warp-uniform; entries >= R/2 are never read
+            uint64_t turns[kTurnsPerWarp];
+#pragma unroll
+            for (int32_t j = 0; j < kTurnsPerWarp; ++j) turns[j] = kp.ropeTurns[firstFreq + j];  // < kMaxRotaryPairs
+            uint64_t mine = 0;
+#pragma unroll
+            for (int32_t j = 0; j < kTurnsPerWarp; ++j) mine = lane == j ? turns[j] : mine;
+            if (lane < kTurnsPerWarp) ropeTurnsStaged[firstFreq + lane] = mine;
+        }
+        __syncthreads();
+        // Step 2: thread i < 8 * VPH (a whole number of warps: VPH is 8, 16 or 32) fills laneTurns entry i from
+        // shared memory. Entries [0, R/2) were all staged: the 8 warps cover [0, kMaxRotaryPairs) >= R/2.
         int32_t const i = threadIdx.x;
         if (i < kVecElems * plan.vecsPerRow) {
             int32_t const k = i >> plan.vecShift;
             int32_t const v = i & (plan.vecsPerRow - 1);
             RopeElem const e = ropeElem(p.rope.style, p.rope.rotaryDim, v * kVecElems + k);
-            int32_t const myFreq = e.rotates ? e.freq : -1;  // freq < R/2 = ropeHalf when it rotates
-            uint64_t myTurns = 0;
-#pragma unroll 8
-            for (int32_t f = 0; f < kp.ropeHalf; ++f) {
-                uint64_t const turns = kp.ropeTurns[f];
-                myTurns = f == myFreq ? turns : myTurns;
-            }
-            laneTurns[i] = myTurns;
+            laneTurns[i] = e.rotates ? ropeTurnsStaged[e.freq] : 0;  // freq < R/2 = ropeHalf when it rotates
         }
         __syncthreads();
     }

@@ -210,8 +210,8 @@ def test_memory_returns_to_baseline_after_many_sequences():
     live_baseline = cuda.live_device_bytes()
     mgr = KVCacheManager([spec], 4096, host_blocks=64, storage="device")
     try:
-        during, _ = cuda.mem_get_info()
-        assert baseline - during >= mgr.storage.nbytes
+        # Per process (other test processes share the GPU): the pools are really allocated.
+        assert cuda.live_device_bytes() - live_baseline >= mgr.storage.nbytes
         rng = np.random.default_rng(4)
         live = []
         for s in range(10_000):
