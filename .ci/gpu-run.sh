@@ -42,6 +42,10 @@ if has tests; then
     > "$OUT/gpu-tests.log" 2>&1
   t=$?; [ $t -ne 0 ] && rc=$t
   tail -40 "$OUT/gpu-tests.log" | tee -a "$OUT/summary.txt"
+  log "device-wide memory check, alone on the GPU"
+  PAGEDKV_SERIAL_GPU_TEST=1 python3 -m pytest -q -p no:cacheprovider \
+    tests/gpu/test_kvcache_gpu.py::test_memory_returns_to_baseline_after_many_sequences 2>&1 | tail -3 | tee -a "$OUT/summary.txt"
+  t=${PIPESTATUS[0]}; [ $t -ne 0 ] && rc=$t
 fi
 
 if has sanitize; then

@@ -5,6 +5,8 @@ to its baseline, byte-budget sizing. Every comparison is on raw bytes (NaN poiso
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -237,10 +239,12 @@ def test_memory_returns_to_baseline_after_many_sequences():
     # Exact: every device byte this process allocated through pagedkv is returned.
     assert cuda.live_device_bytes() == live_baseline, \
         f"device memory not returned: {cuda.live_device_bytes() - live_baseline} bytes still held"
-    # Device-wide free memory is shared with other processes (the GPU suite runs tests in parallel) and the
-    # driver allocates in 2 MiB granules, so it is checked to a bound far below one leaked pool (256 MiB here)
-    # or 10^4 leaked metadata buffers.
-    assert abs(baseline - after) <= 64 * 2**20, f"device free memory moved by {baseline - after} bytes"
+    # Device-wide free memory is shared with every other process on the GPU (the GPU suite runs its tests in
+    # parallel workers), so it says something only when this process is alone: .ci/gpu-run.sh runs this test
+    # once more on its own (PAGEDKV_SERIAL_GPU_TEST=1). The driver allocates in 2 MiB granules: the bound is
+    # far below one leaked pool (1 GiB here) or 10^4 leaked metadata buffers.
+    if os.environ.get("PAGEDKV_SERIAL_GPU_TEST") == "1":
+        assert abs(baseline - after) <= 64 * 2**20, f"device free memory moved by {baseline - after} bytes"
 
 
 def test_byte_budget_sizing():
