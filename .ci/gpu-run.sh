@@ -44,7 +44,8 @@ if has tests; then
   tail -40 "$OUT/gpu-tests.log" | tee -a "$OUT/summary.txt"
   log "device-wide memory check, alone on the GPU"
   PAGEDKV_SERIAL_GPU_TEST=1 python3 -m pytest -q -p no:cacheprovider \
-    tests/gpu/test_kvcache_gpu.py::test_memory_returns_to_baseline_after_many_sequences 2>&1 | tail -3 | tee -a "$OUT/summary.txt"
+    tests/gpu/test_kvcache_gpu.py::test_memory_returns_to_baseline_after_many_sequences \
+    tests/gpu/test_kvcache_gpu.py::test_byte_budget_sizing 2>&1 | tail -3 | tee -a "$OUT/summary.txt"
   t=${PIPESTATUS[0]}; [ $t -ne 0 ] && rc=$t
 fi
 

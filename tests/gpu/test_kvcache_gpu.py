@@ -250,14 +250,23 @@ def test_memory_returns_to_baseline_after_many_sequences():
 def test_byte_budget_sizing():
     groups = [PoolGroupSpec("full", KVLayout(8, 8, 16, 128), CacheDType.BF16),
               PoolGroupSpec("win", KVLayout(4, 4, 32, 128), CacheDType.FP8_E4M3, window=512)]
+    # Free device memory is shared with the other test workers on the GPU: the budget the manager derived
+    # from it is checked exactly only when this test runs alone (.ci/gpu-run.sh, PAGEDKV_SERIAL_GPU_TEST=1);
+    # the split between the groups and the allocation itself are checked always.
+    alone = os.environ.get("PAGEDKV_SERIAL_GPU_TEST") == "1"
     free_before, _ = cuda.mem_get_info()
+    live_before = cuda.live_device_bytes()
     fraction = 0.05
     with KVCacheManager.from_memory_budget(groups, fraction, shares=[0.75, 0.25]) as mgr:
-        budget = fraction * free_before
         used = [nb * g.block_bytes for nb, g in zip(mgr.num_blocks, groups)]
-        assert sum(used) <= budget  # (the manager read free memory just after free_before: nothing in between)
+        if alone:
+            budget = fraction * free_before
+            assert sum(used) <= budget  # (the manager read free memory just after free_before: nothing in between)
+            for share, u, g in zip((0.75, 0.25), used, groups):
+                assert share * budget - g.block_bytes < u <= share * budget + g.block_bytes
+        # The shares hold whatever the budget was: each group within two blocks of its share of the total.
+        total = sum(used)
         for share, u, g in zip((0.75, 0.25), used, groups):
-            assert share * budget - g.block_bytes < u <= share * budget + g.block_bytes
-        free_now, _ = cuda.mem_get_info()
-        assert free_before - free_now >= sum(used)
+            assert abs(u - share * total) <= 2 * max(x.block_bytes for x in groups)
+        assert cuda.live_device_bytes() - live_before >= sum(used)  # the pools are really allocated
         assert mgr.storage.nbytes == sum(used)
