@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
             // (their results are first needed by the softmax), instead of before any MMA of the tile.
             if constexpr (Cfg::kStages == 3) issue(i + 2);
 
-            // Soft-cap and mask decided once per tile (uniform), not per score (attention_prefill_tile.cuh).
+            // Soft-cap and mask decided once per tile (uniform), not per score (softmaxStepFixed, attention_tile.cuh).
             auto softmax = [&](auto capped, auto masked) {
 #pragma unroll
                 for (int mt = 0; mt < kMT; ++mt) {

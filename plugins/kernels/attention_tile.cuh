@@ -313,12 +313,19 @@ __device__ __forceinline__ float cappedLogitLog2(AttentionKernelParams const& p,
 // Without soft-cap the scores stay raw until the exponent: the logit scale is > 0 (validated), so the row max
 // of raw scores times the scale is the max of the scaled logits (rounding is monotonic), and each
 // probability costs one FFMA + ex2 instead of FMUL, FADD, ex2.
-template <int kNT>
-__device__ __forceinline__ void softmaxStep(AttentionKernelParams const& p, float (&s)[kNT][4], int32_t const* sPos,
-                                            bool needMask, int32_t qPos0, int32_t qPos1, int32_t lane,
-                                            float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+//
+// Soft-cap and mask are each kOn / kOff (compile time) or kRuntime (tested per score: ptxas keeps those tests
+// inside the unrolled element loop, two branches per score, but the kernel stays one instantiation with fewer
+// registers — the decode kernel's choice; the multi-token kernel, issue-bound, picks per tile instead).
+enum class Switch { kOff, kOn, kRuntime };
+
+template <int kNT, Switch kCap, Switch kMask>
+__device__ __forceinline__ void softmaxStepImpl(AttentionKernelParams const& p, float (&s)[kNT][4],
+                                                int32_t const* sPos, bool needMask, int32_t qPos0, int32_t qPos1,
+                                                int32_t lane, float (&m)[2], float (&l)[2], float (&alpha)[2]) {
     int32_t const c = lane & 3;
-    bool const capped = p.useSoftcap != 0;                  // uniform
+    bool const capped = kCap == Switch::kRuntime ? p.useSoftcap != 0 : kCap == Switch::kOn;  // uniform
+    bool const masked = kMask == Switch::kRuntime ? needMask : kMask == Switch::kOn;
     float const toLog2 = capped ? 1.f : p.scoreScaleLog2;  // s (after the loop below) * toLog2 = log2 logit
     float rowMax[2] = {negInf(), negInf()};
 #pragma unroll
@@ -326,7 +333,7 @@ __device__ __forceinline__ void softmaxStep(AttentionKernelParams const& p, floa
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             float x = capped ? cappedLogitLog2(p, s[nt][e]) : s[nt][e];
-            if (needMask) {
+            if (masked) {
                 int32_t const kvPos = sPos[nt * 8 + 2 * c + (e & 1)];
                 if (!kvVisible(e < 2 ? qPos0 : qPos1, kvPos, p.window, p.sinkTokens)) x = negInf();
             }
@@ -340,7 +347,7 @@ __device__ __forceinline__ void softmaxStep(AttentionKernelParams const& p, floa
         // the 4 lanes of a quad hold the same row
         rowMax[h] = fmaxf(rowMax[h], __shfl_xor_sync(0xffffffffu, rowMax[h], 1));
         rowMax[h] = fmaxf(rowMax[h], __shfl_xor_sync(0xffffffffu, rowMax[h], 2));
-        rowMax[h] *= toLog2;  // -inf stays -inf
+        rowMax[h] *= toLog2;  // -inf stays -inf (toLog2 > 0: the launcher keeps the scale >= FLT_MIN)
         float const mNew = fmaxf(m[h], rowMax[h]);
         mUse[h] = mNew == negInf() ? 0.f : mNew;  // a row that saw nothing yet: keep exp2(-inf - 0) = 0
         alpha[h] = fastExp2(m[h] - mUse[h]);
@@ -358,6 +365,23 @@ __device__ __forceinline__ void softmaxStep(AttentionKernelParams const& p, floa
     }
     l[0] = l[0] * alpha[0] + rowSum[0];
     l[1] = l[1] * alpha[1] + rowSum[1];
+}
+
+// Both switches at run time (one instantiation): the decode kernel.
+template <int kNT>
+__device__ __forceinline__ void softmaxStep(AttentionKernelParams const& p, float (&s)[kNT][4], int32_t const* sPos,
+                                            bool needMask, int32_t qPos0, int32_t qPos1, int32_t lane,
+                                            float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+    softmaxStepImpl<kNT, Switch::kRuntime, Switch::kRuntime>(p, s, sPos, needMask, qPos0, qPos1, lane, m, l, alpha);
+}
+
+// Both switches at compile time: the multi-token kernel branches once per tile and calls this.
+template <int kNT, bool kCapped, bool kMask>
+__device__ __forceinline__ void softmaxStepFixed(AttentionKernelParams const& p, float (&s)[kNT][4],
+                                                 int32_t const* sPos, int32_t qPos0, int32_t qPos1, int32_t lane,
+                                                 float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+    softmaxStepImpl<kNT, kCapped ? Switch::kOn : Switch::kOff, kMask ? Switch::kOn : Switch::kOff>(
+        p, s, sPos, kMask, qPos0, qPos1, lane, m, l, alpha);
 }
 
 // O *= alpha per row, skipped by the whole warp when no row's running max moved (alpha == 1 exactly): after
