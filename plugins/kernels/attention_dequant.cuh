@@ -13,6 +13,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -72,7 +73,10 @@ __device__ __forceinline__ void int8x4ToPairs(uint32_t x, uint32_t& lo, uint32_t
 // the low byte into the low half. Exact: every e4m3 value (subnormals included, |x| <= 448) is an f16. (The
 // NaN codes 0x7f/0xff become NaN here, not +-480 as above; written rows never hold them: the write side
 // saturates, and rows past a sequence or on absent pages are never loaded.)
+// Below sm_89 (the sm_80 build) there is no such instruction: cuda_fp8.h's conversion computes the same
+// exact pairs in software there.
 __device__ __forceinline__ void e4m3x4ToHalfPairs(uint32_t x, uint32_t& lo, uint32_t& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
     asm("{\n"
         "  .reg .b16 l, h;\n"
         "  mov.b32 {l, h}, %2;\n"
@@ -81,6 +85,12 @@ __device__ __forceinline__ void e4m3x4ToHalfPairs(uint32_t x, uint32_t& lo, uint
         "}\n"
         : "=r"(lo), "=r"(hi)
         : "r"(x));
+#else
+    __half2_raw const l = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x & 0xffffu), __NV_E4M3);
+    __half2_raw const h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x >> 16), __NV_E4M3);
+    lo = static_cast<uint32_t>(l.x) | (static_cast<uint32_t>(l.y) << 16);
+    hi = static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+#endif
 }
 
 // Four stored bytes (byte 0 first) -> the f16 pairs (b0, b1) and (b2, b3): the K operand of the 8-bit decode
