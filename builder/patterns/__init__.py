@@ -63,6 +63,14 @@ def heads_from_shape(view: GraphView, past: str, node: onnx.NodeProto) -> tuple[
     return int(shape[1]), int(shape[3])
 
 
+def anchor_nodes(anchors: list[KVAnchor]) -> list[onnx.NodeProto]:
+    """The distinct op nodes the anchors of a single-op pattern point at (a node anchors both K and V)."""
+    nodes = {}
+    for anchor in anchors:
+        nodes.setdefault(anchor.node.name or id(anchor.node), anchor.node)
+    return list(nodes.values())
+
+
 from pagedkv.builder.patterns import contrib_gqa, decomposed, onnx_attention  # noqa: E402
 
 REGISTRY = (decomposed, onnx_attention, contrib_gqa)

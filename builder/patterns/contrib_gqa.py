@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 from pagedkv.builder.graph_info import GraphView, RewriteError, describe
-from pagedkv.builder.patterns import AttentionMatch, KVAnchor, heads_from_shape
+from pagedkv.builder.patterns import AttentionMatch, KVAnchor, anchor_nodes, heads_from_shape
 from pagedkv.config import RopeStyle
 
 NAME = "contrib_gqa"
@@ -26,11 +26,8 @@ UNSUPPORTED_INPUTS = {10: "attention_bias", 11: "head_sink", 12: "k_scale", 13: 
 
 
 def match(view: GraphView, anchors: list[KVAnchor]) -> list[AttentionMatch]:
-    nodes = {}
-    for anchor in anchors:
-        nodes.setdefault(anchor.node.name or id(anchor.node), anchor.node)
     matches = []
-    for node in nodes.values():
+    for node in anchor_nodes(anchors):
         inputs = list(node.input) + [""] * (17 - len(node.input))
         if not inputs[KEY] or not inputs[VALUE]:
             raise RewriteError(f"{describe(node)}: packed QKV (empty key/value inputs) is not recognized yet")

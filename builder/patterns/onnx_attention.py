@@ -24,7 +24,7 @@ import math
 import onnx
 
 from pagedkv.builder.graph_info import GraphView, RewriteError, describe, follow_output
-from pagedkv.builder.patterns import AttentionMatch, KVAnchor, heads_from_shape
+from pagedkv.builder.patterns import AttentionMatch, KVAnchor, anchor_nodes, heads_from_shape
 
 NAME = "onnx_attention"
 ANCHOR_OPS = {("", "Attention")}
@@ -63,11 +63,8 @@ def _common(view: GraphView, node: onnx.NodeProto, head_dim: int, scale_outside:
 
 
 def match(view: GraphView, anchors: list[KVAnchor]) -> list[AttentionMatch]:
-    nodes = {}
-    for anchor in anchors:
-        nodes.setdefault(anchor.node.name or id(anchor.node), anchor.node)
     matches = []
-    for node in nodes.values():
+    for node in anchor_nodes(anchors):
         inputs = _inputs(node)
         if not inputs[PAST_K] or not inputs[PAST_V] or len(node.output) < 3:
             raise RewriteError(f"{describe(node)}: expected past_key, past_value inputs and present outputs")

@@ -112,8 +112,21 @@ def _check_common(num_q_heads: int, pool: PoolConfig) -> None:
     pool.layout()  # geometry checks
 
 
+class _PluginAttributes:
+    """ONNX node attributes <-> config, for both plugins: the plugin's own fields, then its pool's."""
+
+    def to_attributes(self) -> dict:
+        attrs = _attrs(self)
+        attrs.update(_attrs(self.pool))
+        return attrs
+
+    @classmethod
+    def from_attributes(cls, attrs: dict):
+        return _split_pool(cls, attrs)
+
+
 @dataclass(frozen=True)
-class WriteConfig:
+class WriteConfig(_PluginAttributes):
     """Attributes of the ``PagedKVQKVWrite`` plugin (fused bias + RoPE + quantize + paged KV write)."""
 
     num_q_heads: int
@@ -130,18 +143,10 @@ class WriteConfig:
         if self.rope.style != RopeStyle.NONE:
             self.rope.resolved_rotary_dim(self.pool.head_dim)
 
-    def to_attributes(self) -> dict:
-        attrs = _attrs(self)
-        attrs.update(_attrs(self.pool))
-        return attrs
-
-    @classmethod
-    def from_attributes(cls, attrs: dict) -> "WriteConfig":
-        return _split_pool(cls, attrs)
 
 
 @dataclass(frozen=True)
-class AttentionConfig:
+class AttentionConfig(_PluginAttributes):
     """Attributes of the ``PagedKVAttention`` plugin."""
 
     num_q_heads: int
@@ -160,14 +165,6 @@ class AttentionConfig:
     def resolved_softmax_scale(self) -> float:
         return self.softmax_scale if self.softmax_scale > 0 else 1.0 / math.sqrt(self.pool.head_dim)
 
-    def to_attributes(self) -> dict:
-        attrs = _attrs(self)
-        attrs.update(_attrs(self.pool))
-        return attrs
-
-    @classmethod
-    def from_attributes(cls, attrs: dict) -> "AttentionConfig":
-        return _split_pool(cls, attrs)
 
 
 def _split_pool(cls, attrs: dict):
