@@ -1,0 +1,45 @@
+"""Run one attention case a few times, for a profiler (Nsight Compute) to catch one launch.
+
+    ncu --kernel-name regex:attentionMulti --launch-skip 3 --launch-count 1 --set full \
+        python benchmarks/profile_attention.py prefill
+
+Cases are bench_attention.py's: ``prefill`` (4 x 2048 over 8192, page 16), ``decode`` (bf16, 64 x 4096,
+page 16) and ``fp8`` (the same with an fp8 e4m3 cache). The timing figures belong to bench_attention.py; this
+script only launches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_attention import PREFILL, Step  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("case", choices=["prefill", "decode", "fp8"])
+    ap.add_argument("--launches", type=int, default=6)
+    ap.add_argument("--page", type=int, default=16)
+    args = ap.parse_args()
+    import torch
+
+    if args.case == "prefill":
+        step = Step(torch, num_seqs=PREFILL["num_seqs"], q_len=PREFILL["chunk"], past_len=PREFILL["cached"],
+                    page_size=args.page, seed=7)
+    else:
+        step = Step(torch, num_seqs=64, q_len=1, past_len=4095, page_size=args.page,
+                    cache="fp8" if args.case == "fp8" else "bf16")
+    launch = step.our_launcher()
+    for _ in range(args.launches):
+        launch()
+    torch.cuda.synchronize()
+    print(f"{args.case}: {args.launches} launches, plan {launch.plan}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
