@@ -41,8 +41,12 @@ struct DecodeConfig {
     static constexpr int kCombineStride = kD + 4;
     static constexpr int kCombineBytes = kWarps * kRows * (kCombineStride + 2) * 4;
     static constexpr int kSmemBytes = kPipelineBytes > kCombineBytes ? kPipelineBytes : kCombineBytes;
-    // Q fragments stay in registers for D <= 128; for D = 256 they are re-read from shared memory per step.
-    static constexpr bool kQInRegs = kD <= 128;
+    // Q fragments stay in registers for 16-bit caches at D <= 128; for D = 256 and for 8-bit caches (whose
+    // 4 CTAs/SM cap registers at 128 per thread) they are re-read from shared memory per step.
+    static constexpr bool kQInRegs = kD <= 128 && !k8Bit;
+    // 16-bit caches: even and odd k-steps of S in separate accumulators and the per-tile softmax variants
+    // where registers allow (D <= 128).
+    static constexpr bool kSplitS = kD <= 128;
     // 8-bit tiles need ~54 KB of shared memory at D = 128 (no conversion buffers): ask ptxas for the
     // registers of 4 resident CTAs (16 warps) so that the longer instruction stream per byte is hidden.
     static constexpr int kMinCtasPerSm = k8Bit && kD <= 128 ? 4 : 1;
@@ -65,6 +69,25 @@ __device__ void poisonRows(AttentionKernelParams const& p, CtaWork const& w, int
     }
 }
 
+// The decode kernel's online-softmax step on its 16 x 16 score tile: soft-cap and mask chosen once per tile
+// (uniform branches), not per score -- the run-time switches cost two branches per score, ~1/10 of the
+// fp8 decode loop's instructions (profiled). kPerTile = false keeps the per-score switches (one inlined
+// variant instead of four: the 16-bit D = 256 kernel spills with four).
+template <bool kPerTile>
+__device__ __forceinline__ void decodeSoftmax(AttentionKernelParams const& p, float (&s)[2][4], int32_t const* sPos,
+                                              bool needMask, int32_t qPos0, int32_t qPos1, int32_t lane,
+                                              float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+    if constexpr (!kPerTile) {
+        softmaxStep<2>(p, s, sPos, needMask, qPos0, qPos1, lane, m, l, alpha);
+    } else if (p.useSoftcap != 0) {
+        if (needMask) softmaxStepFixed<2, true, true>(p, s, sPos, qPos0, qPos1, lane, m, l, alpha);
+        else softmaxStepFixed<2, true, false>(p, s, sPos, qPos0, qPos1, lane, m, l, alpha);
+    } else {
+        if (needMask) softmaxStepFixed<2, false, true>(p, s, sPos, qPos0, qPos1, lane, m, l, alpha);
+        else softmaxStepFixed<2, false, false>(p, s, sPos, qPos0, qPos1, lane, m, l, alpha);
+    }
+}
+
 // One 16-token tile of an 8-bit cache, straight from the staging tiles into MMA fragments (Frag8): S = Q K^T,
 // the online-softmax step, O += P V. Both products run as f16 MMAs whatever the compute type: 8-bit values
 // are exact in f16 and convert with one cvt per pair (e4m3), Q was converted by loadQRowsK8 (bf16 queries
@@ -82,7 +105,11 @@ __device__ __forceinline__ void decodeTile8(AttentionKernelParams const& p, uint
     int32_t const c = lane & 3;
 
     // S = Q K^T: lane (g, c) reads chunks laneChunkK(c, h) of tokens g and g + 8; word wi is k-step 4h + wi.
+    // Even and odd k-steps accumulate separately (sOdd) and are summed after: four independent MMA chains
+    // instead of two, so consecutive MMAs do not wait on each other's accumulators (profiled: the
+    // dependent chains were the largest stall of this loop).
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    float sOdd[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
     for (int h = 0; h < F::kKChunksPerLane; ++h) {
         uint4 const k0 = ldsU32x4(kRaw + F::chunkOffset(g, F::laneChunkK(c, h)));
@@ -99,12 +126,17 @@ __device__ __forceinline__ void decodeTile8(AttentionKernelParams const& p, uint
                 ldmatrixX4(a, Lane::at(sQAddr, offA, 0, kk));
             }
             uint32_t b0, b1;
+            float (&acc)[2][4] = (wi & 1) ? sOdd : s;
             bytes4ToHalfPairs<kFp8>(w0[wi], b0, b1);
-            Mma<__half>::run(s[0], a, b0, b1);
+            Mma<__half>::run(acc[0], a, b0, b1);
             bytes4ToHalfPairs<kFp8>(w1[wi], b0, b1);
-            Mma<__half>::run(s[1], a, b0, b1);
+            Mma<__half>::run(acc[1], a, b0, b1);
         }
     }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] += sOdd[nt][e];
     if constexpr (std::is_same<CT, __nv_bfloat16>::value) {
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt)
@@ -113,7 +145,7 @@ __device__ __forceinline__ void decodeTile8(AttentionKernelParams const& p, uint
     }
 
     float alpha[2];
-    softmaxStep<2>(p, s, tilePos, needMask, qPos0, qPos1, lane, m, l, alpha);
+    decodeSoftmax<true>(p, s, tilePos, needMask, qPos0, qPos1, lane, m, l, alpha);
     rescaleRows(o, alpha);
 
     // O += P V as an f16 MMA (tokenPairsToHalf): lane (g, c) reads tokens 2c, 2c + 1, 2c + 8, 2c + 9 (the k
@@ -174,7 +206,7 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
     CtaWork const w = decodeCtaWork(p.split, p.stepView(), seq, z);
     if (w.poison) poisonRows<CT, kD>(p, w, kvHead, tid, Cfg::kThreads);
     if (!w.active) return;
-    KVSource const src = makeKVSourceFromPool(pool, p, w, kvHead);
+    KVSource const src = makeKVSourceFromPool(pool, p, w, kvHead, Cfg::kElemBytes);
     int32_t const numRows = w.rowEnd - w.rowBegin;  // <= 16
 
     // ---- shared memory: Q tile, then per warp: stages x (K, V) raw tiles, positions
@@ -188,14 +220,15 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
     // ---- this warp's tiles: w, w + 4, ... of the CTA's tile list
     int32_t const numTiles = w.tiles.count();
     int32_t const mine = numTiles > warp ? (numTiles - warp + Cfg::kWarps - 1) / Cfg::kWarps : 0;
+    auto tileStart = [&](int32_t i) { return w.tiles.tile(warp + i * Cfg::kWarps) * kTile; };  // i < mine
+    // Rows of the next tile to copy, located and with their block-table entries requested (locateKVRows).
+    KVRow ahead = locateKVRows<kTile>(p, src, mine > 0, mine > 0 ? tileStart(0) : 0, lane);
     auto issue = [&](int32_t i) {
         if (i < mine) {
             int32_t const stage = i % kStages;
-            int32_t const v0 = w.tiles.tile(warp + i * Cfg::kWarps) * kTile;
-            // (Round 3 tried a per-lane 8-bit loader here; it spilled and made fp8 decode 1.4x slower on the
-            // H200 — 261 vs 182 us at 64x4K — so the shared loader stays for both element sizes.)
-            loadKVRowsWarp<kD, Cfg::kElemBytes, kTile, k8Bit>(p, src, v0, smemAddr(rawK(stage)), smemAddr(rawV(stage)),
-                                                              sPos + stage * kTile, lane);
+            copyKVRows<kD, Cfg::kElemBytes, kTile, k8Bit>(p, src, ahead, smemAddr(rawK(stage)), smemAddr(rawV(stage)),
+                                                          sPos + stage * kTile, lane);
+            ahead = locateKVRows<kTile>(p, src, i + 1 < mine, i + 1 < mine ? tileStart(i + 1) : 0, lane);
         }
         cpAsyncCommit();  // always: keeps the group count uniform for cp.async.wait_group
     };
@@ -246,8 +279,9 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
             decodeTile8<CT, kD, kFp8, Cfg::kQInRegs>(p, kTileAddr, vTileAddr, tilePos, qFrag, sQAddr, offA, qUnscale,
                                                     needMask, qPos0, qPos1, lane, o, m, l);
         } else {
-            // S = Q K^T for 16 rows x 16 tokens
+            // S = Q K^T for 16 rows x 16 tokens (even / odd k-steps in separate accumulators, as decodeTile8)
             float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+            float sOdd[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
             for (int kk = 0; kk < kD / 16; ++kk) {
                 uint32_t a[4];
@@ -258,12 +292,19 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
                 }
                 uint32_t b[4];
                 ldmatrixX4(b, Lane::at(kTileAddr, offK, 0, kk));
-                Mma<CT>::run(s[0], a, b[0], b[1]);
-                Mma<CT>::run(s[1], a, b[2], b[3]);
+                float (&acc)[2][4] = (Cfg::kSplitS && (kk & 1)) ? sOdd : s;
+                Mma<CT>::run(acc[0], a, b[0], b[1]);
+                Mma<CT>::run(acc[1], a, b[2], b[3]);
+            }
+            if constexpr (Cfg::kSplitS) {
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[nt][e] += sOdd[nt][e];
             }
 
             float alpha[2];
-            softmaxStep<2>(p, s, tilePos, needMask, qPos0, qPos1, lane, m, l, alpha);
+            decodeSoftmax<Cfg::kSplitS>(p, s, tilePos, needMask, qPos0, qPos1, lane, m, l, alpha);
             rescaleRows(o, alpha);
 
             // O += P V

@@ -1,6 +1,5 @@
 // Decode-path helpers (owned by the decode kernel and the split-K merge; the shared tile helpers live in
-// attention_tile.cuh): programmatic dependent launch between the attention kernel and the merge, and the
-// KV source built from a pool descriptor loaded ahead of the CTA's metadata.
+// attention_tile.cuh): programmatic dependent launch between the attention kernel and the merge.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -53,19 +52,6 @@ cudaError_t launchProgrammaticDependent(Kernel kernel, dim3 grid, dim3 block, cu
     }
     kernel<<<grid, block, 0, stream>>>(args...);
     return cudaGetLastError();
-}
-
-// makeKVSource with the pool descriptor already loaded: the decode kernel issues the descriptor load before
-// reading the step metadata, so the two global round trips of its prologue overlap.
-__device__ __forceinline__ KVSource makeKVSourceFromPool(PoolView const& pool, AttentionKernelParams const& p,
-                                                         CtaWork const& w, int32_t kvHead) {
-    KVSource s;
-    s.pool = pool.base;
-    s.table = BlockTableRow{p.blockTable + int64_t(w.seqIndex) * p.maxBlocks, p.maxBlocks, pool.numBlocks};
-    s.kvHead = kvHead;
-    s.span = w.span;
-    s.chunk = w.chunk;
-    return s;
 }
 
 }  // namespace attn

@@ -15,7 +15,6 @@
 
 #include "attention_dispatch.cuh"
 #include "attention_kernels.h"
-#include "attention_prefill_tile.cuh"
 #include "attention_tile.cuh"
 
 namespace pagedkv {
@@ -28,12 +27,17 @@ struct MultiConfig {
     static constexpr int kThreads = kWarps * 32;
     static constexpr int kMTiles = multiWarpMTiles(kD);  // m16 tiles per warp
     static constexpr int kRows = multiTileRows(kD);      // kWarps * 16 * kMTiles
+    // A pipeline stage holds kTile KV tokens (64 for D <= 128), computed as kTile / kSub sub-tiles of kSub = 32
+    // tokens: the loader's per-call work (page lookups, barrier, vote) is paid once per 64 tokens, while S
+    // stays 32 tokens wide per m-tile (64 would need 32 more registers per thread and spills at D = 128).
     static constexpr int kTile = multiTileTokens(kD);    // KV tokens per pipeline stage
-    static constexpr int kNT = kTile / 8;                // n8 tiles of S per m16 tile
-    // 3 stages for D <= 128: one barrier per KV tile instead of two, and tiles are requested two tiles ahead
-    // (shared memory: 80 KB at D = 128, still 2 CTAs/SM, which the 255 registers allow anyway). D = 256 keeps
-    // 2 stages (3 would exceed 113 KB per CTA and drop it to 1 CTA/SM).
-    static constexpr int kStages = kD <= 128 ? 3 : kMultiStages;
+    static constexpr int kSub = 32;                      // KV tokens per S / softmax / P V step
+    static constexpr int kSubTiles = kTile / kSub;
+    static constexpr int kNT = kSub / 8;                 // n8 tiles of S per m16 tile
+    // 3 stages when they fit 2 CTAs/SM (D = 64: 64 KB): one barrier per KV tile instead of two, and tiles are
+    // requested two tiles ahead. D = 128 (64-token stages) and D = 256 keep 2 stages (96 and 80 KB; 3 would
+    // exceed ~113 KB per CTA and drop it to 1 CTA/SM).
+    static constexpr int kStages = kD <= 64 ? 3 : kMultiStages;
     static constexpr int kAhead = kStages - 1;  // tiles in flight ahead of the one being computed
     static constexpr int kElemBytes = k8Bit ? 1 : 2;
     static constexpr int kRawTileBytes = kTile * kD * kElemBytes;
@@ -42,9 +46,10 @@ struct MultiConfig {
     static constexpr int kSmemBytes = kQBytes + kStages * 2 * kRawTileBytes + 2 * kConvTileBytes + kStages * kTile * 4;
     // Q fragments in registers when they are few (D = 64); otherwise re-read from shared memory per k-step.
     static constexpr bool kQInRegs = kMTiles * kD <= 128;
-    static_assert(kTile % 32 == 0, "the tile-is-clean vote reads kTile / 32 positions per lane");
-    // Warp w loads rows [8w, 8w + 8) of a KV tile: the 16-bit swizzle (row & 7) of a local row is the tile's.
-    static_assert(kTile == kWarps * 8, "each warp loads 8 rows of a KV tile");
+    static_assert(kSub == 32 && kTile % kSub == 0, "the tile-is-clean vote reads one position per lane");
+    // Warp w loads rows [w kTile / 4, (w + 1) kTile / 4) of a KV tile: a multiple of 8 rows, so the 16-bit
+    // swizzle (row & 7) of a local row is the tile's.
+    static_assert(kTile % (kWarps * 8) == 0, "each warp loads a multiple of 8 rows of a KV tile");
 };
 
 template <typename CT, bool k8Bit, int kD>
@@ -65,7 +70,7 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
 
     CtaWork const w = multiCtaWork(p.split, p.stepView(), Cfg::kRows, kTile, slot, z);
     if (!w.active) return;
-    KVSource const src = makeKVSource(p, w, kvHead);
+    KVSource const src = makeKVSource(p, w, kvHead, Cfg::kElemBytes);
     int32_t const qa = rowQueryPos(w.seq, w.rowBegin, p.groupSize);    // earliest query of the tile
     int32_t const qb = rowQueryPos(w.seq, w.rowEnd - 1, p.groupSize);  // latest
 
@@ -79,22 +84,20 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
     auto rawV = [&](int stage) { return sRaw + stage * 2 * Cfg::kRawTileBytes + Cfg::kRawTileBytes; };
 
     int32_t const numTiles = w.tiles.count();
-    // Each warp loads its own kWarpRows rows of a KV tile with the warp loader: one page lookup per row
-    // (by one lane, shuffled to the lanes copying the row's chunks) instead of one per thread and row --
-    // the lookups were ~1/4 of the instructions per tile (issue-bound kernel, measured 144 TFLOP/s).
+    // Each warp loads its own kWarpRows rows of a KV tile (copyKVRows: one page lookup per row, by one lane);
+    // the rows of the next tile are located, their block-table entries requested, one tile ahead.
     constexpr int kWarpRows = kTile / Cfg::kWarps;
     constexpr uint32_t kWarpRowBytes = uint32_t(kWarpRows * kD * Cfg::kElemBytes);
-    // Bytes from a K row to the V row of the same (block, layer, head, offset) (kv is the only difference).
-    int64_t const vDeltaBytes = (p.layout.elemOffset(0, p.layer, 1, kvHead, 0) -
-                                 p.layout.elemOffset(0, p.layer, 0, kvHead, 0)) * Cfg::kElemBytes;
+    auto warpRows = [&](int32_t i) { return w.tiles.tile(i) * kTile + warp * kWarpRows; };  // i < numTiles
+    KVRow ahead = locateKVRows<kWarpRows>(p, src, numTiles > 0, numTiles > 0 ? warpRows(0) : 0, lane);
     // issue(i): tile i's copies into its stage (one commit group per call, empty past the last tile).
     auto issue = [&](int32_t i) {
         if (i < numTiles) {
             int32_t const stage = i % Cfg::kStages;
-            loadKVRowsWarpLean<kD, Cfg::kElemBytes, kWarpRows>(
-                p, src, vDeltaBytes, w.tiles.tile(i) * kTile + warp * kWarpRows,
-                smemAddr(rawK(stage)) + warp * kWarpRowBytes, smemAddr(rawV(stage)) + warp * kWarpRowBytes,
-                sPos + stage * kTile + warp * kWarpRows, lane);
+            copyKVRows<kD, Cfg::kElemBytes, kWarpRows>(p, src, ahead, smemAddr(rawK(stage)) + warp * kWarpRowBytes,
+                                                       smemAddr(rawV(stage)) + warp * kWarpRowBytes,
+                                                       sPos + stage * kTile + warp * kWarpRows, lane);
+            ahead = locateKVRows<kWarpRows>(p, src, i + 1 < numTiles, i + 1 < numTiles ? warpRows(i + 1) : 0, lane);
         }
         cpAsyncCommit();
     };
@@ -162,19 +165,25 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
         }
         int32_t const* const tilePos = sPos + stage * kTile;
         if (warpHasRows) {
-            // Is every row of the tile a position all the CTA's queries see? Then skip the per-element mask.
-            bool holdsAll = true;
-#pragma unroll
-            for (int j = 0; j < kTile / 32; ++j) holdsAll &= tilePos[lane + 32 * j] >= 0;
-            holdsAll = __all_sync(0xffffffffu, holdsAll);
-            bool const needMask = tileNeedsMask(holdsAll, tilePos[0], tilePos[kTile - 1], qa, qb, p.window);
+            // The stage's kTile tokens as kSubTiles steps of kSub tokens (not unrolled: registers and code size).
+#pragma unroll 1
+            for (int32_t h = 0; h < Cfg::kSubTiles; ++h) {
+            int32_t const* const subPos = tilePos + h * Cfg::kSub;
+            uint32_t const kSubAddr = kTileAddr + uint32_t(h * Cfg::kSub * kD * 2);
+            uint32_t const vSubAddr = vTileAddr + uint32_t(h * Cfg::kSub * kD * 2);
+            // A sub-tile holding no position at all (past the chunk's end) is skipped; else, is every row a
+            // position all the CTA's queries see? Then skip the per-element mask.
+            bool const anyRow = __any_sync(0xffffffffu, subPos[lane] >= 0);
+            bool const holdsAll = __all_sync(0xffffffffu, subPos[lane] >= 0);
+            bool const needMask = tileNeedsMask(holdsAll, subPos[0], subPos[Cfg::kSub - 1], qa, qb, p.window);
 
-            // S = Q K^T: kMT m16 tiles x kTile tokens; each K fragment feeds kMT MMAs
+            // S = Q K^T: kMT m16 tiles x kSub tokens; each K fragment feeds kMT MMAs
             float s[kMT][kNT][4];
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
                 for (int nt = 0; nt < kNT; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
+            if (anyRow) {
             // Fully unrolled only when Q fragments live in registers (static indexing); otherwise a partial
             // unroll keeps ptxas from hoisting every K fragment of the tile at once (4 k-steps: ldmatrix
             // interleaved with the MMAs of the previous step, no spills; D = 128 sits at ~246 registers).
@@ -191,9 +200,9 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
                     }
                 }
 #pragma unroll
-                for (int np = 0; np < kTile / 16; ++np) {
+                for (int np = 0; np < Cfg::kSub / 16; ++np) {
                     uint32_t b[4];
-                    ldmatrixX4(b, Lane::at(kTileAddr, offK, np * 16, kk));
+                    ldmatrixX4(b, Lane::at(kSubAddr, offK, np * 16, kk));
 #pragma unroll
                     for (int mt = 0; mt < kMT; ++mt) {
                         Mma<CT>::run(s[mt][2 * np], a[mt], b[0], b[1]);
@@ -201,9 +210,13 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
                     }
                 }
             }
+            }
             // 3 stages: the loader's integer work issues while the tensor cores still run the S MMAs above
             // (their results are first needed by the softmax), instead of before any MMA of the tile.
-            if constexpr (Cfg::kStages == 3) issue(i + 2);
+            if constexpr (Cfg::kStages == 3) {
+                if (h == 0) issue(i + 2);
+            }
+            if (!anyRow) continue;
 
             // Soft-cap and mask decided once per tile (uniform), not per score (softmaxStepFixed, attention_tile.cuh).
             auto softmax = [&](auto capped, auto masked) {
@@ -211,7 +224,7 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
                 for (int mt = 0; mt < kMT; ++mt) {
                     float alpha[2];
                     softmaxStepFixed<kNT, decltype(capped)::value, decltype(masked)::value>(
-                        p, s[mt], tilePos, qPos[mt][0], qPos[mt][1], lane, m[mt], l[mt], alpha);
+                        p, s[mt], subPos, qPos[mt][0], qPos[mt][1], lane, m[mt], l[mt], alpha);
                     rescaleRows(o[mt], alpha);
                 }
             };
@@ -227,20 +240,21 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
 
             // O += P V, 16 tokens per k-step; each V fragment feeds kMT MMAs
 #pragma unroll
-            for (int kt = 0; kt < kTile / 16; ++kt) {
+            for (int kt = 0; kt < Cfg::kSub / 16; ++kt) {
                 uint32_t pa[kMT][4];
 #pragma unroll
                 for (int mt = 0; mt < kMT; ++mt) probFragment<CT, kNT>(s[mt], kt, pa[mt]);
 #pragma unroll
                 for (int dp = 0; dp < kD / 16; ++dp) {
                     uint32_t b[4];
-                    ldmatrixX4Trans(b, Lane::at(vTileAddr, offV, kt * 16, dp));
+                    ldmatrixX4Trans(b, Lane::at(vSubAddr, offV, kt * 16, dp));
 #pragma unroll
                     for (int mt = 0; mt < kMT; ++mt) {
                         Mma<CT>::run(o[mt][2 * dp], pa[mt], b[0], b[1]);
                         Mma<CT>::run(o[mt][2 * dp + 1], pa[mt], b[2], b[3]);
                     }
                 }
+            }
             }
         } else {
             if constexpr (Cfg::kStages == 3) issue(i + 2);  // warps without rows still load their share

@@ -45,7 +45,8 @@ constexpr int64_t kMaxPartialRows = 32768;  // workspace budget in (chunk x toke
 // one for D = 256 (register budget).
 PKV_HD constexpr int32_t multiWarpMTiles(int32_t headDim) { return headDim == 256 ? 1 : 2; }
 PKV_HD constexpr int32_t multiTileRows(int32_t headDim) { return kMultiWarps * 16 * multiWarpMTiles(headDim); }
-PKV_HD constexpr int32_t multiTileTokens(int32_t) { return 32; }
+// KV tokens per pipeline stage of the multi-token kernel (its S / softmax steps stay 32 tokens wide).
+PKV_HD constexpr int32_t multiTileTokens(int32_t headDim) { return headDim <= 128 ? 64 : 32; }
 
 PKV_HD int32_t minI32(int32_t a, int32_t b) { return a < b ? a : b; }
 PKV_HD int32_t maxI32(int32_t a, int32_t b) { return a > b ? a : b; }
@@ -318,17 +319,32 @@ struct KVRow {
     KVLocation loc;
 };
 
-PKV_HD KVRow kvRowAt(KVLayout const& layout, BlockTableRow const& table, KVSpan const& sp, ChunkRange const& ch,
-                     int32_t v) {
+// kvRowAt in two steps (locateTokenEntry / resolveBlock): kvRowEntryAt requests the block-table entry and
+// leaves pos as the candidate position (-1 outside the chunk); resolveKVRow checks the entry and sets pos to
+// -1 when the page is absent. The kernels' loaders call the first a tile before the second.
+PKV_HD KVRow kvRowEntryAt(KVLayout const& layout, BlockTableRow const& table, KVSpan const& sp, ChunkRange const& ch,
+                          int32_t v) {
     KVRow r;
     r.pos = -1;
     r.loc.block = kInvalidBlock;
     r.loc.offset = 0;
+    r.loc.rawEntry = kInvalidBlock;
+    r.loc.pageInSeq = -1;
     if (v >= ch.begin && v < ch.end) {
-        int32_t pos = sp.position(v);
-        r.loc = locateToken(layout, table, pos);
-        if (r.loc.block != kInvalidBlock) r.pos = pos;
+        r.pos = sp.position(v);
+        r.loc = locateTokenEntry(layout, table, r.pos);
     }
+    return r;
+}
+PKV_HD void resolveKVRow(BlockTableRow const& table, KVRow& r) {
+    resolveBlock(table, r.loc);
+    if (r.loc.block == kInvalidBlock) r.pos = -1;
+}
+
+PKV_HD KVRow kvRowAt(KVLayout const& layout, BlockTableRow const& table, KVSpan const& sp, ChunkRange const& ch,
+                     int32_t v) {
+    KVRow r = kvRowEntryAt(layout, table, sp, ch, v);
+    resolveKVRow(table, r);
     return r;
 }
 

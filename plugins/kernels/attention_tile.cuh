@@ -1,7 +1,7 @@
 // Device building blocks shared by the decode and multi-token attention kernels: the pool view, loading
 // query rows and KV rows into shared memory, the 8-bit -> 16-bit tile conversion, the logit transform and the
 // online-softmax step on MMA accumulator fragments. Page addressing goes through kv_layout.h only
-// (kvRowAt -> locateToken, KVLayout::elemOffset).
+// (kvRowEntryAt / resolveKVRow -> locateToken's two halves, KVLayout::elemOffset).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -35,23 +35,37 @@ __device__ __forceinline__ PoolView loadPool(AttentionKernelParams const& p) {
 }
 
 // Where a CTA's KV rows come from: one sequence's block-table row, one KV head, one chunk of its span.
+// kBase is the byte offset of (layer, K, kvHead) inside a block and vDelta the bytes from a K row to the V
+// row of the same (block, offset): elemOffset is linear, so a row's K offset is kBase + elemOffset(block, 0,
+// 0, 0, offset) * element bytes, and the per-row work is two products instead of five.
 struct KVSource {
     unsigned char const* pool;
     BlockTableRow table;
     int32_t kvHead;
     KVSpan span;
     ChunkRange chunk;
+    int64_t kBase;
+    int64_t vDelta;
 };
 
-__device__ __forceinline__ KVSource makeKVSource(AttentionKernelParams const& p, CtaWork const& w, int32_t kvHead) {
-    PoolView pool = loadPool(p);
+// With the pool descriptor already loaded: the decode kernel issues that load before reading the step
+// metadata, so the two global round trips of its prologue overlap.
+__device__ __forceinline__ KVSource makeKVSourceFromPool(PoolView const& pool, AttentionKernelParams const& p,
+                                                         CtaWork const& w, int32_t kvHead, int32_t elemBytes) {
     KVSource s;
     s.pool = pool.base;
     s.table = BlockTableRow{p.blockTable + int64_t(w.seqIndex) * p.maxBlocks, p.maxBlocks, pool.numBlocks};
     s.kvHead = kvHead;
     s.span = w.span;
     s.chunk = w.chunk;
+    s.kBase = p.layout.elemOffset(0, p.layer, 0, kvHead, 0) * elemBytes;
+    s.vDelta = p.layout.elemOffset(0, p.layer, 1, kvHead, 0) * elemBytes - s.kBase;
     return s;
+}
+
+__device__ __forceinline__ KVSource makeKVSource(AttentionKernelParams const& p, CtaWork const& w, int32_t kvHead,
+                                                 int32_t elemBytes) {
+    return makeKVSourceFromPool(loadPool(p), p, w, kvHead, elemBytes);
 }
 
 // ---- 8-bit K/V tiles read straight into MMA fragments (decode kernel): no conversion pass through shared
@@ -92,42 +106,48 @@ struct Frag8 {
     static __host__ __device__ constexpr int vDim(int dn, int n) { return 128 * (dn >> 4) + kVRun * n + (dn & 15); }
 };
 
-// ---- KV rows: virtual indices [v0, v0 + kRows) of the CTA's span -> shared memory, K and V, by one warp.
-// 16-bit caches land in swizzled tiles that ldmatrix reads directly; 8-bit caches land in a staging tile,
-// row-major for convertTile8 (multi-token kernel) or chunk-swizzled for Frag8 (kSwizzle8: decode kernel).
-// A row holding nothing (kvRowAt: pos = -1) is zero-filled without touching global memory, and sPos[r]
-// records each row's cache position (or -1) for the masks. Lane r < kRows resolves row r once (kvRowAt +
-// elemOffset: the page lookup), and the lanes that copy the row's 16-byte chunks receive its K and V byte
-// offsets by shuffle, so a tile costs one lookup per row, not one per thread and row (the decode kernel
-// loads 16-token tiles per warp, the multi-token kernel 8 rows of a 32-token tile per warp).
+// ---- KV rows: virtual indices [v0, v0 + kRows) of the CTA's span -> shared memory, K and V, by one warp, in
+// two steps a tile apart:
+//  * locateKVRows: lane r < kRows locates row v0 + r (kvRowEntryAt: position, page slot, offset) and requests
+//    its block-table entry. The caller keeps the result in registers and copies the tile one compute step
+//    later, so the entry's global round trip overlaps that step instead of stalling the warp at the copy
+//    (profiled: the largest long-scoreboard stall of both kernels' loops).
+//  * copyKVRows: lane r checks the entry (resolveKVRow) and computes the row's K byte offset; the lanes
+//    copying the row's 16-byte chunks receive it by shuffle (the V row is src.vDelta further). sPos[r]
+//    records the position or -1; a row holding nothing is zero-filled without touching global memory.
+// Destinations: 16-bit caches land in swizzled tiles that ldmatrix reads directly; 8-bit caches in a staging
+// tile, row-major for convertTile8 (multi-token kernel) or chunk-swizzled for Frag8 (kSwizzle8: decode).
+template <int kRows>
+__device__ __forceinline__ KVRow locateKVRows(AttentionKernelParams const& p, KVSource const& src, bool valid,
+                                              int32_t v0, int32_t lane) {
+    // v = -1 lies outside every chunk: pos -1, nothing loaded
+    return kvRowEntryAt(p.layout, src.table, src.span, src.chunk, valid && lane < kRows ? v0 + lane : -1);
+}
+
 template <int kD, int kElemBytes, int kRows, bool kSwizzle8 = false>
-__device__ __forceinline__ void loadKVRowsWarp(AttentionKernelParams const& p, KVSource const& src, int32_t v0,
-                                               uint32_t sK, uint32_t sV, int32_t* sPos, int32_t lane) {
+__device__ __forceinline__ void copyKVRows(AttentionKernelParams const& p, KVSource const& src, KVRow row,
+                                           uint32_t sK, uint32_t sV, int32_t* sPos, int32_t lane) {
     constexpr int kRowBytes = kD * kElemBytes;
     constexpr int kChunks = kRowBytes / 16;  // 4 .. 32
     constexpr int kRowsPerStep = 32 / kChunks;
     static_assert(kChunks >= 4 && kChunks <= 32 && kRows <= 32 && kRows % kRowsPerStep == 0, "warp KV tile shape");
-    int64_t kOff = -1, vOff = -1;  // byte offsets from the pool base; -1: the row holds nothing
-    if (lane < kRows) {
-        KVRow const row = kvRowAt(p.layout, src.table, src.span, src.chunk, v0 + lane);
-        if (row.pos >= 0) {
-            kOff = p.layout.elemOffset(row.loc.block, p.layer, 0, src.kvHead, row.loc.offset) * kElemBytes;
-            vOff = p.layout.elemOffset(row.loc.block, p.layer, 1, src.kvHead, row.loc.offset) * kElemBytes;
-        }
-        sPos[lane] = row.pos;
-    }
+    resolveKVRow(src.table, row);
+    int64_t const kOff = row.pos >= 0 ? src.kBase + p.layout.elemOffset(row.loc.block, 0, 0, 0, row.loc.offset) *
+                                                        kElemBytes
+                                      : int64_t(-1);
+    if (lane < kRows) sPos[lane] = row.pos;
+    int const ch = lane % kChunks;
+    unsigned char const* const laneBase = src.pool + ch * 16;
 #pragma unroll
     for (int i = 0; i < kRows / kRowsPerStep; ++i) {
         int const r = i * kRowsPerStep + lane / kChunks;
-        int const ch = lane % kChunks;
         int64_t const k = __shfl_sync(0xffffffffu, kOff, r);
-        int64_t const v = __shfl_sync(0xffffffffu, vOff, r);
         bool const holds = k >= 0;
         uint32_t const dst = kElemBytes == 2 ? swizzledChunk(r, ch, kRowBytes)
                              : kSwizzle8     ? Frag8<kD>::chunkOffset(r, ch)
                                              : uint32_t(r * kRowBytes + ch * 16);
-        cpAsync16(sK + dst, holds ? src.pool + k + ch * 16 : src.pool, holds);
-        cpAsync16(sV + dst, holds ? src.pool + v + ch * 16 : src.pool, holds);
+        cpAsync16(sK + dst, holds ? laneBase + k : src.pool, holds);
+        cpAsync16(sV + dst, holds ? laneBase + k + src.vDelta : src.pool, holds);
     }
 }
 

@@ -157,9 +157,12 @@ struct BlockTableRow {
 
     // Physical block of the page holding `pageInSeq`, or kInvalidBlock when the entry is -1, out of range,
     // or past the row. Callers must never dereference a kInvalidBlock.
-    PKV_HD int64_t block(int32_t pageInSeq) const {
-        if (pageInSeq < 0 || pageInSeq >= maxBlocks) return kInvalidBlock;
-        int32_t b = blocks[pageInSeq];
+    PKV_HD int64_t block(int32_t pageInSeq) const { return checkEntry(entry(pageInSeq)); }
+    // The two halves of block(): the raw entry (kInvalidBlock past the row) and its check against the pool.
+    PKV_HD int32_t entry(int32_t pageInSeq) const {
+        return (pageInSeq >= 0 && pageInSeq < maxBlocks) ? blocks[pageInSeq] : int32_t(kInvalidBlock);
+    }
+    PKV_HD int64_t checkEntry(int32_t b) const {
         return (b < 0 || b >= numBlocks) ? int64_t(kInvalidBlock) : int64_t(b);
     }
 };
@@ -172,12 +175,22 @@ struct KVLocation {
     int32_t pageInSeq;
 };
 
-PKV_HD KVLocation locateToken(KVLayout const& layout, BlockTableRow const& row, int32_t pos) {
+// locateToken in two steps, for kernels that request the block-table entry early and use it a tile later (the
+// load's round trip then overlaps compute): locateTokenEntry fills pageInSeq, offset and rawEntry and leaves
+// block unresolved; resolveBlock checks the entry against the row and the pool.
+PKV_HD KVLocation locateTokenEntry(KVLayout const& layout, BlockTableRow const& row, int32_t pos) {
     KVLocation loc;
     int32_t slot = layout.tokenSlot(pos);
     layout.slotToPage(slot, loc.pageInSeq, loc.offset);
-    loc.rawEntry = (loc.pageInSeq >= 0 && loc.pageInSeq < row.maxBlocks) ? row.blocks[loc.pageInSeq] : kInvalidBlock;
-    loc.block = row.block(loc.pageInSeq);
+    loc.rawEntry = row.entry(loc.pageInSeq);
+    loc.block = kInvalidBlock;
+    return loc;
+}
+PKV_HD void resolveBlock(BlockTableRow const& row, KVLocation& loc) { loc.block = row.checkEntry(loc.rawEntry); }
+
+PKV_HD KVLocation locateToken(KVLayout const& layout, BlockTableRow const& row, int32_t pos) {
+    KVLocation loc = locateTokenEntry(layout, row, pos);
+    resolveBlock(row, loc);
     return loc;
 }
 
