@@ -76,15 +76,15 @@ __device__ void poisonRows(AttentionKernelParams const& p, CtaWork const& w, int
 template <bool kPerTile>
 __device__ __forceinline__ void decodeSoftmax(AttentionKernelParams const& p, float (&s)[2][4], int32_t const* sPos,
                                               bool needMask, int32_t qPos0, int32_t qPos1, int32_t lane,
-                                              float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+                                              float (&m)[2], float (&l)[2], float (&alpha)[2], float rawScale) {
     if constexpr (!kPerTile) {
-        softmaxStep<2>(p, s, sPos, needMask, qPos0, qPos1, lane, m, l, alpha);
+        softmaxStep<2>(p, s, sPos, needMask, qPos0, qPos1, lane, m, l, alpha, rawScale);
     } else if (p.useSoftcap != 0) {
-        if (needMask) softmaxStepFixed<2, true, true>(p, s, sPos, qPos0, qPos1, lane, m, l, alpha);
-        else softmaxStepFixed<2, true, false>(p, s, sPos, qPos0, qPos1, lane, m, l, alpha);
+        if (needMask) softmaxStepFixed<2, true, true>(p, s, sPos, qPos0, qPos1, lane, m, l, alpha, rawScale);
+        else softmaxStepFixed<2, true, false>(p, s, sPos, qPos0, qPos1, lane, m, l, alpha, rawScale);
     } else {
-        if (needMask) softmaxStepFixed<2, false, true>(p, s, sPos, qPos0, qPos1, lane, m, l, alpha);
-        else softmaxStepFixed<2, false, false>(p, s, sPos, qPos0, qPos1, lane, m, l, alpha);
+        if (needMask) softmaxStepFixed<2, false, true>(p, s, sPos, qPos0, qPos1, lane, m, l, alpha, rawScale);
+        else softmaxStepFixed<2, false, false>(p, s, sPos, qPos0, qPos1, lane, m, l, alpha, rawScale);
     }
 }
 
@@ -137,15 +137,9 @@ __device__ __forceinline__ void decodeTile8(AttentionKernelParams const& p, uint
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nt][e] += sOdd[nt][e];
-    if constexpr (std::is_same<CT, __nv_bfloat16>::value) {
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[nt][e] *= qUnscale;  // a power of two: exact
-    }
-
+    // qUnscale (a power of two, 1 unless the queries are bf16) is folded into the softmax's logit scale.
     float alpha[2];
-    decodeSoftmax<true>(p, s, tilePos, needMask, qPos0, qPos1, lane, m, l, alpha);
+    decodeSoftmax<true>(p, s, tilePos, needMask, qPos0, qPos1, lane, m, l, alpha, qUnscale);
     rescaleRows(o, alpha);
 
     // O += P V as an f16 MMA (tokenPairsToHalf): lane (g, c) reads tokens 2c, 2c + 1, 2c + 8, 2c + 9 (the k
@@ -220,15 +214,20 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
     // ---- this warp's tiles: w, w + 4, ... of the CTA's tile list
     int32_t const numTiles = w.tiles.count();
     int32_t const mine = numTiles > warp ? (numTiles - warp + Cfg::kWarps - 1) / Cfg::kWarps : 0;
-    auto tileStart = [&](int32_t i) { return w.tiles.tile(warp + i * Cfg::kWarps) * kTile; };  // i < mine
-    // Rows of the next tile to copy, located and with their block-table entries requested (locateKVRows).
-    KVRow ahead = locateKVRows<kTile>(p, src, mine > 0, mine > 0 ? tileStart(0) : 0, lane);
+    auto tileStart = [&](int32_t i) { return i < mine ? w.tiles.tile(warp + i * Cfg::kWarps) * kTile : 0; };
+    // Tiles 2j and 2j + 1 are located together (locateKVRowPair) at tile 2j - 2's copy, resolved at 2j's.
+    KVRow ahead = locateKVRowPair<kTile>(p, src, 0 < mine, tileStart(0), 1 < mine, tileStart(1), lane);
+    KVRowOffset rows;
     auto issue = [&](int32_t i) {
         if (i < mine) {
             int32_t const stage = i % kStages;
-            copyKVRows<kD, Cfg::kElemBytes, kTile, k8Bit>(p, src, ahead, smemAddr(rawK(stage)), smemAddr(rawV(stage)),
-                                                          sPos + stage * kTile, lane);
-            ahead = locateKVRows<kTile>(p, src, i + 1 < mine, i + 1 < mine ? tileStart(i + 1) : 0, lane);
+            if ((i & 1) == 0) {
+                rows = resolveKVRowOffset(p, src, ahead, Cfg::kElemBytes);
+                ahead = locateKVRowPair<kTile>(p, src, i + 2 < mine, tileStart(i + 2), i + 3 < mine,
+                                               tileStart(i + 3), lane);
+            }
+            copyKVRows<kD, Cfg::kElemBytes, kTile, k8Bit>(src, rows, (i & 1) * kTile, smemAddr(rawK(stage)),
+                                                          smemAddr(rawV(stage)), sPos + stage * kTile, lane);
         }
         cpAsyncCommit();  // always: keeps the group count uniform for cp.async.wait_group
     };
@@ -304,7 +303,7 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
             }
 
             float alpha[2];
-            decodeSoftmax<Cfg::kSplitS>(p, s, tilePos, needMask, qPos0, qPos1, lane, m, l, alpha);
+            decodeSoftmax<Cfg::kSplitS>(p, s, tilePos, needMask, qPos0, qPos1, lane, m, l, alpha, 1.f);
             rescaleRows(o, alpha);
 
             // O += P V

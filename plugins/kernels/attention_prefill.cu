@@ -84,20 +84,27 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
     auto rawV = [&](int stage) { return sRaw + stage * 2 * Cfg::kRawTileBytes + Cfg::kRawTileBytes; };
 
     int32_t const numTiles = w.tiles.count();
-    // Each warp loads its own kWarpRows rows of a KV tile (copyKVRows: one page lookup per row, by one lane);
-    // the rows of the next tile are located, their block-table entries requested, one tile ahead.
+    // Each warp loads its own kWarpRows rows of a KV tile (copyKVRows: one page lookup per row, by one lane,
+    // two tiles per lookup pass, their block-table entries requested a tile or two ahead).
     constexpr int kWarpRows = kTile / Cfg::kWarps;
     constexpr uint32_t kWarpRowBytes = uint32_t(kWarpRows * kD * Cfg::kElemBytes);
-    auto warpRows = [&](int32_t i) { return w.tiles.tile(i) * kTile + warp * kWarpRows; };  // i < numTiles
-    KVRow ahead = locateKVRows<kWarpRows>(p, src, numTiles > 0, numTiles > 0 ? warpRows(0) : 0, lane);
+    auto warpRows = [&](int32_t i) { return i < numTiles ? w.tiles.tile(i) * kTile + warp * kWarpRows : 0; };
+    // Tiles 2j and 2j + 1 are located together (locateKVRowPair) at tile 2j - 2's copy, resolved at 2j's.
+    KVRow ahead = locateKVRowPair<kWarpRows>(p, src, 0 < numTiles, warpRows(0), 1 < numTiles, warpRows(1), lane);
+    KVRowOffset rows;
     // issue(i): tile i's copies into its stage (one commit group per call, empty past the last tile).
     auto issue = [&](int32_t i) {
         if (i < numTiles) {
             int32_t const stage = i % Cfg::kStages;
-            copyKVRows<kD, Cfg::kElemBytes, kWarpRows>(p, src, ahead, smemAddr(rawK(stage)) + warp * kWarpRowBytes,
+            if ((i & 1) == 0) {
+                rows = resolveKVRowOffset(p, src, ahead, Cfg::kElemBytes);
+                ahead = locateKVRowPair<kWarpRows>(p, src, i + 2 < numTiles, warpRows(i + 2), i + 3 < numTiles,
+                                                   warpRows(i + 3), lane);
+            }
+            copyKVRows<kD, Cfg::kElemBytes, kWarpRows>(src, rows, (i & 1) * kWarpRows,
+                                                       smemAddr(rawK(stage)) + warp * kWarpRowBytes,
                                                        smemAddr(rawV(stage)) + warp * kWarpRowBytes,
                                                        sPos + stage * kTile + warp * kWarpRows, lane);
-            ahead = locateKVRows<kWarpRows>(p, src, i + 1 < numTiles, i + 1 < numTiles ? warpRows(i + 1) : 0, lane);
         }
         cpAsyncCommit();
     };

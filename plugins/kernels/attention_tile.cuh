@@ -106,48 +106,73 @@ struct Frag8 {
     static __host__ __device__ constexpr int vDim(int dn, int n) { return 128 * (dn >> 4) + kVRun * n + (dn & 15); }
 };
 
-// ---- KV rows: virtual indices [v0, v0 + kRows) of the CTA's span -> shared memory, K and V, by one warp, in
-// two steps a tile apart:
-//  * locateKVRows: lane r < kRows locates row v0 + r (kvRowEntryAt: position, page slot, offset) and requests
-//    its block-table entry. The caller keeps the result in registers and copies the tile one compute step
-//    later, so the entry's global round trip overlaps that step instead of stalling the warp at the copy
-//    (profiled: the largest long-scoreboard stall of both kernels' loops).
-//  * copyKVRows: lane r checks the entry (resolveKVRow) and computes the row's K byte offset; the lanes
-//    copying the row's 16-byte chunks receive it by shuffle (the V row is src.vDelta further). sPos[r]
-//    records the position or -1; a row holding nothing is zero-filled without touching global memory.
+// ---- KV rows of a warp's tiles -> shared memory, K and V, in three steps, two tiles at a time:
+//  * locateKVRowPair: lane l < 2 kRows locates row l % kRows of tile l / kRows of a pair of the warp's tiles
+//    (kvRowEntryAt: position, page slot, offset) and requests its block-table entry. One lookup pass serves
+//    two tiles, and the caller keeps the result in registers until the pair's first copy, a tile or two of
+//    compute later, so the entry's global round trip overlaps compute instead of stalling the warp
+//    (profiled: the lookups were ~1/3 of the decode loop's instructions, the entry load its largest
+//    long-scoreboard stall).
+//  * resolveKVRowOffset: the entry checked (resolveKVRow) and the row's K byte offset computed, per pair.
+//  * copyKVRows, per tile: the lanes copying a row's 16-byte chunks receive its offset by shuffle from the
+//    lane holding it (the V row is src.vDelta further); sPos[r] records the position or -1, and a row
+//    holding nothing is zero-filled without touching global memory.
 // Destinations: 16-bit caches land in swizzled tiles that ldmatrix reads directly; 8-bit caches in a staging
 // tile, row-major for convertTile8 (multi-token kernel) or chunk-swizzled for Frag8 (kSwizzle8: decode).
 template <int kRows>
-__device__ __forceinline__ KVRow locateKVRows(AttentionKernelParams const& p, KVSource const& src, bool valid,
-                                              int32_t v0, int32_t lane) {
+__device__ __forceinline__ KVRow locateKVRowPair(AttentionKernelParams const& p, KVSource const& src, bool valid0,
+                                                 int32_t v0, bool valid1, int32_t v1, int32_t lane) {
+    static_assert(2 * kRows <= 32, "a warp locates two tiles at once");
+    bool const second = lane >= kRows;
+    bool const valid = lane < 2 * kRows && (second ? valid1 : valid0);
     // v = -1 lies outside every chunk: pos -1, nothing loaded
-    return kvRowEntryAt(p.layout, src.table, src.span, src.chunk, valid && lane < kRows ? v0 + lane : -1);
+    return kvRowEntryAt(p.layout, src.table, src.span, src.chunk,
+                        valid ? (second ? v1 + lane - kRows : v0 + lane) : -1);
 }
 
+// A located row's K byte offset from the pool base, or kNothing (offset 0 with the sign bit set) for a row
+// holding nothing: its copies zero-fill (src-size 0, no read) with block 0's address -- inside the pool, so
+// sanitizers see no stray pointer -- and need no per-copy select of the address.
+struct KVRowOffset {
+    int64_t kOff;
+    int32_t pos;
+};
+constexpr int64_t kNothing = INT64_MIN;
+
+__device__ __forceinline__ KVRowOffset resolveKVRowOffset(AttentionKernelParams const& p, KVSource const& src,
+                                                          KVRow row, int32_t elemBytes) {
+    resolveKVRow(src.table, row);
+    KVRowOffset r;
+    r.pos = row.pos;
+    r.kOff = row.pos >= 0 ? src.kBase + p.layout.elemOffset(row.loc.block, 0, 0, 0, row.loc.offset) * elemBytes
+                          : kNothing;
+    return r;
+}
+
+// One tile: rows [0, kRows) held by lanes [firstLane, firstLane + kRows) of the pair.
 template <int kD, int kElemBytes, int kRows, bool kSwizzle8 = false>
-__device__ __forceinline__ void copyKVRows(AttentionKernelParams const& p, KVSource const& src, KVRow row,
+__device__ __forceinline__ void copyKVRows(KVSource const& src, KVRowOffset const& rows, int32_t firstLane,
                                            uint32_t sK, uint32_t sV, int32_t* sPos, int32_t lane) {
     constexpr int kRowBytes = kD * kElemBytes;
     constexpr int kChunks = kRowBytes / 16;  // 4 .. 32
     constexpr int kRowsPerStep = 32 / kChunks;
     static_assert(kChunks >= 4 && kChunks <= 32 && kRows <= 32 && kRows % kRowsPerStep == 0, "warp KV tile shape");
-    resolveKVRow(src.table, row);
-    int64_t const kOff = row.pos >= 0 ? src.kBase + p.layout.elemOffset(row.loc.block, 0, 0, 0, row.loc.offset) *
-                                                        kElemBytes
-                                      : int64_t(-1);
-    if (lane < kRows) sPos[lane] = row.pos;
+    int32_t const pos = __shfl_sync(0xffffffffu, rows.pos, firstLane + lane % kRows);
+    if (lane < kRows) sPos[lane] = pos;
     int const ch = lane % kChunks;
-    unsigned char const* const laneBase = src.pool + ch * 16;
+    unsigned char const* const laneK = src.pool + ch * 16;
+    unsigned char const* const laneV = laneK + src.vDelta;
 #pragma unroll
     for (int i = 0; i < kRows / kRowsPerStep; ++i) {
         int const r = i * kRowsPerStep + lane / kChunks;
-        int64_t const k = __shfl_sync(0xffffffffu, kOff, r);
+        int64_t const k = __shfl_sync(0xffffffffu, rows.kOff, firstLane + r);
         bool const holds = k >= 0;
+        int64_t const off = k & INT64_MAX;  // kNothing -> 0: block 0, a valid address that is not read
         uint32_t const dst = kElemBytes == 2 ? swizzledChunk(r, ch, kRowBytes)
                              : kSwizzle8     ? Frag8<kD>::chunkOffset(r, ch)
                                              : uint32_t(r * kRowBytes + ch * 16);
-        cpAsync16(sK + dst, holds ? laneBase + k : src.pool, holds);
-        cpAsync16(sV + dst, holds ? laneBase + k + src.vDelta : src.pool, holds);
+        cpAsync16(sK + dst, laneK + off, holds);
+        cpAsync16(sV + dst, laneV + off, holds);
     }
 }
 
@@ -321,8 +346,9 @@ __device__ __forceinline__ float accurateTanh(float x) {
     return 1.f - 2.f * r;
 }
 
-__device__ __forceinline__ float cappedLogitLog2(AttentionKernelParams const& p, float raw) {
-    return accurateTanh(raw * p.capInScale) * p.capOutScaleLog2;
+// capIn: the soft-cap's input scale (p.capInScale, times the raw scores' factor when there is one).
+__device__ __forceinline__ float cappedLogitLog2(AttentionKernelParams const& p, float raw, float capIn) {
+    return accurateTanh(raw * capIn) * p.capOutScaleLog2;
 }
 
 // Online-softmax step for one m16 tile of a warp: s[nt][e] holds the raw scores of KV tokens nt*8 + 2c + (e&1)
@@ -342,17 +368,22 @@ enum class Switch { kOff, kOn, kRuntime };
 template <int kNT, Switch kCap, Switch kMask>
 __device__ __forceinline__ void softmaxStepImpl(AttentionKernelParams const& p, float (&s)[kNT][4],
                                                 int32_t const* sPos, bool needMask, int32_t qPos0, int32_t qPos1,
-                                                int32_t lane, float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+                                                int32_t lane, float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                                float rawScale) {
     int32_t const c = lane & 3;
     bool const capped = kCap == Switch::kRuntime ? p.useSoftcap != 0 : kCap == Switch::kOn;  // uniform
     bool const masked = kMask == Switch::kRuntime ? needMask : kMask == Switch::kOn;
-    float const toLog2 = capped ? 1.f : p.scoreScaleLog2;  // s (after the loop below) * toLog2 = log2 logit
+    // rawScale > 0 multiplies every raw score (the 8-bit decode path's power-of-two Q unscaling), folded into
+    // the per-tile constants instead of one multiply per score.
+    // s (after the loop below) * toLog2 = log2 logit; kept >= FLT_MIN like the launcher's scale (-inf * 0 = NaN)
+    float const toLog2 = capped ? 1.f : fmaxf(p.scoreScaleLog2 * rawScale, 1.17549435e-38f);
+    float const capIn = p.capInScale * rawScale;
     float rowMax[2] = {negInf(), negInf()};
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            float x = capped ? cappedLogitLog2(p, s[nt][e]) : s[nt][e];
+            float x = capped ? cappedLogitLog2(p, s[nt][e], capIn) : s[nt][e];
             if (masked) {
                 int32_t const kvPos = sPos[nt * 8 + 2 * c + (e & 1)];
                 if (!kvVisible(e < 2 ? qPos0 : qPos1, kvPos, p.window, p.sinkTokens)) x = negInf();
@@ -391,17 +422,19 @@ __device__ __forceinline__ void softmaxStepImpl(AttentionKernelParams const& p, 
 template <int kNT>
 __device__ __forceinline__ void softmaxStep(AttentionKernelParams const& p, float (&s)[kNT][4], int32_t const* sPos,
                                             bool needMask, int32_t qPos0, int32_t qPos1, int32_t lane,
-                                            float (&m)[2], float (&l)[2], float (&alpha)[2]) {
-    softmaxStepImpl<kNT, Switch::kRuntime, Switch::kRuntime>(p, s, sPos, needMask, qPos0, qPos1, lane, m, l, alpha);
+                                            float (&m)[2], float (&l)[2], float (&alpha)[2], float rawScale = 1.f) {
+    softmaxStepImpl<kNT, Switch::kRuntime, Switch::kRuntime>(p, s, sPos, needMask, qPos0, qPos1, lane, m, l, alpha,
+                                                             rawScale);
 }
 
 // Both switches at compile time: the multi-token kernel branches once per tile and calls this.
 template <int kNT, bool kCapped, bool kMask>
 __device__ __forceinline__ void softmaxStepFixed(AttentionKernelParams const& p, float (&s)[kNT][4],
                                                  int32_t const* sPos, int32_t qPos0, int32_t qPos1, int32_t lane,
-                                                 float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+                                                 float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                                 float rawScale = 1.f) {
     softmaxStepImpl<kNT, kCapped ? Switch::kOn : Switch::kOff, kMask ? Switch::kOn : Switch::kOff>(
-        p, s, sPos, kMask, qPos0, qPos1, lane, m, l, alpha);
+        p, s, sPos, kMask, qPos0, qPos1, lane, m, l, alpha, rawScale);
 }
 
 // O *= alpha per row, skipped by the whole warp when no row's running max moved (alpha == 1 exactly): after
