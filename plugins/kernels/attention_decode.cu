@@ -44,9 +44,6 @@ struct DecodeConfig {
     // Q fragments stay in registers for 16-bit caches at D <= 128; for D = 256 and for 8-bit caches (whose
     // 4 CTAs/SM cap registers at 128 per thread) they are re-read from shared memory per step.
     static constexpr bool kQInRegs = kD <= 128 && !k8Bit;
-    // 16-bit caches: even and odd k-steps of S in separate accumulators and the per-tile softmax variants
-    // where registers allow (D <= 128).
-    static constexpr bool kSplitS = kD <= 128;
     // 8-bit tiles need ~54 KB of shared memory at D = 128 (no conversion buffers): ask ptxas for the
     // registers of 4 resident CTAs (16 warps) so that the longer instruction stream per byte is hidden.
     static constexpr int kMinCtasPerSm = k8Bit && kD <= 128 ? 4 : 1;
@@ -278,7 +275,10 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
             decodeTile8<CT, kD, kFp8, Cfg::kQInRegs>(p, kTileAddr, vTileAddr, tilePos, qFrag, sQAddr, offA, qUnscale,
                                                     needMask, qPos0, qPos1, lane, o, m, l);
         } else {
-            // S = Q K^T for 16 rows x 16 tokens (even / odd k-steps in separate accumulators, as decodeTile8)
+            // 16-bit caches: even and odd k-steps of S in separate accumulators (as decodeTile8) and the
+            // per-tile softmax variants where registers allow (D <= 128).
+            constexpr bool kSplitS = kD <= 128;
+            // S = Q K^T for 16 rows x 16 tokens
             float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
             float sOdd[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
@@ -291,11 +291,11 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
                 }
                 uint32_t b[4];
                 ldmatrixX4(b, Lane::at(kTileAddr, offK, 0, kk));
-                float (&acc)[2][4] = (Cfg::kSplitS && (kk & 1)) ? sOdd : s;
+                float (&acc)[2][4] = (kSplitS && (kk & 1)) ? sOdd : s;
                 Mma<CT>::run(acc[0], a, b[0], b[1]);
                 Mma<CT>::run(acc[1], a, b[2], b[3]);
             }
-            if constexpr (Cfg::kSplitS) {
+            if constexpr (kSplitS) {
 #pragma unroll
                 for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -303,7 +303,7 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
             }
 
             float alpha[2];
-            decodeSoftmax<Cfg::kSplitS>(p, s, tilePos, needMask, qPos0, qPos1, lane, m, l, alpha, 1.f);
+            decodeSoftmax<kSplitS>(p, s, tilePos, needMask, qPos0, qPos1, lane, m, l, alpha, 1.f);
             rescaleRows(o, alpha);
 
             // O += P V
@@ -408,38 +408,21 @@ __global__ void __launch_bounds__(DecodeConfig<CT, k8Bit, kD>::kThreads, DecodeC
 }
 
 template <typename CT, bool k8Bit, int kD>
-KernelSetup& decodeSetup() {
-    static KernelSetup setup;
-    return setup;
-}
+struct DecodeFamily : DecodeConfig<CT, k8Bit, kD> {
+    static constexpr char const* kName = "decode attention kernel";
+    static auto kernel() { return attentionDecodeKernel<CT, k8Bit, kD>; }
+};
 
 }  // namespace
 
 cudaError_t decodeKernelOccupancy(IODType io, CacheDType cache, int32_t headDim, int32_t& ctasPerSm) {
-    return dispatchAttention(io, isCache8Bit(cache), headDim, [&](auto ct, auto k8, auto d) -> cudaError_t {
-        using CT = typename decltype(ct)::type;
-        constexpr bool k8Bit = decltype(k8)::value;
-        constexpr int kD = decltype(d)::value;
-        using Cfg = DecodeConfig<CT, k8Bit, kD>;
-        return decodeSetup<CT, k8Bit, kD>().prepare(attentionDecodeKernel<CT, k8Bit, kD>, Cfg::kSmemBytes,
-                                                    Cfg::kThreads, ctasPerSm, "decode attention kernel", kD);
-    });
+    return prepareOrLaunch<DecodeFamily>(io, cache, headDim, ctasPerSm, nullptr, dim3(), nullptr);
 }
 
 cudaError_t launchDecodeKernel(AttentionKernelParams const& kp, IODType io, CacheDType cache, int32_t headDim,
-                               dim3 grid, cudaStream_t stream) {
-    return dispatchAttention(io, isCache8Bit(cache), headDim, [&](auto ct, auto k8, auto d) -> cudaError_t {
-        using CT = typename decltype(ct)::type;
-        constexpr bool k8Bit = decltype(k8)::value;
-        constexpr int kD = decltype(d)::value;
-        using Cfg = DecodeConfig<CT, k8Bit, kD>;
-        int32_t ctasPerSm = 0;
-        cudaError_t err = decodeSetup<CT, k8Bit, kD>().prepare(attentionDecodeKernel<CT, k8Bit, kD>, Cfg::kSmemBytes,
-                                                               Cfg::kThreads, ctasPerSm, "decode attention kernel", kD);
-        if (err != cudaSuccess) return err;
-        attentionDecodeKernel<CT, k8Bit, kD><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(kp);
-        return cudaGetLastError();
-    });
+                              dim3 grid, cudaStream_t stream) {
+    int32_t ctasPerSm = 0;
+    return prepareOrLaunch<DecodeFamily>(io, cache, headDim, ctasPerSm, &kp, grid, stream);
 }
 
 }  // namespace attn

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 
+#include "attention_kernels.h"
 #include "launch_common.h"
 #include "pagedkv/attention.h"
 
@@ -101,6 +102,25 @@ private:
     static constexpr int kMaxDevices = 64;
     std::atomic<int32_t> ctasPerSm_[kMaxDevices] = {};
 };
+
+// One KernelSetup per kernel instantiation F.
+template <typename F>
+inline KernelSetup kernelSetup{};
+
+// The occupancy query (kp == nullptr) or the launch of one attention kernel family, through dispatchAttention:
+// Family<CT, k8Bit, kD> provides kThreads, kSmemBytes, kName and kernel() (the __global__ function).
+template <template <typename, bool, int> class Family>
+cudaError_t prepareOrLaunch(IODType io, CacheDType cache, int32_t headDim, int32_t& ctasPerSm,
+                            AttentionKernelParams const* kp, dim3 grid, cudaStream_t stream) {
+    return dispatchAttention(io, isCache8Bit(cache), headDim, [&](auto ct, auto k8, auto d) -> cudaError_t {
+        using F = Family<typename decltype(ct)::type, decltype(k8)::value, decltype(d)::value>;
+        cudaError_t const err =
+            kernelSetup<F>.prepare(F::kernel(), F::kSmemBytes, F::kThreads, ctasPerSm, F::kName, decltype(d)::value);
+        if (err != cudaSuccess || kp == nullptr) return err;
+        F::kernel()<<<grid, F::kThreads, F::kSmemBytes, stream>>>(*kp);
+        return cudaGetLastError();
+    });
+}
 
 }  // namespace attn
 }  // namespace pagedkv

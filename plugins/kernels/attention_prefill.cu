@@ -302,38 +302,21 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
 }
 
 template <typename CT, bool k8Bit, int kD>
-KernelSetup& multiSetup() {
-    static KernelSetup setup;
-    return setup;
-}
+struct MultiFamily : MultiConfig<CT, k8Bit, kD> {
+    static constexpr char const* kName = "multi-token attention kernel";
+    static auto kernel() { return attentionMultiKernel<CT, k8Bit, kD>; }
+};
 
 }  // namespace
 
 cudaError_t multiKernelOccupancy(IODType io, CacheDType cache, int32_t headDim, int32_t& ctasPerSm) {
-    return dispatchAttention(io, isCache8Bit(cache), headDim, [&](auto ct, auto k8, auto d) -> cudaError_t {
-        using CT = typename decltype(ct)::type;
-        constexpr bool k8Bit = decltype(k8)::value;
-        constexpr int kD = decltype(d)::value;
-        using Cfg = MultiConfig<CT, k8Bit, kD>;
-        return multiSetup<CT, k8Bit, kD>().prepare(attentionMultiKernel<CT, k8Bit, kD>, Cfg::kSmemBytes,
-                                                   Cfg::kThreads, ctasPerSm, "multi-token attention kernel", kD);
-    });
+    return prepareOrLaunch<MultiFamily>(io, cache, headDim, ctasPerSm, nullptr, dim3(), nullptr);
 }
 
 cudaError_t launchMultiKernel(AttentionKernelParams const& kp, IODType io, CacheDType cache, int32_t headDim,
                               dim3 grid, cudaStream_t stream) {
-    return dispatchAttention(io, isCache8Bit(cache), headDim, [&](auto ct, auto k8, auto d) -> cudaError_t {
-        using CT = typename decltype(ct)::type;
-        constexpr bool k8Bit = decltype(k8)::value;
-        constexpr int kD = decltype(d)::value;
-        using Cfg = MultiConfig<CT, k8Bit, kD>;
-        int32_t ctasPerSm = 0;
-        cudaError_t err = multiSetup<CT, k8Bit, kD>().prepare(attentionMultiKernel<CT, k8Bit, kD>, Cfg::kSmemBytes,
-                                                              Cfg::kThreads, ctasPerSm, "multi-token attention kernel", kD);
-        if (err != cudaSuccess) return err;
-        attentionMultiKernel<CT, k8Bit, kD><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(kp);
-        return cudaGetLastError();
-    });
+    int32_t ctasPerSm = 0;
+    return prepareOrLaunch<MultiFamily>(io, cache, headDim, ctasPerSm, &kp, grid, stream);
 }
 
 }  // namespace attn
