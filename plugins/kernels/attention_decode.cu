@@ -30,8 +30,14 @@ struct DecodeConfig {
     static constexpr int kTile = kDecodeTileTokens;
     static constexpr int kStages = kDecodeStages;
     static constexpr int kElemBytes = k8Bit ? 1 : 2;
-    static constexpr int kRawTileBytes = kTile * kD * kElemBytes;  // one K (or V) tile as stored
-    static constexpr int kPosBytes = kStages * kTile * 4;
+    // 16-token tiles per warp step. 8-bit caches at D <= 128 take two (32 tokens: 8 KB of K + V per step at
+    // D = 128, like a 16-bit step): twice the independent work per step for about the same dependency chain
+    // (profiled: 16-token 8-bit steps at 4 CTAs/SM were latency-bound -- ~7 cycles per instruction, issue
+    // slots half idle, warps almost never waiting for data -- so cutting instructions did not help).
+    static constexpr int kStepTiles = k8Bit && kD <= 128 ? 2 : 1;
+    static constexpr int kStep = kTile * kStepTiles;               // KV tokens per warp step
+    static constexpr int kRawTileBytes = kStep * kD * kElemBytes;  // one stage's K (or V) as stored
+    static constexpr int kPosBytes = kStages * kStep * 4;
     static constexpr int kWarpBytes = kStages * 2 * kRawTileBytes + kPosBytes;
     static constexpr int kQBytes = kRows * kD * 2;
     static constexpr int kScratchBytes = k8Bit ? 16 : 0;  // loadQRowsK8's per-warp max |q| (kWarps floats)
@@ -41,14 +47,10 @@ struct DecodeConfig {
     static constexpr int kCombineStride = kD + 4;
     static constexpr int kCombineBytes = kWarps * kRows * (kCombineStride + 2) * 4;
     static constexpr int kSmemBytes = kPipelineBytes > kCombineBytes ? kPipelineBytes : kCombineBytes;
-    // Q fragments stay in registers for 16-bit caches at D <= 128; for D = 256 and for 8-bit caches (whose
-    // 4 CTAs/SM cap registers at 128 per thread) they are re-read from shared memory per step.
-    static constexpr bool kQInRegs = kD <= 128 && !k8Bit;
-    // 8-bit tiles need ~54 KB of shared memory at D = 128 (no conversion buffers): ask ptxas for the
-    // registers of 4 resident CTAs (16 warps) so that the longer instruction stream per byte is hidden.
-    static constexpr int kMinCtasPerSm = k8Bit && kD <= 128 ? 4 : 1;
+    // Q fragments stay in registers for D <= 128; for D = 256 they are re-read from shared memory per step.
+    static constexpr bool kQInRegs = kD <= 128;
     static_assert(kRawTileBytes % 16 == 0 && kWarpBytes % 16 == 0 && kQBytes % 16 == 0, "16-byte alignment");
-    static_assert((kTile & (kTile - 1)) == 0 && kTile <= 32, "the tile-is-clean vote reads position lane % kTile");
+    static_assert((kStep & (kStep - 1)) == 0 && kStep <= 32, "the step-is-clean vote reads position lane % kStep");
 };
 
 // Rows of a sequence that needed the (unlaunched) multi-token kernel: NaN, so a wrong maxQLen bound shows.
@@ -70,27 +72,28 @@ __device__ void poisonRows(AttentionKernelParams const& p, CtaWork const& w, int
 // (uniform branches), not per score -- the run-time switches cost two branches per score, ~1/10 of the
 // fp8 decode loop's instructions (profiled). kPerTile = false keeps the per-score switches (one inlined
 // variant instead of four: the 16-bit D = 256 kernel spills with four).
-template <bool kPerTile>
-__device__ __forceinline__ void decodeSoftmax(AttentionKernelParams const& p, float (&s)[2][4], int32_t const* sPos,
+template <int kNT, bool kPerTile>
+__device__ __forceinline__ void decodeSoftmax(AttentionKernelParams const& p, float (&s)[kNT][4], int32_t const* sPos,
                                               bool needMask, int32_t qPos0, int32_t qPos1, int32_t lane,
                                               float (&m)[2], float (&l)[2], float (&alpha)[2], float rawScale) {
     if constexpr (!kPerTile) {
-        softmaxStep<2>(p, s, sPos, needMask, qPos0, qPos1, lane, m, l, alpha, rawScale);
+        softmaxStep<kNT>(p, s, sPos, needMask, qPos0, qPos1, lane, m, l, alpha, rawScale);
     } else if (p.useSoftcap != 0) {
-        if (needMask) softmaxStepFixed<2, true, true>(p, s, sPos, qPos0, qPos1, lane, m, l, alpha, rawScale);
-        else softmaxStepFixed<2, true, false>(p, s, sPos, qPos0, qPos1, lane, m, l, alpha, rawScale);
+        if (needMask) softmaxStepFixed<kNT, true, true>(p, s, sPos, qPos0, qPos1, lane, m, l, alpha, rawScale);
+        else softmaxStepFixed<kNT, true, false>(p, s, sPos, qPos0, qPos1, lane, m, l, alpha, rawScale);
     } else {
-        if (needMask) softmaxStepFixed<2, false, true>(p, s, sPos, qPos0, qPos1, lane, m, l, alpha, rawScale);
-        else softmaxStepFixed<2, false, false>(p, s, sPos, qPos0, qPos1, lane, m, l, alpha, rawScale);
+        if (needMask) softmaxStepFixed<kNT, false, true>(p, s, sPos, qPos0, qPos1, lane, m, l, alpha, rawScale);
+        else softmaxStepFixed<kNT, false, false>(p, s, sPos, qPos0, qPos1, lane, m, l, alpha, rawScale);
     }
 }
 
-// One 16-token tile of an 8-bit cache, straight from the staging tiles into MMA fragments (Frag8): S = Q K^T,
+// One warp step (kNT * 8 tokens: 16 or 32) of an 8-bit cache, straight from the staging tiles into MMA
+// fragments (Frag8): S = Q K^T,
 // the online-softmax step, O += P V. Both products run as f16 MMAs whatever the compute type: 8-bit values
 // are exact in f16 and convert with one cvt per pair (e4m3), Q was converted by loadQRowsK8 (bf16 queries
 // scaled by a power of two, undone by qUnscale on the logits), and P is in [0, 1]. kFp8: e4m3, else int8 (a
 // uniform choice per launch, hoisted out of the loop by decodeBody's instantiation).
-template <typename CT, int kD, bool kFp8, bool kQInRegs>
+template <typename CT, int kD, int kNT, bool kFp8, bool kQInRegs>
 __device__ __forceinline__ void decodeTile8(AttentionKernelParams const& p, uint32_t kRaw, uint32_t vRaw,
                                             int32_t const* tilePos, uint32_t const (&qFrag)[kQInRegs ? kD / 16 : 1][4],
                                             uint32_t sQAddr, uint32_t offA, float qUnscale, bool needMask,
@@ -101,18 +104,23 @@ __device__ __forceinline__ void decodeTile8(AttentionKernelParams const& p, uint
     int32_t const g = lane >> 2;
     int32_t const c = lane & 3;
 
-    // S = Q K^T: lane (g, c) reads chunks laneChunkK(c, h) of tokens g and g + 8; word wi is k-step 4h + wi.
-    // Even and odd k-steps accumulate separately (sOdd) and are summed after: four independent MMA chains
-    // instead of two, so consecutive MMAs do not wait on each other's accumulators (profiled: the
-    // dependent chains were the largest stall of this loop).
-    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-    float sOdd[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    // S = Q K^T: lane (g, c) reads chunks laneChunkK(c, h) of tokens g + 8 nt; word wi is k-step 4h + wi.
+    // Even and odd k-steps accumulate separately (sOdd) and are summed after: 2 kNT independent MMA chains,
+    // so consecutive MMAs do not wait on each other's accumulators (profiled: the dependent chains were the
+    // largest stall of this loop).
+    float s[kNT][4], sOdd[kNT][4];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] = sOdd[nt][e] = 0.f;
 #pragma unroll
     for (int h = 0; h < F::kKChunksPerLane; ++h) {
-        uint4 const k0 = ldsU32x4(kRaw + F::chunkOffset(g, F::laneChunkK(c, h)));
-        uint4 const k1 = ldsU32x4(kRaw + F::chunkOffset(g + 8, F::laneChunkK(c, h)));
-        uint32_t const w0[4] = {k0.x, k0.y, k0.z, k0.w};
-        uint32_t const w1[4] = {k1.x, k1.y, k1.z, k1.w};
+        uint32_t wk[kNT][4];  // [n-tile: token g + 8 nt][word]
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+            uint4 const k = ldsU32x4(kRaw + F::chunkOffset(g + 8 * nt, F::laneChunkK(c, h)));
+            wk[nt][0] = k.x, wk[nt][1] = k.y, wk[nt][2] = k.z, wk[nt][3] = k.w;
+        }
 #pragma unroll
         for (int wi = 0; wi < 4; ++wi) {
             int const kk = 4 * h + wi;
@@ -122,36 +130,39 @@ __device__ __forceinline__ void decodeTile8(AttentionKernelParams const& p, uint
             } else {
                 ldmatrixX4(a, Lane::at(sQAddr, offA, 0, kk));
             }
-            uint32_t b0, b1;
-            float (&acc)[2][4] = (wi & 1) ? sOdd : s;
-            bytes4ToHalfPairs<kFp8>(w0[wi], b0, b1);
-            Mma<__half>::run(acc[0], a, b0, b1);
-            bytes4ToHalfPairs<kFp8>(w1[wi], b0, b1);
-            Mma<__half>::run(acc[1], a, b0, b1);
+            float (&acc)[kNT][4] = (wi & 1) ? sOdd : s;
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) {
+                uint32_t b0, b1;
+                bytes4ToHalfPairs<kFp8>(wk[nt][wi], b0, b1);
+                Mma<__half>::run(acc[nt], a, b0, b1);
+            }
         }
     }
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+    for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nt][e] += sOdd[nt][e];
     // qUnscale (a power of two, 1 unless the queries are bf16) is folded into the softmax's logit scale.
     float alpha[2];
-    decodeSoftmax<true>(p, s, tilePos, needMask, qPos0, qPos1, lane, m, l, alpha, qUnscale);
+    decodeSoftmax<kNT, true>(p, s, tilePos, needMask, qPos0, qPos1, lane, m, l, alpha, qUnscale);
     rescaleRows(o, alpha);
 
-    // O += P V as an f16 MMA (tokenPairsToHalf): lane (g, c) reads tokens 2c, 2c + 1, 2c + 8, 2c + 9 (the k
-    // pairs of its B fragments), the kVRun contiguous dims of each 128-dim block that output column g
-    // stands for (Frag8::vDim).
-    uint32_t pa[4];
-    probFragment<__half, 2>(s, 0, pa);
+    // O += P V as an f16 MMA (tokenPairsToHalf), 16 tokens per k-step kt: lane (g, c) reads tokens 16 kt +
+    // 2c, 2c + 1, 2c + 8, 2c + 9 (the k pairs of its B fragments), the kVRun contiguous dims of each 128-dim
+    // block that output column g stands for (Frag8::vDim).
     constexpr int kBlocks = kD >= 128 ? kD / 128 : 1;  // 128-dim blocks; D = 64: one block of 8 bytes per lane
     constexpr int kWords = kD >= 128 ? 4 : 2;          // words per token and block: 4 output tiles each
+#pragma unroll
+    for (int kt = 0; kt < kNT / 2; ++kt) {
+    uint32_t pa[4];
+    probFragment<__half, kNT>(s, kt, pa);
 #pragma unroll
     for (int hv = 0; hv < kBlocks; ++hv) {
         uint32_t w[4][kWords];  // [token 2c, 2c+1, 2c+8, 2c+9][word]
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
-            int32_t const tok = 2 * c + (t & 1) + 8 * (t >> 1);
+            int32_t const tok = 16 * kt + 2 * c + (t & 1) + 8 * (t >> 1);
             if constexpr (kD >= 128) {
                 uint4 const v = ldsU32x4(vRaw + F::chunkOffset(tok, g + 8 * hv));
                 w[t][0] = v.x, w[t][1] = v.y, w[t][2] = v.z, w[t][3] = v.w;
@@ -169,12 +180,14 @@ __device__ __forceinline__ void decodeTile8(AttentionKernelParams const& p, uint
             for (int j = 0; j < 4; ++j) Mma<__half>::run(o[hv * 16 + wd * 4 + j], pa, b0[j], b1[j]);
         }
     }
+    }
 }
 
 template <typename CT, bool k8Bit, int kD, bool kFp8>
 __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
     using Cfg = DecodeConfig<CT, k8Bit, kD>;
     constexpr int kTile = Cfg::kTile;
+    constexpr int kStep = Cfg::kStep;
     constexpr int kStages = Cfg::kStages;
     extern __shared__ __align__(16) unsigned char smem[];
 
@@ -204,27 +217,48 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
     unsigned char* const sQ = smem;
     float* const sWarpMax = reinterpret_cast<float*>(smem + Cfg::kQBytes);
     unsigned char* const warpBase = smem + Cfg::kQBytes + Cfg::kScratchBytes + warp * Cfg::kWarpBytes;
-    int32_t* const sPos = reinterpret_cast<int32_t*>(warpBase + kStages * 2 * Cfg::kRawTileBytes);  // [kStages][kTile]
+    int32_t* const sPos = reinterpret_cast<int32_t*>(warpBase + kStages * 2 * Cfg::kRawTileBytes);  // [kStages][kStep]
     auto rawK = [&](int stage) { return warpBase + stage * 2 * Cfg::kRawTileBytes; };
     auto rawV = [&](int stage) { return warpBase + stage * 2 * Cfg::kRawTileBytes + Cfg::kRawTileBytes; };
 
-    // ---- this warp's tiles: w, w + 4, ... of the CTA's tile list
+    // ---- this warp's steps: w, w + 4, ... of the CTA's tile list in steps of kStepTiles tiles
     int32_t const numTiles = w.tiles.count();
-    int32_t const mine = numTiles > warp ? (numTiles - warp + Cfg::kWarps - 1) / Cfg::kWarps : 0;
-    auto tileStart = [&](int32_t i) { return i < mine ? w.tiles.tile(warp + i * Cfg::kWarps) * kTile : 0; };
-    // Tiles 2j and 2j + 1 are located together (locateKVRowPair) at tile 2j - 2's copy, resolved at 2j's.
-    KVRow ahead = locateKVRowPair<kTile>(p, src, 0 < mine, tileStart(0), 1 < mine, tileStart(1), lane);
+    int32_t const numSteps = (numTiles + Cfg::kStepTiles - 1) / Cfg::kStepTiles;
+    int32_t const mine = numSteps > warp ? (numSteps - warp + Cfg::kWarps - 1) / Cfg::kWarps : 0;
+    // Tile j of the CTA's list, as its first virtual index (0 past the list: locateKVRowPair is told invalid).
+    auto tileStart = [&](int32_t j) { return j < numTiles ? w.tiles.tile(j) * kTile : 0; };
+    auto firstTile = [&](int32_t i) { return (warp + i * Cfg::kWarps) * Cfg::kStepTiles; };  // of step i
+    // Rows are located for two tiles per lookup pass (locateKVRowPair): with 1-tile steps, steps 2j and 2j + 1
+    // (located at step 2j - 2's copy, resolved at 2j's); with 2-tile steps, the step's two tiles (located at
+    // the previous step's copy).
+    auto locate = [&](int32_t i) {
+        int32_t const t0 = firstTile(i);
+        int32_t const t1 = Cfg::kStepTiles == 2 ? t0 + 1 : firstTile(i + 1);
+        bool const v0 = i < mine && t0 < numTiles;
+        bool const v1 = (Cfg::kStepTiles == 2 ? i : i + 1) < mine && t1 < numTiles;
+        return locateKVRowPair<kTile>(p, src, v0, v0 ? tileStart(t0) : 0, v1, v1 ? tileStart(t1) : 0, lane);
+    };
+    KVRow ahead = locate(0);
     KVRowOffset rows;
     auto issue = [&](int32_t i) {
         if (i < mine) {
             int32_t const stage = i % kStages;
-            if ((i & 1) == 0) {
+            uint32_t const sK = smemAddr(rawK(stage)), sV = smemAddr(rawV(stage));
+            int32_t* const stagePos = sPos + stage * kStep;
+            if constexpr (Cfg::kStepTiles == 2) {
                 rows = resolveKVRowOffset(p, src, ahead, Cfg::kElemBytes);
-                ahead = locateKVRowPair<kTile>(p, src, i + 2 < mine, tileStart(i + 2), i + 3 < mine,
-                                               tileStart(i + 3), lane);
+                ahead = locate(i + 1);
+                constexpr uint32_t kHalf = uint32_t(kTile * kD * Cfg::kElemBytes);  // rows 16.. of the stage
+                copyKVRows<kD, Cfg::kElemBytes, kTile, k8Bit>(src, rows, 0, sK, sV, stagePos, lane);
+                copyKVRows<kD, Cfg::kElemBytes, kTile, k8Bit>(src, rows, kTile, sK + kHalf, sV + kHalf,
+                                                              stagePos + kTile, lane);
+            } else {
+                if ((i & 1) == 0) {
+                    rows = resolveKVRowOffset(p, src, ahead, Cfg::kElemBytes);
+                    ahead = locate(i + 2);
+                }
+                copyKVRows<kD, Cfg::kElemBytes, kTile, k8Bit>(src, rows, (i & 1) * kTile, sK, sV, stagePos, lane);
             }
-            copyKVRows<kD, Cfg::kElemBytes, kTile, k8Bit>(src, rows, (i & 1) * kTile, smemAddr(rawK(stage)),
-                                                          smemAddr(rawV(stage)), sPos + stage * kTile, lane);
         }
         cpAsyncCommit();  // always: keeps the group count uniform for cp.async.wait_group
     };
@@ -259,20 +293,21 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
     float l[2] = {0.f, 0.f};
 
     for (int32_t i = 0; i < mine; ++i) {
-        cpAsyncWait<kStages - 2>();  // this lane's copies of tile i have landed ...
-        __syncwarp();                // ... and every lane's (and every lane is done with tile i - 1)
-        issue(i + kStages - 1);      // refills the stage tile i - 1 used
+        cpAsyncWait<kStages - 2>();  // this lane's copies of step i have landed ...
+        __syncwarp();                // ... and every lane's (and every lane is done with step i - 1)
+        issue(i + kStages - 1);      // refills the stage step i - 1 used
         int32_t const stage = i % kStages;
         uint32_t const kTileAddr = smemAddr(rawK(stage));
         uint32_t const vTileAddr = smemAddr(rawV(stage));
-        int32_t const* const tilePos = sPos + stage * kTile;
-        // A tile whose every row holds a position that all the CTA's queries see needs no per-element mask
-        // (tileNeedsMask, the multi-token kernel's rule; positions ascend within a tile). Padding rows
-        // (qPos -1) then see it too, harmlessly: their Q is zero and they are never written.
-        bool const holdsAll = __all_sync(0xffffffffu, tilePos[lane & (kTile - 1)] >= 0);
-        bool const needMask = tileNeedsMask(holdsAll, tilePos[0], tilePos[kTile - 1], qFirst, qLast, p.window);
+        int32_t const* const tilePos = sPos + stage * kStep;
+        // A step whose every row holds a position that all the CTA's queries see needs no per-element mask
+        // (tileNeedsMask, the multi-token kernel's rule; positions ascend within a step: its tiles come in
+        // list order). Padding rows (qPos -1) then see it too, harmlessly: their Q is zero and they are never
+        // written.
+        bool const holdsAll = __all_sync(0xffffffffu, tilePos[lane & (kStep - 1)] >= 0);
+        bool const needMask = tileNeedsMask(holdsAll, tilePos[0], tilePos[kStep - 1], qFirst, qLast, p.window);
         if constexpr (k8Bit) {
-            decodeTile8<CT, kD, kFp8, Cfg::kQInRegs>(p, kTileAddr, vTileAddr, tilePos, qFrag, sQAddr, offA, qUnscale,
+            decodeTile8<CT, kD, kStep / 8, kFp8, Cfg::kQInRegs>(p, kTileAddr, vTileAddr, tilePos, qFrag, sQAddr, offA, qUnscale,
                                                     needMask, qPos0, qPos1, lane, o, m, l);
         } else {
             // 16-bit caches: even and odd k-steps of S in separate accumulators (as decodeTile8) and the
@@ -303,7 +338,7 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
             }
 
             float alpha[2];
-            decodeSoftmax<kSplitS>(p, s, tilePos, needMask, qPos0, qPos1, lane, m, l, alpha, 1.f);
+            decodeSoftmax<2, kSplitS>(p, s, tilePos, needMask, qPos0, qPos1, lane, m, l, alpha, 1.f);
             rescaleRows(o, alpha);
 
             // O += P V
@@ -395,7 +430,7 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
 }
 
 template <typename CT, bool k8Bit, int kD>
-__global__ void __launch_bounds__(DecodeConfig<CT, k8Bit, kD>::kThreads, DecodeConfig<CT, k8Bit, kD>::kMinCtasPerSm)
+__global__ void __launch_bounds__(DecodeConfig<CT, k8Bit, kD>::kThreads)
     attentionDecodeKernel(__grid_constant__ AttentionKernelParams const p) {
     if constexpr (k8Bit) {
         if (p.cacheIsFp8)
