@@ -143,43 +143,34 @@ __device__ __forceinline__ void decodeTile8(AttentionKernelParams const& p, uint
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nt][e] += sOdd[nt][e];
-    // V for P V, read before the softmax: the shared loads do not depend on it, and issued here (the
-    // softmax's mask / soft-cap variants are separate basic blocks the scheduler does not move loads across)
-    // their latency overlaps the softmax's reductions instead of following them. Lane (g, c) reads tokens
-    // 16 kt + 2c, 2c + 1, 2c + 8, 2c + 9 (the k pairs of its B fragments), the kVRun contiguous dims of each
-    // 128-dim block that output column g stands for (Frag8::vDim).
-    constexpr int kBlocks = kD >= 128 ? kD / 128 : 1;  // 128-dim blocks; D = 64: one block of 8 bytes per lane
-    constexpr int kWords = kD >= 128 ? 4 : 2;          // words per token and block: 4 output tiles each
-    uint32_t vw[kNT / 2][kBlocks][4][kWords];          // [k-step][block][token 2c, 2c+1, 2c+8, 2c+9][word]
-#pragma unroll
-    for (int kt = 0; kt < kNT / 2; ++kt)
-#pragma unroll
-        for (int hv = 0; hv < kBlocks; ++hv)
-#pragma unroll
-            for (int t = 0; t < 4; ++t) {
-                int32_t const tok = 16 * kt + 2 * c + (t & 1) + 8 * (t >> 1);
-                if constexpr (kD >= 128) {
-                    uint4 const v = ldsU32x4(vRaw + F::chunkOffset(tok, g + 8 * hv));
-                    vw[kt][hv][t][0] = v.x, vw[kt][hv][t][1] = v.y, vw[kt][hv][t][2] = v.z, vw[kt][hv][t][3] = v.w;
-                } else {
-                    uint2 const v = ldsU32x2(vRaw + F::chunkOffset(tok, g >> 1) + 8 * (g & 1));
-                    vw[kt][hv][t][0] = v.x, vw[kt][hv][t][1] = v.y;
-                }
-            }
-
     // qUnscale (a power of two, 1 unless the queries are bf16) is folded into the softmax's logit scale.
     float alpha[2];
     decodeSoftmax<kNT, true>(p, s, tilePos, needMask, qPos0, qPos1, lane, m, l, alpha, qUnscale);
     rescaleRows(o, alpha);
 
-    // O += P V as an f16 MMA (tokenPairsToHalf), 16 tokens per k-step kt.
+    // O += P V as an f16 MMA (tokenPairsToHalf), 16 tokens per k-step kt: lane (g, c) reads tokens 16 kt +
+    // 2c, 2c + 1, 2c + 8, 2c + 9 (the k pairs of its B fragments), the kVRun contiguous dims of each 128-dim
+    // block that output column g stands for (Frag8::vDim).
+    constexpr int kBlocks = kD >= 128 ? kD / 128 : 1;  // 128-dim blocks; D = 64: one block of 8 bytes per lane
+    constexpr int kWords = kD >= 128 ? 4 : 2;          // words per token and block: 4 output tiles each
 #pragma unroll
     for (int kt = 0; kt < kNT / 2; ++kt) {
     uint32_t pa[4];
     probFragment<__half, kNT>(s, kt, pa);
 #pragma unroll
     for (int hv = 0; hv < kBlocks; ++hv) {
-        auto const& w = vw[kt][hv];
+        uint32_t w[4][kWords];  // [token 2c, 2c+1, 2c+8, 2c+9][word]
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            int32_t const tok = 16 * kt + 2 * c + (t & 1) + 8 * (t >> 1);
+            if constexpr (kD >= 128) {
+                uint4 const v = ldsU32x4(vRaw + F::chunkOffset(tok, g + 8 * hv));
+                w[t][0] = v.x, w[t][1] = v.y, w[t][2] = v.z, w[t][3] = v.w;
+            } else {
+                uint2 const v = ldsU32x2(vRaw + F::chunkOffset(tok, g >> 1) + 8 * (g & 1));
+                w[t][0] = v.x, w[t][1] = v.y;
+            }
+        }
 #pragma unroll
         for (int wd = 0; wd < kWords; ++wd) {
             uint32_t b0[4], b1[4];  // output tiles 4 wd + j: tokens (2c, 2c+1) and (2c+8, 2c+9)
