@@ -10,7 +10,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/pluginBase.h"
 #include "common/pluginFields.h"
+#include "common/pluginNames.h"
 #include "common/poolAttributes.h"
 #include "pagedkv/attention.h"
 
@@ -50,24 +52,14 @@ struct AttentionAttributes {
 std::vector<FieldSpec> const& attentionFieldSpecs();
 AttentionAttributes readAttentionAttributes(FieldValues const& values);
 
-class AttentionPlugin final : public nvinfer1::IPluginV3,
-                              public nvinfer1::IPluginV3OneCore,
-                              public nvinfer1::IPluginV3OneBuild,
-                              public nvinfer1::IPluginV3OneRuntime {
+class AttentionPlugin final : public PluginV3<AttentionPlugin> {
 public:
+    static constexpr char const* kPluginName = kAttentionPluginName;
+
+    // Validates every field (throws PluginError).
     explicit AttentionPlugin(FieldValues values);
-    ~AttentionPlugin() override = default;
 
-    // ---- IPluginV3
-    nvinfer1::IPluginCapability* getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept override;
-    nvinfer1::IPluginV3* clone() noexcept override;
-
-    // ---- IPluginV3OneCore
-    char const* getPluginName() const noexcept override;
-    char const* getPluginVersion() const noexcept override;
-    char const* getPluginNamespace() const noexcept override;
-
-    // ---- IPluginV3OneBuild
+    // ---- IPluginV3OneBuild: the plugin's own methods (the shared ones are PluginV3Base's)
     int32_t getNbOutputs() const noexcept override;
     int32_t getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs,
                                nvinfer1::DataType const* inputTypes, int32_t nbInputs) const noexcept override;
@@ -76,48 +68,27 @@ public:
                             nvinfer1::IExprBuilder& exprBuilder) noexcept override;
     bool supportsFormatCombination(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut, int32_t nbInputs,
                                    int32_t nbOutputs) noexcept override;
-    int32_t configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
-                            nvinfer1::DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept override;
     // Split-K partials for the profile's largest step: T_max tokens, B_max sequences, MB_max * P cache positions.
     size_t getWorkspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
                             nvinfer1::DynamicPluginTensorDesc const* outputs, int32_t nbOutputs) const noexcept override;
 
     // ---- IPluginV3OneRuntime
-    int32_t onShapeChange(nvinfer1::PluginTensorDesc const* in, int32_t nbInputs, nvinfer1::PluginTensorDesc const* out,
-                          int32_t nbOutputs) noexcept override;
     int32_t enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const* outputDesc,
                     void const* const* inputs, void* const* outputs, void* workspace,
                     cudaStream_t stream) noexcept override;
-    nvinfer1::IPluginV3* attachToContext(nvinfer1::IPluginResourceContext* context) noexcept override;
-    nvinfer1::PluginFieldCollection const* getFieldsToSerialize() noexcept override;
 
 private:
     void checkConfiguration(std::vector<nvinfer1::Dims> const& inputDims, std::vector<nvinfer1::DataType> const& inputTypes,
                             std::vector<nvinfer1::Dims> const& outputDims,
-                            std::vector<nvinfer1::DataType> const& outputTypes) const;
+                            std::vector<nvinfer1::DataType> const& outputTypes) const override;
     nvinfer1::DataType outputType(nvinfer1::DataType qType) const;
     // Cache positions a step with block-table width `maxBlocks` can read: MB * P (int32-checked).
     int32_t maxKVLenFor(int64_t maxBlocks) const;
 
-    FieldValues mValues;
     AttentionAttributes mAttrs;
-    FieldCollection mSerialized;
 };
 
-class AttentionPluginCreator final : public nvinfer1::IPluginCreatorV3One {
-public:
-    AttentionPluginCreator();
-
-    nvinfer1::IPluginV3* createPlugin(char const* name, nvinfer1::PluginFieldCollection const* fc,
-                                      nvinfer1::TensorRTPhase phase) noexcept override;
-    nvinfer1::PluginFieldCollection const* getFieldNames() noexcept override;
-    char const* getPluginName() const noexcept override;
-    char const* getPluginVersion() const noexcept override;
-    char const* getPluginNamespace() const noexcept override;
-
-private:
-    FieldCollection mFieldNames;
-};
+using AttentionPluginCreator = PluginCreator<AttentionPlugin, attentionFieldSpecs>;
 
 }  // namespace plugin
 }  // namespace pagedkv

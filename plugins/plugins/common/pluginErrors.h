@@ -4,6 +4,8 @@
 // PluginError with a message that names the field or tensor and the offending value.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <exception>
 #include <stdexcept>
 #include <string>
@@ -32,6 +34,10 @@ Result guarded(char const* plugin, char const* method, Result onError, Body&& bo
     }
     return onError;
 }
+
+// enqueue: a launcher's (launchQKVWrite, launchAttention) failure as a PluginError "<launcher>: <CUDA error>",
+// with the launcher's own reason (lastErrorMessage) when it rejected its parameters. cudaSuccess: no-op.
+void checkLaunch(char const* launcher, cudaError_t err);
 
 }  // namespace plugin
 }  // namespace pagedkv

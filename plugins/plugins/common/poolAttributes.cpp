@@ -9,10 +9,8 @@ namespace pagedkv {
 namespace plugin {
 
 namespace {
-constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-}
 
-FieldSpec numQHeadsFieldSpec() { return FieldSpec::requiredInt("num_q_heads", 1, kMaxHeads); }
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
 std::vector<FieldSpec> poolFieldSpecs() {
     return {
@@ -30,6 +28,15 @@ std::vector<FieldSpec> poolFieldSpecs() {
         FieldSpec::positiveFloat("k_scale", 1.f),
         FieldSpec::positiveFloat("v_scale", 1.f),
     };
+}
+
+}  // namespace
+
+std::vector<FieldSpec> pluginFieldSpecs(std::vector<FieldSpec> ownFields) {
+    std::vector<FieldSpec> specs{FieldSpec::requiredInt("num_q_heads", 1, kMaxHeads)};
+    for (FieldSpec& spec : ownFields) specs.push_back(std::move(spec));
+    for (FieldSpec& spec : poolFieldSpecs()) specs.push_back(std::move(spec));
+    return specs;
 }
 
 PoolAttributes readPoolAttributes(FieldValues const& values, int32_t numQHeads) {

@@ -33,13 +33,27 @@ struct PoolAttributes {
     KVLayout layout;     // from makeKVLayout: the one geometry both sides use
 };
 
-// Field table entries for num_q_heads and the PoolConfig fields, in config.py's to_attributes() order.
-FieldSpec numQHeadsFieldSpec();
-std::vector<FieldSpec> poolFieldSpecs();
+// A plugin's whole attribute table, in config.py's to_attributes() order: num_q_heads, the plugin's own
+// fields (`ownFields`, in its config's order), then the PoolConfig fields.
+std::vector<FieldSpec> pluginFieldSpecs(std::vector<FieldSpec> ownFields);
 
 // Reads and cross-checks the pool fields (heads divisibility, layer index, cyclic window vs page size) and builds
 // the KVLayout through makeKVLayout. Throws PluginError naming the field and the value.
 PoolAttributes readPoolAttributes(FieldValues const& values, int32_t numQHeads);
+
+// The head counts and the pool's part of a launcher's parameter struct (QKVWriteParams and AttentionParams
+// name these fields alike), filled in one place for both plugins' enqueue.
+template <typename LaunchParams>
+void setPoolParams(LaunchParams& params, int32_t numQHeads, PoolAttributes const& pool) {
+    params.numQHeads = numQHeads;
+    params.numKVHeads = pool.numKVHeads;
+    params.headDim = pool.headDim;
+    params.layout = pool.layout;
+    params.cacheDType = pool.cacheDType;
+    params.layer = pool.layerIndex;
+    params.kScale = pool.kScale;
+    params.vScale = pool.vScale;
+}
 
 }  // namespace plugin
 }  // namespace pagedkv

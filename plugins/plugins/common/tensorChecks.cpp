@@ -88,5 +88,32 @@ int32_t checkedInt32(int64_t value, char const* what) {
     return static_cast<int32_t>(value);
 }
 
+std::string tensorCounts(int32_t numInputs, int32_t numOutputs) {
+    return std::to_string(numInputs) + (numInputs == 1 ? " input" : " inputs") + " and " +
+           std::to_string(numOutputs) + (numOutputs == 1 ? " output" : " outputs");
+}
+
+void expectTensorCounts(int32_t nbInputs, int32_t nbOutputs, int32_t expectedInputs, int32_t expectedOutputs) {
+    if (nbInputs != expectedInputs || nbOutputs != expectedOutputs) {
+        throw PluginError("expected " + tensorCounts(expectedInputs, expectedOutputs) + ", got " +
+                          std::to_string(nbInputs) + " and " + std::to_string(nbOutputs));
+    }
+}
+
+void expectFormatPosition(int32_t pos, int32_t nbInputs, int32_t nbOutputs, int32_t expectedInputs,
+                          int32_t expectedOutputs) {
+    if (nbInputs != expectedInputs || nbOutputs != expectedOutputs || pos < 0 || pos >= nbInputs + nbOutputs) {
+        throw PluginError("pos=" + std::to_string(pos) + " with " + std::to_string(nbInputs) + " inputs and " +
+                          std::to_string(nbOutputs) + " outputs; expected " +
+                          tensorCounts(expectedInputs, expectedOutputs));
+    }
+}
+
+IODType ioDTypeOf(char const* tensor, nvinfer1::DataType type) {
+    if (type == nvinfer1::DataType::kHALF) return IODType::kFP16;
+    if (type == nvinfer1::DataType::kBF16) return IODType::kBF16;
+    throw PluginError(std::string(tensor) + ": type " + dataTypeName(type) + ", expected kHALF|kBF16");
+}
+
 }  // namespace plugin
 }  // namespace pagedkv

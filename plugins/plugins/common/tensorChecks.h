@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "pagedkv/qkv_write.h"  // IODType
+
 namespace pagedkv {
 namespace plugin {
 
@@ -46,6 +48,19 @@ private:
 
 // Throws when an extent needed as int32 by the launchers does not fit.
 int32_t checkedInt32(int64_t value, char const* what);
+
+// "6 inputs and 1 output": the tensor counts a plugin's attributes call for, as error messages state them.
+std::string tensorCounts(int32_t numInputs, int32_t numOutputs);
+
+// getOutputDataTypes / getOutputShapes: throws "expected 6 inputs and 1 output, got 5 and 1" on other counts.
+void expectTensorCounts(int32_t nbInputs, int32_t nbOutputs, int32_t expectedInputs, int32_t expectedOutputs);
+
+// supportsFormatCombination: the counts as above and 0 <= pos < nbInputs + nbOutputs, else throws.
+void expectFormatPosition(int32_t pos, int32_t nbInputs, int32_t nbOutputs, int32_t expectedInputs,
+                          int32_t expectedOutputs);
+
+// The launchers' IODType of a 16-bit activation tensor; anything else throws naming `tensor`.
+IODType ioDTypeOf(char const* tensor, nvinfer1::DataType type);
 
 }  // namespace plugin
 }  // namespace pagedkv

@@ -6,7 +6,6 @@
 #include <string>
 
 #include "common/pluginErrors.h"
-#include "common/pluginNames.h"
 #include "common/stepInputs.h"
 #include "common/tensorChecks.h"
 #include "pagedkv/step_metadata.h"
@@ -19,22 +18,16 @@ using nvinfer1::Dims;
 using nvinfer1::DimsExprs;
 using nvinfer1::DynamicPluginTensorDesc;
 using nvinfer1::IExprBuilder;
-using nvinfer1::IPluginCapability;
-using nvinfer1::IPluginV3;
-using nvinfer1::PluginCapabilityType;
-using nvinfer1::PluginFieldCollection;
 using nvinfer1::PluginTensorDesc;
 using nvinfer1::TensorFormat;
 
 namespace {
-
-constexpr char const* kName = kQKVWritePluginName;
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+}  // namespace
 
-std::vector<FieldSpec> makeFieldSpecs() {
-    // Order of WriteConfig(...).to_attributes(): own fields (rope expanded), then the pool's.
-    std::vector<FieldSpec> specs{
-        numQHeadsFieldSpec(),
+std::vector<FieldSpec> const& qkvWriteFieldSpecs() {
+    // WriteConfig's own fields, in its to_attributes() order (rope expanded).
+    static std::vector<FieldSpec> const specs = pluginFieldSpecs({
         FieldSpec::intOneOf("rope_style", static_cast<int32_t>(RopeStyle::kNeox), {0, 1, 2},
                             "0 none, 1 NeoX, 2 GPT-J"),
         FieldSpec::optionalInt("rope_rotary_dim", 0, 0, 2 * kMaxRotaryPairs),
@@ -50,21 +43,7 @@ std::vector<FieldSpec> makeFieldSpecs() {
         FieldSpec::flag("zero_v_tail", true),
         FieldSpec::flag("q_out_fp8", false),
         FieldSpec::positiveFloat("q_scale", 1.f),
-    };
-    for (FieldSpec& spec : poolFieldSpecs()) specs.push_back(std::move(spec));
-    return specs;
-}
-
-IODType ioDTypeOf(DataType type) {
-    if (type == DataType::kHALF) return IODType::kFP16;
-    if (type == DataType::kBF16) return IODType::kBF16;
-    throw PluginError(std::string("qkv: type ") + dataTypeName(type) + ", expected kHALF|kBF16");
-}
-
-}  // namespace
-
-std::vector<FieldSpec> const& qkvWriteFieldSpecs() {
-    static std::vector<FieldSpec> const specs = makeFieldSpecs();
+    });
     return specs;
 }
 
@@ -105,35 +84,12 @@ QKVWriteAttributes readQKVWriteAttributes(FieldValues const& values) {
 // ======================================================================================== QKVWritePlugin
 
 QKVWritePlugin::QKVWritePlugin(FieldValues values)
-    : mValues(std::move(values)), mAttrs(readQKVWriteAttributes(mValues)), mRope{}, mSerialized(mValues) {
+    : PluginV3(std::move(values)), mAttrs(readQKVWriteAttributes(fieldValues())), mRope{} {
     // The one RopeConfig -> RopeParams conversion (kernels/rope_params.cpp); the kernel sees only its table.
     if (!computeRopeParams(mAttrs.rope, mAttrs.pool.headDim, mRope)) {
         throw PluginError(std::string("rope_* fields: computeRopeParams: ") + lastErrorMessage());
     }
 }
-
-// ---- IPluginV3 -----------------------------------------------------------------------------------------------
-
-IPluginCapability* QKVWritePlugin::getCapabilityInterface(PluginCapabilityType type) noexcept {
-    return guarded<IPluginCapability*>(kName, "getCapabilityInterface", nullptr, [&]() -> IPluginCapability* {
-        switch (type) {
-            case PluginCapabilityType::kCORE: return static_cast<nvinfer1::IPluginV3OneCore*>(this);
-            case PluginCapabilityType::kBUILD: return static_cast<nvinfer1::IPluginV3OneBuild*>(this);
-            case PluginCapabilityType::kRUNTIME: return static_cast<nvinfer1::IPluginV3OneRuntime*>(this);
-        }
-        throw PluginError("unknown PluginCapabilityType " + std::to_string(static_cast<int32_t>(type)));
-    });
-}
-
-IPluginV3* QKVWritePlugin::clone() noexcept {
-    return guarded<IPluginV3*>(kName, "clone", nullptr, [&] { return new QKVWritePlugin(mValues); });
-}
-
-// ---- IPluginV3OneCore ----------------------------------------------------------------------------------------
-
-char const* QKVWritePlugin::getPluginName() const noexcept { return kQKVWritePluginName; }
-char const* QKVWritePlugin::getPluginVersion() const noexcept { return kPluginVersion; }
-char const* QKVWritePlugin::getPluginNamespace() const noexcept { return kPluginNamespace; }
 
 // ---- IPluginV3OneBuild ---------------------------------------------------------------------------------------
 
@@ -143,11 +99,8 @@ DataType QKVWritePlugin::qOutputType(DataType qkvType) const { return mAttrs.qOu
 
 int32_t QKVWritePlugin::getOutputDataTypes(DataType* outputTypes, int32_t nbOutputs, DataType const* inputTypes,
                                            int32_t nbInputs) const noexcept {
-    return guarded(kName, "getOutputDataTypes", -1, [&] {
-        if (nbInputs != mAttrs.numInputs() || nbOutputs != QKVWriteIO::kNumOutputs) {
-            throw PluginError("expected " + std::to_string(mAttrs.numInputs()) + " inputs and 2 outputs, got " +
-                              std::to_string(nbInputs) + " and " + std::to_string(nbOutputs));
-        }
+    return guarded(kPluginName, "getOutputDataTypes", -1, [&] {
+        expectTensorCounts(nbInputs, nbOutputs, mAttrs.numInputs(), QKVWriteIO::kNumOutputs);
         outputTypes[QKVWriteIO::kQ] = qOutputType(inputTypes[QKVWriteIO::kQKV]);
         outputTypes[QKVWriteIO::kKVWriteStatus] = DataType::kINT32;
         return 0;
@@ -157,11 +110,8 @@ int32_t QKVWritePlugin::getOutputDataTypes(DataType* outputTypes, int32_t nbOutp
 int32_t QKVWritePlugin::getOutputShapes(DimsExprs const* inputs, int32_t nbInputs, DimsExprs const* /*shapeInputs*/,
                                         int32_t /*nbShapeInputs*/, DimsExprs* outputs, int32_t nbOutputs,
                                         IExprBuilder& exprBuilder) noexcept {
-    return guarded(kName, "getOutputShapes", -1, [&] {
-        if (nbInputs != mAttrs.numInputs() || nbOutputs != QKVWriteIO::kNumOutputs) {
-            throw PluginError("expected " + std::to_string(mAttrs.numInputs()) + " inputs and 2 outputs, got " +
-                              std::to_string(nbInputs) + " and " + std::to_string(nbOutputs));
-        }
+    return guarded(kPluginName, "getOutputShapes", -1, [&] {
+        expectTensorCounts(nbInputs, nbOutputs, mAttrs.numInputs(), QKVWriteIO::kNumOutputs);
         if (inputs[QKVWriteIO::kQKV].nbDims != 2) {
             throw PluginError("qkv: expected rank 2 [T, (H + 2*KVH) * D], got rank " +
                               std::to_string(inputs[QKVWriteIO::kQKV].nbDims));
@@ -180,13 +130,8 @@ int32_t QKVWritePlugin::getOutputShapes(DimsExprs const* inputs, int32_t nbInput
 
 bool QKVWritePlugin::supportsFormatCombination(int32_t pos, DynamicPluginTensorDesc const* inOut, int32_t nbInputs,
                                                int32_t nbOutputs) noexcept {
-    return guarded(kName, "supportsFormatCombination", false, [&] {
-        if (nbInputs != mAttrs.numInputs() || nbOutputs != QKVWriteIO::kNumOutputs || pos < 0 ||
-            pos >= nbInputs + nbOutputs) {
-            throw PluginError("pos=" + std::to_string(pos) + " with " + std::to_string(nbInputs) + " inputs and " +
-                              std::to_string(nbOutputs) + " outputs; expected " +
-                              std::to_string(mAttrs.numInputs()) + " inputs and 2 outputs");
-        }
+    return guarded(kPluginName, "supportsFormatCombination", false, [&] {
+        expectFormatPosition(pos, nbInputs, nbOutputs, mAttrs.numInputs(), QKVWriteIO::kNumOutputs);
         nvinfer1::PluginTensorDesc const& desc = inOut[pos].desc;
         if (desc.format != TensorFormat::kLINEAR) return false;
         // Decisions depend on inOut[0..pos] only (TensorRT fills later positions with garbage).
@@ -252,98 +197,38 @@ void QKVWritePlugin::checkConfiguration(std::vector<Dims> const& inputDims, std:
     expectType("kv_write_status (output 1)", outputTypes[QKVWriteIO::kKVWriteStatus], {DataType::kINT32});
 }
 
-int32_t QKVWritePlugin::configurePlugin(DynamicPluginTensorDesc const* in, int32_t nbInputs,
-                                        DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept {
-    return guarded(kName, "configurePlugin", -1, [&] {
-        std::vector<DataType> inTypes, outTypes;
-        for (int32_t i = 0; i < nbInputs; ++i) inTypes.push_back(in[i].desc.type);
-        for (int32_t i = 0; i < nbOutputs; ++i) outTypes.push_back(out[i].desc.type);
-        checkConfiguration(dimsOf(in, nbInputs), inTypes, dimsOf(out, nbOutputs), outTypes);
-        return 0;
-    });
-}
-
 // ---- IPluginV3OneRuntime -------------------------------------------------------------------------------------
-
-int32_t QKVWritePlugin::onShapeChange(PluginTensorDesc const* in, int32_t nbInputs, PluginTensorDesc const* out,
-                                      int32_t nbOutputs) noexcept {
-    return guarded(kName, "onShapeChange", -1, [&] {
-        std::vector<DataType> inTypes, outTypes;
-        for (int32_t i = 0; i < nbInputs; ++i) inTypes.push_back(in[i].type);
-        for (int32_t i = 0; i < nbOutputs; ++i) outTypes.push_back(out[i].type);
-        checkConfiguration(dimsOf(in, nbInputs), inTypes, dimsOf(out, nbOutputs), outTypes);
-        return 0;
-    });
-}
 
 int32_t QKVWritePlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const* /*outputDesc*/,
                                 void const* const* inputs, void* const* outputs, void* /*workspace*/,
                                 cudaStream_t stream) noexcept {
-    return guarded(kName, "enqueue", -1, [&] {
+    return guarded(kPluginName, "enqueue", -1, [&] {
         // Everything the host needs comes from dimensions (T, B, MB, NP): no device-to-host sync.
         StepExtents const extents = stepExtentsOf(inputDesc);
         auto* status = static_cast<int32_t*>(outputs[QKVWriteIO::kKVWriteStatus]);
         // The kernel only ever sets flags, so the record starts clean on every step.
-        cudaError_t err = cudaMemsetAsync(status, 0, kStatusFields * sizeof(int32_t), stream);
+        cudaError_t const err = cudaMemsetAsync(status, 0, kStatusFields * sizeof(int32_t), stream);
         if (err != cudaSuccess) throw PluginError(std::string("cudaMemsetAsync(kv_write_status): ") + cudaGetErrorName(err));
         if (extents.numTokens == 0) return 0;  // an empty step writes nothing
 
         QKVWriteParams p{};
-        p.numQHeads = mAttrs.numQHeads;
-        p.numKVHeads = mAttrs.pool.numKVHeads;
-        p.headDim = mAttrs.pool.headDim;
-        p.ioDType = ioDTypeOf(inputDesc[QKVWriteIO::kQKV].type);
+        setPoolParams(p, mAttrs.numQHeads, mAttrs.pool);
+        p.ioDType = ioDTypeOf("qkv", inputDesc[QKVWriteIO::kQKV].type);
         p.qkv = inputs[QKVWriteIO::kQKV];
         p.bias = mAttrs.hasBias ? inputs[mAttrs.biasIndex()] : nullptr;
         p.positionIds =
             mAttrs.explicitPositions ? static_cast<int32_t const*>(inputs[mAttrs.positionIdsIndex()]) : nullptr;
         p.meta = stepMetadataOf(extents, inputs, mAttrs.pool.poolIndex);
-        p.layout = mAttrs.pool.layout;
-        p.cacheDType = mAttrs.pool.cacheDType;
-        p.layer = mAttrs.pool.layerIndex;
-        p.kScale = mAttrs.pool.kScale;
-        p.vScale = mAttrs.pool.vScale;
         p.rope = mRope;
         p.qOut = outputs[QKVWriteIO::kQ];
         p.qOutFP8 = mAttrs.qOutFP8;
         p.qScale = mAttrs.qScale;
         p.zeroVTail = mAttrs.zeroVTail;
         p.status = status;
-        err = launchQKVWrite(p, stream);
-        if (err != cudaSuccess) {
-            throw PluginError(std::string("launchQKVWrite: ") + cudaGetErrorName(err) +
-                              (err == cudaErrorInvalidValue ? std::string(": ") + lastErrorMessage() : std::string()));
-        }
+        checkLaunch("launchQKVWrite", launchQKVWrite(p, stream));
         return 0;
     });
 }
-
-IPluginV3* QKVWritePlugin::attachToContext(nvinfer1::IPluginResourceContext* /*context*/) noexcept {
-    return clone();  // no per-context resources: a full clone is all an execution context needs
-}
-
-PluginFieldCollection const* QKVWritePlugin::getFieldsToSerialize() noexcept { return mSerialized.get(); }
-
-// ================================================================================= QKVWritePluginCreator
-
-QKVWritePluginCreator::QKVWritePluginCreator() : mFieldNames(qkvWriteFieldSpecs()) {}
-
-IPluginV3* QKVWritePluginCreator::createPlugin(char const* name, PluginFieldCollection const* fc,
-                                               nvinfer1::TensorRTPhase phase) noexcept {
-    return guarded<IPluginV3*>(kName, "createPlugin", nullptr, [&] {
-        try {
-            return new QKVWritePlugin(parseFields(qkvWriteFieldSpecs(), fc, phase, kName));
-        } catch (PluginError const& e) {
-            throw PluginError(std::string("layer '") + (name ? name : "") + "' (" + phaseName(phase) +
-                              " phase): " + e.what());
-        }
-    });
-}
-
-PluginFieldCollection const* QKVWritePluginCreator::getFieldNames() noexcept { return mFieldNames.get(); }
-char const* QKVWritePluginCreator::getPluginName() const noexcept { return kQKVWritePluginName; }
-char const* QKVWritePluginCreator::getPluginVersion() const noexcept { return kPluginVersion; }
-char const* QKVWritePluginCreator::getPluginNamespace() const noexcept { return kPluginNamespace; }
 
 }  // namespace plugin
 }  // namespace pagedkv

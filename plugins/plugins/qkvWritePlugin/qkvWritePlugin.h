@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/pluginBase.h"
 #include "common/pluginFields.h"
+#include "common/pluginNames.h"
 #include "common/poolAttributes.h"
 #include "pagedkv/qkv_write.h"
 
@@ -57,25 +59,14 @@ struct QKVWriteAttributes {
 std::vector<FieldSpec> const& qkvWriteFieldSpecs();
 QKVWriteAttributes readQKVWriteAttributes(FieldValues const& values);
 
-class QKVWritePlugin final : public nvinfer1::IPluginV3,
-                             public nvinfer1::IPluginV3OneCore,
-                             public nvinfer1::IPluginV3OneBuild,
-                             public nvinfer1::IPluginV3OneRuntime {
+class QKVWritePlugin final : public PluginV3<QKVWritePlugin> {
 public:
+    static constexpr char const* kPluginName = kQKVWritePluginName;
+
     // Validates every field (throws PluginError) and precomputes the RoPE table.
     explicit QKVWritePlugin(FieldValues values);
-    ~QKVWritePlugin() override = default;
 
-    // ---- IPluginV3
-    nvinfer1::IPluginCapability* getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept override;
-    nvinfer1::IPluginV3* clone() noexcept override;
-
-    // ---- IPluginV3OneCore
-    char const* getPluginName() const noexcept override;
-    char const* getPluginVersion() const noexcept override;
-    char const* getPluginNamespace() const noexcept override;
-
-    // ---- IPluginV3OneBuild
+    // ---- IPluginV3OneBuild: the plugin's own methods (the shared ones are PluginV3Base's)
     int32_t getNbOutputs() const noexcept override;
     int32_t getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs,
                                nvinfer1::DataType const* inputTypes, int32_t nbInputs) const noexcept override;
@@ -84,45 +75,23 @@ public:
                             nvinfer1::IExprBuilder& exprBuilder) noexcept override;
     bool supportsFormatCombination(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut, int32_t nbInputs,
                                    int32_t nbOutputs) noexcept override;
-    int32_t configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
-                            nvinfer1::DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept override;
 
     // ---- IPluginV3OneRuntime
-    int32_t onShapeChange(nvinfer1::PluginTensorDesc const* in, int32_t nbInputs, nvinfer1::PluginTensorDesc const* out,
-                          int32_t nbOutputs) noexcept override;
     int32_t enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const* outputDesc,
                     void const* const* inputs, void* const* outputs, void* workspace,
                     cudaStream_t stream) noexcept override;
-    nvinfer1::IPluginV3* attachToContext(nvinfer1::IPluginResourceContext* context) noexcept override;
-    nvinfer1::PluginFieldCollection const* getFieldsToSerialize() noexcept override;
 
 private:
-    // Shapes and types of a configuration (build: -1 dims skipped; run time: all known). Throws PluginError.
     void checkConfiguration(std::vector<nvinfer1::Dims> const& inputDims, std::vector<nvinfer1::DataType> const& inputTypes,
                             std::vector<nvinfer1::Dims> const& outputDims,
-                            std::vector<nvinfer1::DataType> const& outputTypes) const;
+                            std::vector<nvinfer1::DataType> const& outputTypes) const override;
     nvinfer1::DataType qOutputType(nvinfer1::DataType qkvType) const;
 
-    FieldValues mValues;
     QKVWriteAttributes mAttrs;
     RopeParams mRope;
-    FieldCollection mSerialized;  // getFieldsToSerialize: every field, build and runtime phase alike
 };
 
-class QKVWritePluginCreator final : public nvinfer1::IPluginCreatorV3One {
-public:
-    QKVWritePluginCreator();
-
-    nvinfer1::IPluginV3* createPlugin(char const* name, nvinfer1::PluginFieldCollection const* fc,
-                                      nvinfer1::TensorRTPhase phase) noexcept override;
-    nvinfer1::PluginFieldCollection const* getFieldNames() noexcept override;
-    char const* getPluginName() const noexcept override;
-    char const* getPluginVersion() const noexcept override;
-    char const* getPluginNamespace() const noexcept override;
-
-private:
-    FieldCollection mFieldNames;
-};
+using QKVWritePluginCreator = PluginCreator<QKVWritePlugin, qkvWriteFieldSpecs>;
 
 }  // namespace plugin
 }  // namespace pagedkv

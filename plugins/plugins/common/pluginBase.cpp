@@ -1,0 +1,68 @@
+#include "common/pluginBase.h"
+
+#include <string>
+#include <utility>
+
+#include "common/stepInputs.h"
+
+namespace pagedkv {
+namespace plugin {
+
+using nvinfer1::DataType;
+using nvinfer1::IPluginCapability;
+using nvinfer1::IPluginV3;
+using nvinfer1::PluginCapabilityType;
+
+PluginV3Base::PluginV3Base(char const* pluginName, FieldValues values)
+    : mPluginName(pluginName), mValues(std::move(values)), mSerialized(mValues) {}
+
+IPluginCapability* PluginV3Base::getCapabilityInterface(PluginCapabilityType type) noexcept {
+    return guarded<IPluginCapability*>(mPluginName, "getCapabilityInterface", nullptr, [&]() -> IPluginCapability* {
+        switch (type) {
+            case PluginCapabilityType::kCORE: return static_cast<nvinfer1::IPluginV3OneCore*>(this);
+            case PluginCapabilityType::kBUILD: return static_cast<nvinfer1::IPluginV3OneBuild*>(this);
+            case PluginCapabilityType::kRUNTIME: return static_cast<nvinfer1::IPluginV3OneRuntime*>(this);
+        }
+        throw PluginError("unknown PluginCapabilityType " + std::to_string(static_cast<int32_t>(type)));
+    });
+}
+
+int32_t PluginV3Base::configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
+                                      nvinfer1::DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept {
+    return guarded(mPluginName, "configurePlugin", -1, [&] {
+        std::vector<DataType> inTypes, outTypes;
+        for (int32_t i = 0; i < nbInputs; ++i) inTypes.push_back(in[i].desc.type);
+        for (int32_t i = 0; i < nbOutputs; ++i) outTypes.push_back(out[i].desc.type);
+        checkConfiguration(dimsOf(in, nbInputs), inTypes, dimsOf(out, nbOutputs), outTypes);
+        return 0;
+    });
+}
+
+int32_t PluginV3Base::onShapeChange(nvinfer1::PluginTensorDesc const* in, int32_t nbInputs,
+                                    nvinfer1::PluginTensorDesc const* out, int32_t nbOutputs) noexcept {
+    return guarded(mPluginName, "onShapeChange", -1, [&] {
+        std::vector<DataType> inTypes, outTypes;
+        for (int32_t i = 0; i < nbInputs; ++i) inTypes.push_back(in[i].type);
+        for (int32_t i = 0; i < nbOutputs; ++i) outTypes.push_back(out[i].type);
+        checkConfiguration(dimsOf(in, nbInputs), inTypes, dimsOf(out, nbOutputs), outTypes);
+        return 0;
+    });
+}
+
+IPluginV3* PluginV3Base::attachToContext(nvinfer1::IPluginResourceContext* /*context*/) noexcept { return clone(); }
+
+IPluginV3* createFromFields(char const* pluginName, std::vector<FieldSpec> const& specs, char const* layerName,
+                            nvinfer1::PluginFieldCollection const* fc, nvinfer1::TensorRTPhase phase,
+                            IPluginV3* (*make)(FieldValues)) noexcept {
+    return guarded<IPluginV3*>(pluginName, "createPlugin", nullptr, [&] {
+        try {
+            return make(parseFields(specs, fc, phase, pluginName));
+        } catch (PluginError const& e) {
+            throw PluginError(std::string("layer '") + (layerName ? layerName : "") + "' (" + phaseName(phase) +
+                              " phase): " + e.what());
+        }
+    });
+}
+
+}  // namespace plugin
+}  // namespace pagedkv
