@@ -174,12 +174,9 @@ def run(which: set[str]) -> list[Result]:
     import torch
     import triton
 
-    try:
-        import flashinfer
-        fi_error = None
-    except Exception as exc:  # noqa: BLE001 - report any import failure and time ours alone
-        flashinfer, fi_error = None, f"{type(exc).__name__}: {exc}"
-        print(f"FlashInfer not importable ({fi_error}): timing pagedkv only", flush=True)
+    from _bench_common import import_flashinfer
+
+    flashinfer, fi_error = import_flashinfer()
 
     results: list[Result] = []
 

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from pagedkv.builder.runtime.backends import BackendUnavailable
+from pagedkv.builder.runtime.session import ManagedKVSession
 
 
 class TensorRTUnavailable(BackendUnavailable):
@@ -132,7 +133,7 @@ def build_engine(onnx_path: str | Path, engine_path: str | Path, *, profile: Pro
     return engine_path
 
 
-class TrtSession:
+class TrtSession(ManagedKVSession):
     """A TensorRT engine of a rewritten graph, with the same ``step`` API as ``PagedSession``.
 
     Args:
@@ -190,28 +191,9 @@ class TrtSession:
             self._buffers[name] = buf
         return buf
 
-    def has_sequence(self, seq_id) -> bool:
-        return seq_id in self.manager
-
-    def free(self, seq_id) -> None:
-        self.manager.free(seq_id)
-
     def step(self, entries) -> list[np.ndarray]:
-        from pagedkv.step import raise_for_status
-
-        trt, mgr, ctx = self._trt, self.manager, self.context
-        for seq_id, tokens in entries:
-            if seq_id not in mgr:
-                mgr.add_sequence(seq_id)
-            mgr.reserve(seq_id, len(tokens))
-        batch = mgr.build_step([(seq_id, len(tokens)) for seq_id, tokens in entries])
-        ids = np.concatenate([np.asarray(t, dtype=np.int64) for _, t in entries])[None, :]
-        feed = {"input_ids": ids, "kv_pools": mgr.kv_pools(), "cu_q_lens": batch.cu_q_lens,
-                "past_lens": batch.past_lens}
-        for g in range(self.graph.num_groups):
-            feed[f"block_table_{g}"] = batch.meta(g).block_table
-        if "position_ids" in self.graph.input_names:
-            feed["position_ids"] = batch.positions
+        trt, ctx = self._trt, self.context
+        batch, feed = self._begin_step(entries, self.manager.kv_pools)
         for name, array in feed.items():
             array = np.ascontiguousarray(array, dtype=trt.nptype(self.engine.get_tensor_dtype(name)))
             buf = self._buffer(name, array.nbytes)
@@ -227,39 +209,22 @@ class TrtSession:
             ctx.set_tensor_address(name, buf.ptr)
             outputs[name] = (shape, dtype, buf)
         if not ctx.execute_async_v3(self.stream.handle):
-            for seq_id, _ in entries:
-                mgr.unreserve(seq_id)
+            self._unreserve(entries)
             raise RuntimeError("TensorRT execute_async_v3 failed (see the TensorRT log)")
         host = {name: buf.download(shape, dtype, self.stream) for name, (shape, dtype, buf) in outputs.items()}
-        try:
-            for name in self._status_outputs:
-                raise_for_status(host[name], where=f"{name} (step of sequences {list(batch.seq_ids)})")
-        except BaseException:
-            for seq_id, _ in entries:
-                mgr.unreserve(seq_id)
-            raise
-        for seq_id, tokens in entries:
-            mgr.commit(seq_id, len(tokens), token_ids=np.asarray(tokens, dtype=np.int64))
-        logits = host[self.graph.logits].reshape(ids.shape[1], -1).astype(np.float32)
-        return [logits[batch.cu_q_lens[i]:batch.cu_q_lens[i + 1]] for i in range(len(entries))]
+        with self._unreserve_on_error(entries):
+            self._check_statuses(self._status_outputs, [host[name] for name in self._status_outputs], batch)
+        return self._commit_step(entries, batch, host[self.graph.logits].astype(np.float32))
 
     def close(self) -> None:
         for buf in self._buffers.values():
             buf.close()
         self._buffers = {}
-        if getattr(self, "manager", None) is not None:
-            self.manager.close()
-            self.manager = None
+        super().close()  # the KV manager
         self.context = self.engine = None
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 # ---- CLI ----------------------------------------------------------------------------------------------

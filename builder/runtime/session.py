@@ -16,6 +16,7 @@ steps pack all sequences together.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -68,7 +69,80 @@ class _LayerOp:
         return self.backend.attention(self.config, *args)
 
 
-class PagedSession:
+class ManagedKVSession:
+    """What the sessions of a rewritten graph share (``PagedSession`` here, ``pagedkv.builder.build.TrtSession``):
+    sequences and pages live in ``self.manager`` (a ``KVCacheManager``), and a step follows its protocol:
+    ``add_sequence`` / ``reserve`` -> ``build_step`` -> engine inputs (``_begin_step``) -> run -> every
+    ``kv_write_status_{i}`` checked -> ``commit`` (``_commit_step``); a failed run or status gives the step's
+    reservations back (``_unreserve``). ``close()``, or leaving a ``with`` block, releases everything.
+    """
+
+    manager = None  # also what close() sees when __init__ failed before creating it
+
+    def close(self) -> None:
+        if self.manager is not None:
+            self.manager.close()
+            self.manager = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def has_sequence(self, seq_id) -> bool:
+        return seq_id in self.manager
+
+    def free(self, seq_id) -> None:
+        self.manager.free(seq_id)
+
+    def _begin_step(self, entries: StepEntries, kv_pools) -> tuple:
+        """Reserve each entry's new tokens (adding new sequences) and build the step: ``(batch, feed)``, the
+        manager's ``StepBatch`` and the engine inputs by name. ``kv_pools()`` gives the ``kv_pools`` input."""
+        mgr = self.manager
+        for seq_id, tokens in entries:
+            if seq_id not in mgr:
+                mgr.add_sequence(seq_id)
+            mgr.reserve(seq_id, len(tokens))
+        batch = mgr.build_step([(seq_id, len(tokens)) for seq_id, tokens in entries])
+        ids = np.concatenate([np.asarray(t, dtype=np.int64) for _, t in entries])[None, :]
+        feed = {"input_ids": ids, "kv_pools": kv_pools(), "cu_q_lens": batch.cu_q_lens,
+                "past_lens": batch.past_lens}
+        for g in range(self.graph.num_groups):
+            feed[f"block_table_{g}"] = batch.meta(g).block_table
+        if "position_ids" in self.graph.input_names:
+            feed["position_ids"] = batch.positions
+        return batch, feed
+
+    def _unreserve(self, entries: StepEntries) -> None:
+        """The step's tokens were not written: give their reservations back."""
+        for seq_id, _ in entries:
+            self.manager.unreserve(seq_id)
+
+    @contextlib.contextmanager
+    def _unreserve_on_error(self, entries: StepEntries):
+        """``_unreserve`` when the block raises, then let the error through."""
+        try:
+            yield
+        except BaseException:
+            self._unreserve(entries)
+            raise
+
+    @staticmethod
+    def _check_statuses(names, statuses, batch) -> None:
+        """Raise ``KVWriteError`` for the first ``kv_write_status_{i}`` output that flags a bad write."""
+        for name, status in zip(names, statuses):
+            raise_for_status(status, where=f"{name} (step of sequences {list(batch.seq_ids)})")
+
+    def _commit_step(self, entries: StepEntries, batch, logits: np.ndarray) -> list[np.ndarray]:
+        """Commit each entry's tokens; returns the logits [n_i, vocab] of each entry, in order."""
+        for seq_id, tokens in entries:
+            self.manager.commit(seq_id, len(tokens), token_ids=np.asarray(tokens, dtype=np.int64))
+        logits = logits.reshape(batch.num_tokens, -1)
+        return [logits[batch.cu_q_lens[i]:batch.cu_q_lens[i + 1]] for i in range(len(entries))]
+
+
+class PagedSession(ManagedKVSession):
     """The rewritten graph on a backend ("reference": numpy pools + references, "cuda": device + kernels).
 
     Args:
@@ -119,58 +193,18 @@ class PagedSession:
         if self.backend is not None:
             self.backend.close()
             self.backend = None
-        if getattr(self, "manager", None) is not None:
-            self.manager.close()
-            self.manager = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        super().close()
 
     # ---- steps -----------------------------------------------------------------------------------------
-    def has_sequence(self, seq_id) -> bool:
-        return seq_id in self.manager
-
-    def free(self, seq_id) -> None:
-        self.manager.free(seq_id)
-
     def step(self, entries: StepEntries) -> list[np.ndarray]:
         """Run one step: each entry's new tokens are appended to its sequence (added when new). Returns the
         logits [n_i, vocab] of each entry, in order. A failed KV write raises ``KVWriteError``."""
-        mgr = self.manager
-        for seq_id, tokens in entries:
-            if seq_id not in mgr:
-                mgr.add_sequence(seq_id)
-            mgr.reserve(seq_id, len(tokens))
-        counts = [(seq_id, len(tokens)) for seq_id, tokens in entries]
-        batch = mgr.build_step(counts)
-        ids = np.concatenate([np.asarray(t, dtype=np.int64) for _, t in entries])[None, :]
-        feed = {"input_ids": ids, "kv_pools": self.backend.kv_pools(), "cu_q_lens": batch.cu_q_lens,
-                "past_lens": batch.past_lens}
-        for g in range(self.graph.num_groups):
-            feed[f"block_table_{g}"] = batch.meta(g).block_table
-        if "position_ids" in self.graph.input_names:
-            feed["position_ids"] = batch.positions
+        batch, feed = self._begin_step(entries, self.backend.kv_pools)
         feed = {k: np.ascontiguousarray(v, dtype=self._types.get(k) or v.dtype) for k, v in feed.items()}
-        try:
+        with self._unreserve_on_error(entries):
             logits, *statuses = self.session.run(self._outputs, feed)
-        except BaseException:
-            for seq_id, _ in entries:
-                mgr.unreserve(seq_id)
-            raise
-        for name, status in zip(self._status_outputs, statuses):
-            try:
-                raise_for_status(status, where=f"{name} (step of sequences {list(batch.seq_ids)})")
-            except BaseException:
-                for seq_id, _ in entries:
-                    mgr.unreserve(seq_id)
-                raise
-        for seq_id, tokens in entries:
-            mgr.commit(seq_id, len(tokens), token_ids=np.asarray(tokens, dtype=np.int64))
-        logits = logits.reshape(ids.shape[1], -1)
-        return [logits[batch.cu_q_lens[i]:batch.cu_q_lens[i + 1]] for i in range(len(entries))]
+            self._check_statuses(self._status_outputs, statuses, batch)
+        return self._commit_step(entries, batch, logits)
 
     def read_kv(self, seq_id, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """Dequantized float64 K and V [kv_heads, length, head_dim] of a sequence's cached positions still

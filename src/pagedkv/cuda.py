@@ -117,7 +117,35 @@ def live_device_bytes() -> int:
     return _live_device_bytes
 
 
-class DeviceBuffer:
+class _OwnedMemory:
+    """Memory at ``ptr`` (an int; 0 before allocation and once released) that this object owns: ``close()`` or
+    the context manager releases it, exactly once; the collector does it as a last resort. Subclasses allocate
+    in ``__init__`` and free ``self.ptr`` in ``_release``."""
+
+    ptr = 0  # also what __del__ sees when __init__ raised before allocating
+
+    def _release(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        if self.ptr:
+            self._release()
+            self.ptr = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):  # last resort; deterministic release is close()/with
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class DeviceBuffer(_OwnedMemory):
     """``nbytes`` of device memory from ``cudaMalloc``; freed by ``close()`` or the context manager."""
 
     def __init__(self, nbytes: int):
@@ -174,28 +202,13 @@ class DeviceBuffer:
         else:
             check(rt.cudaMemsetAsync(self.ptr, value, self.nbytes, stream.raw), "cudaMemsetAsync")
 
-    def close(self) -> None:
+    def _release(self) -> None:
         global _live_device_bytes
-        if self.ptr:
-            check(_rt().cudaFree(self.ptr), "cudaFree")
-            self.ptr = 0
-            _live_device_bytes -= self.nbytes
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):  # last resort; deterministic release is close()/with
-        try:
-            if getattr(self, "ptr", 0):
-                self.close()
-        except Exception:
-            pass
+        check(_rt().cudaFree(self.ptr), "cudaFree")
+        _live_device_bytes -= self.nbytes
 
 
-class PinnedBuffer:
+class PinnedBuffer(_OwnedMemory):
     """``nbytes`` of page-locked host memory (cudaHostAlloc); ``close()`` / context manager frees it.
     ``view()`` arrays alias the buffer and must not be used after ``close()``."""
 
@@ -216,23 +229,8 @@ class PinnedBuffer:
         arr = np.frombuffer(raw, dtype=dtype, count=count)
         return arr if shape is None else arr.reshape(shape)
 
-    def close(self) -> None:
-        if self.ptr:
-            check(_rt().cudaFreeHost(self.ptr), "cudaFreeHost")
-            self.ptr = 0
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):  # last resort; deterministic release is close()/with
-        try:
-            if getattr(self, "ptr", 0):
-                self.close()
-        except Exception:
-            pass
+    def _release(self) -> None:
+        check(_rt().cudaFreeHost(self.ptr), "cudaFreeHost")
 
 
 class Event:

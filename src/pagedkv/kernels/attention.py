@@ -39,6 +39,7 @@ import numpy as np
 
 from pagedkv import _lib
 from pagedkv.config import AttentionConfig
+from pagedkv.kernels._ctypes_check import check_struct_layout
 from pagedkv.kernels.write import IODType, StepPointers
 from pagedkv.layout import CacheDType
 from pagedkv.step import POOL_DESC_ADDRESS, POOL_DESC_FIELDS, POOL_DESC_NUM_BLOCKS, StepMetadata
@@ -107,23 +108,13 @@ class PagedKVAttentionPlanInfo(ctypes.Structure):
     ]
 
 
-def _check_struct_layout(lib: ctypes.CDLL) -> None:
-    n = len(PagedKVAttentionArgs._fields_)
-    offsets = (ctypes.c_int64 * n)()
-    count = lib.pagedkv_attention_args_layout(offsets, n)
-    ours = [getattr(PagedKVAttentionArgs, name).offset for name, _ in PagedKVAttentionArgs._fields_]
-    if count != n or list(offsets) != ours:
-        raise RuntimeError(f"PagedKVAttentionArgs layout mismatch between the library ({count} fields, offsets "
-                           f"{list(offsets)[:max(count, 0)]}) and pagedkv.kernels.attention ({n} fields, offsets "
-                           f"{ours}): rebuild the library")
-
-
 @functools.lru_cache(maxsize=None)
 def _capi() -> ctypes.CDLL:
     lib = _lib.capi()
     lib.pagedkv_attention_args_layout.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int32]
     lib.pagedkv_attention_args_layout.restype = ctypes.c_int32
-    _check_struct_layout(lib)
+    check_struct_layout(PagedKVAttentionArgs, "PagedKVAttentionArgs", __name__,
+                        library_offsets=lib.pagedkv_attention_args_layout)
     i32p = ctypes.POINTER(ctypes.c_int32)
     lib.pagedkv_attention.argtypes = [ctypes.POINTER(PagedKVAttentionArgs), ctypes.c_void_p]
     lib.pagedkv_attention.restype = ctypes.c_int32

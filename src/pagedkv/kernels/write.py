@@ -39,6 +39,7 @@ import numpy as np
 
 from pagedkv import _lib
 from pagedkv.config import RopeStyle, WriteConfig
+from pagedkv.kernels._ctypes_check import check_struct_layout
 from pagedkv.layout import CacheDType
 from pagedkv.step import POOL_DESC_ADDRESS, POOL_DESC_FIELDS, POOL_DESC_NUM_BLOCKS, STATUS_FIELDS, StepMetadata
 
@@ -133,20 +134,10 @@ def _capi() -> ctypes.CDLL:
                                         ctypes.POINTER(ctypes.c_int32), ctypes.c_int32,
                                         ctypes.POINTER(ctypes.c_float)]
     lib.pagedkv_rope_angles.restype = ctypes.c_int32
-    _check_struct_layout(lib)
+    check_struct_layout(QKVWriteArgs, "PagedKVQKVWriteArgs", __name__,
+                        library_offsets=lib.pagedkv_qkv_write_args_offsets,
+                        library_size=lib.pagedkv_qkv_write_args_size())
     return lib
-
-
-def _check_struct_layout(lib: ctypes.CDLL) -> None:
-    size = lib.pagedkv_qkv_write_args_size()
-    n = len(QKVWriteArgs._fields_)
-    offsets = (ctypes.c_int64 * n)()
-    count = lib.pagedkv_qkv_write_args_offsets(offsets, n)
-    ours = [getattr(QKVWriteArgs, name).offset for name, _ in QKVWriteArgs._fields_]
-    if size != ctypes.sizeof(QKVWriteArgs) or count != n or list(offsets) != ours:
-        raise RuntimeError(f"PagedKVQKVWriteArgs layout mismatch between the library (size {size}, {count} fields, "
-                           f"offsets {list(offsets)[:count]}) and pagedkv.kernels.write (size "
-                           f"{ctypes.sizeof(QKVWriteArgs)}, {n} fields, offsets {ours}): rebuild the library")
 
 
 @dataclass(frozen=True)

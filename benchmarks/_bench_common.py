@@ -1,0 +1,16 @@
+"""What the benchmark scripts share. They run as ``python benchmarks/bench_X.py`` from the repository root, which
+puts this directory on ``sys.path``: import it as ``from _bench_common import ...``."""
+
+from __future__ import annotations
+
+
+def import_flashinfer():
+    """``(flashinfer, None)``, or ``(None, reason)`` when FlashInfer does not import; the reason is printed
+    because the script then times pagedkv alone rather than failing."""
+    try:
+        import flashinfer
+    except Exception as exc:  # noqa: BLE001 - report any import failure and time ours alone
+        reason = f"{type(exc).__name__}: {exc}"
+        print(f"FlashInfer not importable ({reason}): timing pagedkv only", flush=True)
+        return None, reason
+    return flashinfer, None
