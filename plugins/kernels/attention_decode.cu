@@ -39,10 +39,7 @@ struct DecodeConfig {
     static constexpr int kRawTileBytes = kStep * kD * kElemBytes;  // one stage's K (or V) as stored
     static constexpr int kPosBytes = kStages * kStep * 4;
     static constexpr int kWarpBytes = kStages * 2 * kRawTileBytes + kPosBytes;
-    // Q: an f16 tile, or for fp8 caches on sm_89+ two e4m3 planes of padded rows (loadQRowsE4m3)
-    static constexpr int kQTileBytes = kRows * kD * 2;
-    static constexpr int kQPlanesBytes = 2 * kRows * (kD + 16);
-    static constexpr int kQBytes = k8Bit && kQPlanesBytes > kQTileBytes ? kQPlanesBytes : kQTileBytes;
+    static constexpr int kQBytes = kRows * kD * 2;
     static constexpr int kScratchBytes = k8Bit ? 16 : 0;  // loadQRowsK8's per-warp max |q| (kWarps floats)
     static constexpr int kPipelineBytes = kQBytes + kScratchBytes + kWarps * kWarpBytes;
     // End-of-CTA combine buffer (aliases the pipeline): per warp and row, D partial outputs (+4 floats of
@@ -91,13 +88,11 @@ __device__ __forceinline__ void decodeSoftmax(AttentionKernelParams const& p, fl
 }
 
 // One warp step (kNT * 8 tokens: 16 or 32) of an 8-bit cache, straight from the staging tiles into MMA
-// fragments (Frag8): S = Q K^T, the online-softmax step, O += P V.
-//  * S: fp8 caches on sm_89+ run e4m3 MMAs on K as stored, with Q split into e4m3 hi + lo planes
-//    (loadQRowsE4m3); otherwise f16 MMAs on K converted in registers (8-bit values are exact in f16, one cvt
-//    per e4m3 pair) with Q from loadQRowsK8 (bf16 queries scaled by a power of two). Either way qUnscale
-//    undoes the Q scaling on the logits.
-//  * P V: f16 MMAs (P is in [0, 1], V converted per token pair).
-// kFp8: e4m3, else int8 (a uniform choice per launch, hoisted out of the loop by decodeBody's instantiation).
+// fragments (Frag8): S = Q K^T,
+// the online-softmax step, O += P V. Both products run as f16 MMAs whatever the compute type: 8-bit values
+// are exact in f16 and convert with one cvt per pair (e4m3), Q was converted by loadQRowsK8 (bf16 queries
+// scaled by a power of two, undone by qUnscale on the logits), and P is in [0, 1]. kFp8: e4m3, else int8 (a
+// uniform choice per launch, hoisted out of the loop by decodeBody's instantiation).
 template <typename CT, int kD, int kNT, bool kFp8, bool kQInRegs>
 __device__ __forceinline__ void decodeTile8(AttentionKernelParams const& p, uint32_t kRaw, uint32_t vRaw,
                                             int32_t const* tilePos, uint32_t const (&qFrag)[kQInRegs ? kD / 16 : 1][4],
@@ -118,44 +113,6 @@ __device__ __forceinline__ void decodeTile8(AttentionKernelParams const& p, uint
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nt][e] = sOdd[nt][e] = 0.f;
-    if constexpr (kFp8 && kHasE4m3Mma) {
-        // fp8 cache (sm_89+): S = Qhi K^T + Qlo K^T as e4m3 MMAs (loadQRowsE4m3), K's words as stored: no
-        // conversion at all (profiled: the e4m3 -> f16 conversions were half of the 8-bit step's extra
-        // work over a 16-bit one). k32-step j = 2h + jj takes words 2jj, 2jj + 1 of the lane's chunk h
-        // (Frag8::physDimK32); the kNT n-tiles are the independent MMA chains.
-        constexpr uint32_t kStride = kD + 16;
-#pragma unroll
-        for (int h = 0; h < F::kKChunksPerLane; ++h) {
-            uint32_t wk[kNT][4];  // [n-tile: token g + 8 nt][word]
-#pragma unroll
-            for (int nt = 0; nt < kNT; ++nt) {
-                uint4 const k = ldsU32x4(kRaw + F::chunkOffset(g + 8 * nt, F::laneChunkK(c, h)));
-                wk[nt][0] = k.x, wk[nt][1] = k.y, wk[nt][2] = k.z, wk[nt][3] = k.w;
-            }
-#pragma unroll
-            for (int jj = 0; jj < 2; ++jj) {
-                int const j = 2 * h + jj;
-                uint32_t aHi[4], aLo[4];
-                if constexpr (kQInRegs) {
-#pragma unroll
-                    for (int r = 0; r < 4; ++r) aHi[r] = qFrag[j][r], aLo[r] = qFrag[kD / 32 + j][r];
-                } else {
-                    uint32_t const base = sQAddr + uint32_t(g) * kStride + uint32_t(32 * j + 4 * c);
-#pragma unroll
-                    for (int r = 0; r < 4; ++r) {
-                        uint32_t const at = base + (r & 1) * 8 * kStride + (r >> 1) * 16;
-                        aHi[r] = ldsU32(at);
-                        aLo[r] = ldsU32(at + 16 * kStride);
-                    }
-                }
-#pragma unroll
-                for (int nt = 0; nt < kNT; ++nt) {
-                    mmaE4m3(s[nt], aHi, wk[nt][2 * jj], wk[nt][2 * jj + 1]);
-                    mmaE4m3(s[nt], aLo, wk[nt][2 * jj], wk[nt][2 * jj + 1]);
-                }
-            }
-        }
-    } else {
 #pragma unroll
     for (int h = 0; h < F::kKChunksPerLane; ++h) {
         uint32_t wk[kNT][4];  // [n-tile: token g + 8 nt][word]
@@ -186,7 +143,6 @@ __device__ __forceinline__ void decodeTile8(AttentionKernelParams const& p, uint
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nt][e] += sOdd[nt][e];
-    }
     // qUnscale (a power of two, 1 unless the queries are bf16) is folded into the softmax's logit scale.
     float alpha[2];
     decodeSoftmax<kNT, true>(p, s, tilePos, needMask, qPos0, qPos1, lane, m, l, alpha, qUnscale);
@@ -310,10 +266,7 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
     for (int i = 0; i < kStages - 1; ++i) issue(i);
 
     float qUnscale = 1.f;  // 8-bit path: the logits' factor undoing loadQRowsK8's power-of-two Q scaling
-    constexpr bool kQE4m3 = kFp8 && kHasE4m3Mma;  // decodeTile8's e4m3 MMA path
-    if constexpr (kQE4m3)
-        qUnscale = loadQRowsE4m3<CT, kD, Cfg::kRows, Cfg::kThreads>(p, sQ, sWarpMax, w.rowBegin, w.rowEnd, kvHead, tid);
-    else if constexpr (k8Bit)
+    if constexpr (k8Bit)
         qUnscale = loadQRowsK8<CT, kD, Cfg::kRows, Cfg::kThreads>(p, sQ, sWarpMax, w.rowBegin, w.rowEnd, kvHead, tid);
     else
         loadQRows<CT, kD, Cfg::kRows, Cfg::kThreads>(p, sQ, w.rowBegin, w.rowEnd, kvHead, tid);
@@ -328,20 +281,7 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
     uint32_t const sQAddr = smemAddr(sQ);
     uint32_t const offA = Lane::offsetA(lane), offK = Lane::offsetK(lane), offV = Lane::offsetV(lane);
     uint32_t qFrag[Cfg::kQInRegs ? kD / 16 : 1][4];
-    if constexpr (Cfg::kQInRegs && kQE4m3) {
-        // [0, kD / 32): hi plane's k32-steps, [kD / 32, kD / 16): lo plane's (fragment layout: mmaE4m3)
-        constexpr uint32_t kStride = kD + 16;
-        int32_t const c = lane & 3;
-#pragma unroll
-        for (int part = 0; part < 2; ++part)
-#pragma unroll
-            for (int j = 0; j < kD / 32; ++j)
-#pragma unroll
-                for (int r = 0; r < 4; ++r)
-                    qFrag[part * (kD / 32) + j][r] =
-                        ldsU32(sQAddr + uint32_t(part * Cfg::kRows * kStride) + uint32_t(g + (r & 1) * 8) * kStride +
-                               uint32_t(32 * j + 4 * c + (r >> 1) * 16));
-    } else if constexpr (Cfg::kQInRegs) {
+    if constexpr (Cfg::kQInRegs) {
 #pragma unroll
         for (int kk = 0; kk < kD / 16; ++kk) ldmatrixX4(qFrag[kk], Lane::at(sQAddr, offA, 0, kk));
     }

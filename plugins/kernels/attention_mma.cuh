@@ -102,35 +102,6 @@ struct Mma<__nv_bfloat16> {
     }
 };
 
-// ---- fp8 e4m3 x e4m3 -> f32 (mma.sync m16n8k32, sm_89+). Fragment layouts of the 8-bit types (PTX ISA,
-// m16n8k32), g = lane / 4, c = lane % 4, byte i of a register = element i (the lowest k first):
-//   A 16x32 (row): a[0] = A[g][4c..4c+3]  a[1] = A[g+8][4c..4c+3]  a[2] = A[g][16+4c..]  a[3] = A[g+8][16+4c..]
-//   B 32x8 (col):  b[0] = B[4c..4c+3][g]  b[1] = B[16+4c..16+4c+3][g]
-//   C 16x8: as m16n8k16.
-// kHasE4m3Mma tells device code compiled for an architecture without it (sm_80) to take another path.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-constexpr bool kHasE4m3Mma = true;
-#else
-constexpr bool kHasE4m3Mma = false;
-#endif
-__device__ __forceinline__ void mmaE4m3(float (&d)[4], uint32_t const (&a)[4], uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-    __trap();  // unreachable: callers test kHasE4m3Mma
-#endif
-}
-
-__device__ __forceinline__ uint32_t ldsU32(uint32_t addr) {
-    uint32_t v;
-    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
-    return v;
-}
-
 // 2^x (ex2.approx: relative error ~2^-22; exp2(-inf) = +0, which masking relies on).
 __device__ __forceinline__ float fastExp2(float x) {
     float y;

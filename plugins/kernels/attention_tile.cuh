@@ -102,12 +102,6 @@ struct Frag8 {
         return 16 * laneChunkK(((kl & 15) & 7) >> 1, (kl >> 4) >> 2) + 4 * ((kl >> 4) & 3) + 2 * ((kl & 15) >> 3) +
                (kl & 1);
     }
-    // Physical dim of logical dim kl for the e4m3 MMA (m16n8k32) of Q K^T: k32-step j = kl / 32 takes words
-    // 2 (j % 2) (b[0]) and 2 (j % 2) + 1 (b[1]) of chunk laneChunkK(c, j / 2) of the lane's token rows, c the
-    // MMA's k group ((kl % 16) / 4): lane c's B fragments are raw words of the same 16-byte reads as above.
-    static __host__ __device__ constexpr int physDimK32(int kl) {
-        return 16 * laneChunkK((kl % 16) / 4, (kl / 32) / 2) + 4 * (2 * ((kl / 32) % 2) + (kl % 32) / 16) + kl % 4;
-    }
     // Physical dim of output tile dn (< kD / 8), column n (< 8), for P V.
     static __host__ __device__ constexpr int vDim(int dn, int n) { return 128 * (dn >> 4) + kVRun * n + (dn & 15); }
 };
@@ -306,83 +300,6 @@ __device__ __forceinline__ float loadQRowsK8(AttentionKernelParams const& p, uns
         *reinterpret_cast<uint4*>(sQ + swizzledChunk(r, ch, kD * 2)) = make_uint4(h[0], h[1], h[2], h[3]);
     }
     return qUnscale;
-}
-
-// ---- query rows for the 8-bit decode path's e4m3 MMA (Q K^T with fp8 caches on sm_89+): two e4m3 planes, hi
-// then lo, of [kRows][kD + 16] bytes (16 bytes of row padding: the 4-byte fragment reads of 8 rows x 4 lanes
-// hit 32 distinct banks), logical dim kl at Frag8<kD>::physDimK32(kl). With s = 2^shift putting the CTA's
-// max |q| in [2^7, 2^8) (e4m3's largest finite value is 448): q s = hi + lo + e, hi = e4m3(q s), lo =
-// e4m3(q s - hi), |e| <= 2^-8 |q s| (and 2^-10 absolute below e4m3's normal range): about bf16's own
-// precision, so S = hi K^T + lo K^T (two MMAs, K's 8-bit values read as they are stored, no conversion) is
-// as accurate as converting K. fp8 queries scale exactly (lo = 0). Returns 2^-shift, the logits' factor.
-// Every thread of the CTA must call it (it synchronizes the CTA once; sWarpMax: kThreads / 32 floats); the
-// caller synchronizes again before reading sQ.
-template <typename CT, int kD, int kRows, int kThreads>
-__device__ __forceinline__ float loadQRowsE4m3(AttentionKernelParams const& p, unsigned char* sQ, float* sWarpMax,
-                                               int32_t rowBegin, int32_t rowEnd, int32_t kvHead, int32_t tid) {
-    constexpr int kStride = kD + 16;
-    constexpr int kWords = kD / 4;  // 4-dim words per row
-    constexpr int kPerThread = kRows * kWords / kThreads;
-    static_assert(kRows * kWords % kThreads == 0 && kThreads % 32 == 0, "Q words must split evenly");
-    float v[kPerThread][4];
-    float maxAbs = 0.f;
-#pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-        int const q = tid + i * kThreads;
-        int32_t const row = rowBegin + q / kWords;
-        v[i][0] = v[i][1] = v[i][2] = v[i][3] = 0.f;
-        if (row < rowEnd) {
-            int32_t const token = row / p.groupSize;
-            int32_t const head = kvHead * p.groupSize + row % p.groupSize;
-            // logical dims 4w..4w+3 are the physical dims phys..phys+3 (physDimK32 keeps the low 2 bits)
-            int64_t const elem = (int64_t(token) * p.numQHeads + head) * kD + Frag8<kD>::physDimK32(4 * (q % kWords));
-            if (p.qFP8) {
-                uint32_t lo, hi;
-                e4m3x4ToHalfPairs(__ldg(reinterpret_cast<uint32_t const*>(static_cast<unsigned char const*>(p.q) + elem)),
-                                  lo, hi);
-                float2 const a = __half22float2(*reinterpret_cast<__half2 const*>(&lo));
-                float2 const b = __half22float2(*reinterpret_cast<__half2 const*>(&hi));
-                v[i][0] = a.x, v[i][1] = a.y, v[i][2] = b.x, v[i][3] = b.y;
-            } else {
-                uint2 const raw = __ldg(reinterpret_cast<uint2 const*>(static_cast<CT const*>(p.q) + elem));
-                CT const* const h = reinterpret_cast<CT const*>(&raw);
-#pragma unroll
-                for (int t = 0; t < 4; ++t) v[i][t] = float(h[t]);
-            }
-#pragma unroll
-            for (int t = 0; t < 4; ++t) maxAbs = fmaxf(maxAbs, fabsf(v[i][t]));
-        }
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) maxAbs = fmaxf(maxAbs, __shfl_xor_sync(0xffffffffu, maxAbs, off));
-    if ((tid & 31) == 0) sWarpMax[tid >> 5] = maxAbs;
-    __syncthreads();
-#pragma unroll
-    for (int w = 0; w < kThreads / 32; ++w) maxAbs = fmaxf(maxAbs, sWarpMax[w]);
-    // floor(log2(maxAbs)) from the exponent field (0 and subnormals read as -127; inf/NaN as 128 and stay
-    // inf/NaN whatever the scale); the shift is clamped so that both powers of two are normal.
-    int32_t const ex = int32_t((__float_as_uint(maxAbs) >> 23) & 0xFFu) - 127;
-    int32_t const shift = max(-100, min(100, 7 - ex));
-    float const scale = __uint_as_float(uint32_t(127 + shift) << 23);
-#pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-        int const q = tid + i * kThreads;
-        uint32_t const offset = uint32_t((q / kWords) * kStride + 4 * (q % kWords));
-        uint32_t hiWord = 0, loWord = 0;
-#pragma unroll
-        for (int t = 0; t < 4; t += 2) {
-            float2 const x = make_float2(v[i][t] * scale, v[i][t + 1] * scale);  // exact: a power of two
-            __nv_fp8x2_storage_t const h = __nv_cvt_float2_to_fp8x2(x, __NV_SATFINITE, __NV_E4M3);
-            float2 const hf = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(h, __NV_E4M3)));
-            __nv_fp8x2_storage_t const l =
-                __nv_cvt_float2_to_fp8x2(make_float2(x.x - hf.x, x.y - hf.y), __NV_SATFINITE, __NV_E4M3);
-            hiWord |= uint32_t(h) << (8 * t);
-            loWord |= uint32_t(l) << (8 * t);
-        }
-        *reinterpret_cast<uint32_t*>(sQ + offset) = hiWord;
-        *reinterpret_cast<uint32_t*>(sQ + kRows * kStride + offset) = loWord;
-    }
-    return __uint_as_float(uint32_t(127 - shift) << 23);
 }
 
 // ---- ldmatrix lane addresses (fragment layouts: attention_mma.cuh). In a swizzled tile the chunk of 16-dim
