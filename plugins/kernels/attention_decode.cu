@@ -68,7 +68,7 @@ __device__ void poisonRows(AttentionKernelParams const& p, CtaWork const& w, int
     }
 }
 
-// The decode kernel's online-softmax step on its 16 x 16 score tile: soft-cap and mask chosen once per tile
+// The decode kernel's online-softmax step on its 16-row score tile: soft-cap and mask chosen once per tile
 // (uniform branches), not per score -- the run-time switches cost two branches per score, ~1/10 of the
 // fp8 decode loop's instructions (profiled). kPerTile = false keeps the per-score switches (one inlined
 // variant instead of four: the 16-bit D = 256 kernel spills with four).
@@ -88,11 +88,10 @@ __device__ __forceinline__ void decodeSoftmax(AttentionKernelParams const& p, fl
 }
 
 // One warp step (kNT * 8 tokens: 16 or 32) of an 8-bit cache, straight from the staging tiles into MMA
-// fragments (Frag8): S = Q K^T,
-// the online-softmax step, O += P V. Both products run as f16 MMAs whatever the compute type: 8-bit values
-// are exact in f16 and convert with one cvt per pair (e4m3), Q was converted by loadQRowsK8 (bf16 queries
-// scaled by a power of two, undone by qUnscale on the logits), and P is in [0, 1]. kFp8: e4m3, else int8 (a
-// uniform choice per launch, hoisted out of the loop by decodeBody's instantiation).
+// fragments (Frag8): S = Q K^T, the online-softmax step, O += P V. Both products run as f16 MMAs whatever the
+// compute type: 8-bit values are exact in f16 and convert with one cvt per pair (e4m3), Q was converted by
+// loadQRowsK8 (bf16 queries scaled by a power of two, undone by qUnscale on the logits), and P is in [0, 1].
+// kFp8: e4m3, else int8 (a uniform choice per launch, hoisted out of the loop by decodeBody's instantiation).
 template <typename CT, int kD, int kNT, bool kFp8, bool kQInRegs>
 __device__ __forceinline__ void decodeTile8(AttentionKernelParams const& p, uint32_t kRaw, uint32_t vRaw,
                                             int32_t const* tilePos, uint32_t const (&qFrag)[kQInRegs ? kD / 16 : 1][4],
@@ -155,31 +154,31 @@ __device__ __forceinline__ void decodeTile8(AttentionKernelParams const& p, uint
     constexpr int kWords = kD >= 128 ? 4 : 2;          // words per token and block: 4 output tiles each
 #pragma unroll
     for (int kt = 0; kt < kNT / 2; ++kt) {
-    uint32_t pa[4];
-    probFragment<__half, kNT>(s, kt, pa);
+        uint32_t pa[4];
+        probFragment<__half, kNT>(s, kt, pa);
 #pragma unroll
-    for (int hv = 0; hv < kBlocks; ++hv) {
-        uint32_t w[4][kWords];  // [token 2c, 2c+1, 2c+8, 2c+9][word]
+        for (int hv = 0; hv < kBlocks; ++hv) {
+            uint32_t w[4][kWords];  // [token 2c, 2c+1, 2c+8, 2c+9][word]
 #pragma unroll
-        for (int t = 0; t < 4; ++t) {
-            int32_t const tok = 16 * kt + 2 * c + (t & 1) + 8 * (t >> 1);
-            if constexpr (kD >= 128) {
-                uint4 const v = ldsU32x4(vRaw + F::chunkOffset(tok, g + 8 * hv));
-                w[t][0] = v.x, w[t][1] = v.y, w[t][2] = v.z, w[t][3] = v.w;
-            } else {
-                uint2 const v = ldsU32x2(vRaw + F::chunkOffset(tok, g >> 1) + 8 * (g & 1));
-                w[t][0] = v.x, w[t][1] = v.y;
+            for (int t = 0; t < 4; ++t) {
+                int32_t const tok = 16 * kt + 2 * c + (t & 1) + 8 * (t >> 1);
+                if constexpr (kD >= 128) {
+                    uint4 const v = ldsU32x4(vRaw + F::chunkOffset(tok, g + 8 * hv));
+                    w[t][0] = v.x, w[t][1] = v.y, w[t][2] = v.z, w[t][3] = v.w;
+                } else {
+                    uint2 const v = ldsU32x2(vRaw + F::chunkOffset(tok, g >> 1) + 8 * (g & 1));
+                    w[t][0] = v.x, w[t][1] = v.y;
+                }
+            }
+#pragma unroll
+            for (int wd = 0; wd < kWords; ++wd) {
+                uint32_t b0[4], b1[4];  // output tiles 4 wd + j: tokens (2c, 2c+1) and (2c+8, 2c+9)
+                tokenPairsToHalf<kFp8>(w[0][wd], w[1][wd], b0);
+                tokenPairsToHalf<kFp8>(w[2][wd], w[3][wd], b1);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) Mma<__half>::run(o[hv * 16 + wd * 4 + j], pa, b0[j], b1[j]);
             }
         }
-#pragma unroll
-        for (int wd = 0; wd < kWords; ++wd) {
-            uint32_t b0[4], b1[4];  // output tiles 4 wd + j: tokens (2c, 2c+1) and (2c+8, 2c+9)
-            tokenPairsToHalf<kFp8>(w[0][wd], w[1][wd], b0);
-            tokenPairsToHalf<kFp8>(w[2][wd], w[3][wd], b1);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) Mma<__half>::run(o[hv * 16 + wd * 4 + j], pa, b0[j], b1[j]);
-        }
-    }
     }
 }
 
@@ -307,8 +306,8 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
         bool const holdsAll = __all_sync(0xffffffffu, tilePos[lane & (kStep - 1)] >= 0);
         bool const needMask = tileNeedsMask(holdsAll, tilePos[0], tilePos[kStep - 1], qFirst, qLast, p.window);
         if constexpr (k8Bit) {
-            decodeTile8<CT, kD, kStep / 8, kFp8, Cfg::kQInRegs>(p, kTileAddr, vTileAddr, tilePos, qFrag, sQAddr, offA, qUnscale,
-                                                    needMask, qPos0, qPos1, lane, o, m, l);
+            decodeTile8<CT, kD, kStep / 8, kFp8, Cfg::kQInRegs>(p, kTileAddr, vTileAddr, tilePos, qFrag, sQAddr, offA,
+                                                                qUnscale, needMask, qPos0, qPos1, lane, o, m, l);
         } else {
             // 16-bit caches: even and odd k-steps of S in separate accumulators (as decodeTile8) and the
             // per-tile softmax variants where registers allow (D <= 128).

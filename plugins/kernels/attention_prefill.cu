@@ -175,93 +175,94 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
             // The stage's kTile tokens as kSubTiles steps of kSub tokens (not unrolled: registers and code size).
 #pragma unroll 1
             for (int32_t h = 0; h < Cfg::kSubTiles; ++h) {
-            int32_t const* const subPos = tilePos + h * Cfg::kSub;
-            uint32_t const kSubAddr = kTileAddr + uint32_t(h * Cfg::kSub * kD * 2);
-            uint32_t const vSubAddr = vTileAddr + uint32_t(h * Cfg::kSub * kD * 2);
-            // A sub-tile holding no position at all (past the chunk's end) is skipped; else, is every row a
-            // position all the CTA's queries see? Then skip the per-element mask.
-            bool const anyRow = __any_sync(0xffffffffu, subPos[lane] >= 0);
-            bool const holdsAll = __all_sync(0xffffffffu, subPos[lane] >= 0);
-            bool const needMask = tileNeedsMask(holdsAll, subPos[0], subPos[Cfg::kSub - 1], qa, qb, p.window);
+                int32_t const* const subPos = tilePos + h * Cfg::kSub;
+                uint32_t const kSubAddr = kTileAddr + uint32_t(h * Cfg::kSub * kD * 2);
+                uint32_t const vSubAddr = vTileAddr + uint32_t(h * Cfg::kSub * kD * 2);
+                // A sub-tile holding no position at all (past the chunk's end) is skipped; else, is every row a
+                // position all the CTA's queries see? Then skip the per-element mask.
+                bool const anyRow = __any_sync(0xffffffffu, subPos[lane] >= 0);
+                bool const holdsAll = __all_sync(0xffffffffu, subPos[lane] >= 0);
+                bool const needMask = tileNeedsMask(holdsAll, subPos[0], subPos[Cfg::kSub - 1], qa, qb, p.window);
 
-            // S = Q K^T: kMT m16 tiles x kSub tokens; each K fragment feeds kMT MMAs
-            float s[kMT][kNT][4];
+                // S = Q K^T: kMT m16 tiles x kSub tokens; each K fragment feeds kMT MMAs
+                float s[kMT][kNT][4];
 #pragma unroll
-            for (int mt = 0; mt < kMT; ++mt)
+                for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-                for (int nt = 0; nt < kNT; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
-            if (anyRow) {
-            // Fully unrolled only when Q fragments live in registers (static indexing); otherwise a partial
-            // unroll keeps ptxas from hoisting every K fragment of the tile at once (4 k-steps: ldmatrix
-            // interleaved with the MMAs of the previous step, no spills; D = 128 sits at ~246 registers).
+                    for (int nt = 0; nt < kNT; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
+                if (anyRow) {
+                    // Fully unrolled only when Q fragments live in registers (static indexing); otherwise a partial
+                    // unroll keeps ptxas from hoisting every K fragment of the tile at once (4 k-steps: ldmatrix
+                    // interleaved with the MMAs of the previous step, no spills; D = 128 sits at ~246 registers).
 #pragma unroll(Cfg::kQInRegs ? kD / 16 : 4)
-            for (int kk = 0; kk < kD / 16; ++kk) {
-                uint32_t a[kMT][4];
+                    for (int kk = 0; kk < kD / 16; ++kk) {
+                        uint32_t a[kMT][4];
 #pragma unroll
-                for (int mt = 0; mt < kMT; ++mt) {
-                    if constexpr (Cfg::kQInRegs) {
-                        a[mt][0] = qFrag[mt][kk][0], a[mt][1] = qFrag[mt][kk][1];
-                        a[mt][2] = qFrag[mt][kk][2], a[mt][3] = qFrag[mt][kk][3];
-                    } else {
-                        ldmatrixX4(a[mt], Lane::at(sQAddr, offA, warpRow0 + mt * 16, kk));
+                        for (int mt = 0; mt < kMT; ++mt) {
+                            if constexpr (Cfg::kQInRegs) {
+                                a[mt][0] = qFrag[mt][kk][0], a[mt][1] = qFrag[mt][kk][1];
+                                a[mt][2] = qFrag[mt][kk][2], a[mt][3] = qFrag[mt][kk][3];
+                            } else {
+                                ldmatrixX4(a[mt], Lane::at(sQAddr, offA, warpRow0 + mt * 16, kk));
+                            }
+                        }
+#pragma unroll
+                        for (int np = 0; np < Cfg::kSub / 16; ++np) {
+                            uint32_t b[4];
+                            ldmatrixX4(b, Lane::at(kSubAddr, offK, np * 16, kk));
+#pragma unroll
+                            for (int mt = 0; mt < kMT; ++mt) {
+                                Mma<CT>::run(s[mt][2 * np], a[mt], b[0], b[1]);
+                                Mma<CT>::run(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+                            }
+                        }
                     }
                 }
-#pragma unroll
-                for (int np = 0; np < Cfg::kSub / 16; ++np) {
-                    uint32_t b[4];
-                    ldmatrixX4(b, Lane::at(kSubAddr, offK, np * 16, kk));
+                // 3 stages: the loader's integer work issues while the tensor cores still run the S MMAs above
+                // (their results are first needed by the softmax), instead of before any MMA of the tile.
+                if constexpr (Cfg::kStages == 3) {
+                    if (h == 0) issue(i + 2);
+                }
+                if (!anyRow) continue;
+
+                // Soft-cap and mask decided once per tile (uniform), not per score (softmaxStepFixed,
+                // attention_tile.cuh).
+                auto softmax = [&](auto capped, auto masked) {
 #pragma unroll
                     for (int mt = 0; mt < kMT; ++mt) {
-                        Mma<CT>::run(s[mt][2 * np], a[mt], b[0], b[1]);
-                        Mma<CT>::run(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+                        float alpha[2];
+                        softmaxStepFixed<kNT, decltype(capped)::value, decltype(masked)::value>(
+                            p, s[mt], subPos, qPos[mt][0], qPos[mt][1], lane, m[mt], l[mt], alpha);
+                        rescaleRows(o[mt], alpha);
+                    }
+                };
+                using Yes = std::true_type;
+                using No = std::false_type;
+                if (p.useSoftcap != 0) {
+                    if (needMask) softmax(Yes{}, Yes{});
+                    else softmax(Yes{}, No{});
+                } else {
+                    if (needMask) softmax(No{}, Yes{});
+                    else softmax(No{}, No{});
+                }
+
+                // O += P V, 16 tokens per k-step; each V fragment feeds kMT MMAs
+#pragma unroll
+                for (int kt = 0; kt < Cfg::kSub / 16; ++kt) {
+                    uint32_t pa[kMT][4];
+#pragma unroll
+                    for (int mt = 0; mt < kMT; ++mt) probFragment<CT, kNT>(s[mt], kt, pa[mt]);
+#pragma unroll
+                    for (int dp = 0; dp < kD / 16; ++dp) {
+                        uint32_t b[4];
+                        ldmatrixX4Trans(b, Lane::at(vSubAddr, offV, kt * 16, dp));
+#pragma unroll
+                        for (int mt = 0; mt < kMT; ++mt) {
+                            Mma<CT>::run(o[mt][2 * dp], pa[mt], b[0], b[1]);
+                            Mma<CT>::run(o[mt][2 * dp + 1], pa[mt], b[2], b[3]);
+                        }
                     }
                 }
-            }
-            }
-            // 3 stages: the loader's integer work issues while the tensor cores still run the S MMAs above
-            // (their results are first needed by the softmax), instead of before any MMA of the tile.
-            if constexpr (Cfg::kStages == 3) {
-                if (h == 0) issue(i + 2);
-            }
-            if (!anyRow) continue;
-
-            // Soft-cap and mask decided once per tile (uniform), not per score (softmaxStepFixed, attention_tile.cuh).
-            auto softmax = [&](auto capped, auto masked) {
-#pragma unroll
-                for (int mt = 0; mt < kMT; ++mt) {
-                    float alpha[2];
-                    softmaxStepFixed<kNT, decltype(capped)::value, decltype(masked)::value>(
-                        p, s[mt], subPos, qPos[mt][0], qPos[mt][1], lane, m[mt], l[mt], alpha);
-                    rescaleRows(o[mt], alpha);
-                }
-            };
-            using Yes = std::true_type;
-            using No = std::false_type;
-            if (p.useSoftcap != 0) {
-                if (needMask) softmax(Yes{}, Yes{});
-                else softmax(Yes{}, No{});
-            } else {
-                if (needMask) softmax(No{}, Yes{});
-                else softmax(No{}, No{});
-            }
-
-            // O += P V, 16 tokens per k-step; each V fragment feeds kMT MMAs
-#pragma unroll
-            for (int kt = 0; kt < Cfg::kSub / 16; ++kt) {
-                uint32_t pa[kMT][4];
-#pragma unroll
-                for (int mt = 0; mt < kMT; ++mt) probFragment<CT, kNT>(s[mt], kt, pa[mt]);
-#pragma unroll
-                for (int dp = 0; dp < kD / 16; ++dp) {
-                    uint32_t b[4];
-                    ldmatrixX4Trans(b, Lane::at(vSubAddr, offV, kt * 16, dp));
-#pragma unroll
-                    for (int mt = 0; mt < kMT; ++mt) {
-                        Mma<CT>::run(o[mt][2 * dp], pa[mt], b[0], b[1]);
-                        Mma<CT>::run(o[mt][2 * dp + 1], pa[mt], b[2], b[3]);
-                    }
-                }
-            }
             }
         } else {
             if constexpr (Cfg::kStages == 3) issue(i + 2);  // warps without rows still load their share

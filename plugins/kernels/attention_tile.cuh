@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cfloat>
 #include <cstdint>
 #include <type_traits>
 
@@ -34,14 +35,13 @@ __device__ __forceinline__ PoolView loadPool(AttentionKernelParams const& p) {
     return v;
 }
 
-// Where a CTA's KV rows come from: one sequence's block-table row, one KV head, one chunk of its span.
-// kBase is the byte offset of (layer, K, kvHead) inside a block and vDelta the bytes from a K row to the V
+// Where a CTA's KV rows come from: one sequence's block-table row, one KV head (through kBase), one chunk of
+// its span. kBase is the byte offset of (layer, K, kvHead) inside a block and vDelta the bytes from a K row to the V
 // row of the same (block, offset): elemOffset is linear, so a row's K offset is kBase + elemOffset(block, 0,
 // 0, 0, offset) * element bytes, and the per-row work is two products instead of five.
 struct KVSource {
     unsigned char const* pool;
     BlockTableRow table;
-    int32_t kvHead;
     KVSpan span;
     ChunkRange chunk;
     int64_t kBase;
@@ -55,7 +55,6 @@ __device__ __forceinline__ KVSource makeKVSourceFromPool(PoolView const& pool, A
     KVSource s;
     s.pool = pool.base;
     s.table = BlockTableRow{p.blockTable + int64_t(w.seqIndex) * p.maxBlocks, p.maxBlocks, pool.numBlocks};
-    s.kvHead = kvHead;
     s.span = w.span;
     s.chunk = w.chunk;
     s.kBase = p.layout.elemOffset(0, p.layer, 0, kvHead, 0) * elemBytes;
@@ -376,7 +375,7 @@ __device__ __forceinline__ void softmaxStepImpl(AttentionKernelParams const& p, 
     // rawScale > 0 multiplies every raw score (the 8-bit decode path's power-of-two Q unscaling), folded into
     // the per-tile constants instead of one multiply per score.
     // s (after the loop below) * toLog2 = log2 logit; kept >= FLT_MIN like the launcher's scale (-inf * 0 = NaN)
-    float const toLog2 = capped ? 1.f : fmaxf(p.scoreScaleLog2 * rawScale, 1.17549435e-38f);
+    float const toLog2 = capped ? 1.f : fmaxf(p.scoreScaleLog2 * rawScale, FLT_MIN);
     float const capIn = p.capInScale * rawScale;
     float rowMax[2] = {negInf(), negInf()};
 #pragma unroll
@@ -418,7 +417,7 @@ __device__ __forceinline__ void softmaxStepImpl(AttentionKernelParams const& p, 
     l[1] = l[1] * alpha[1] + rowSum[1];
 }
 
-// Both switches at run time (one instantiation): the decode kernel.
+// Both switches at run time (one inlined variant): the decode kernel's 16-bit D = 256 path (registers).
 template <int kNT>
 __device__ __forceinline__ void softmaxStep(AttentionKernelParams const& p, float (&s)[kNT][4], int32_t const* sPos,
                                             bool needMask, int32_t qPos0, int32_t qPos1, int32_t lane,
@@ -427,7 +426,8 @@ __device__ __forceinline__ void softmaxStep(AttentionKernelParams const& p, floa
                                                              rawScale);
 }
 
-// Both switches at compile time: the multi-token kernel branches once per tile and calls this.
+// Both switches at compile time: the multi-token kernel and the other decode paths branch once per tile and
+// call this.
 template <int kNT, bool kCapped, bool kMask>
 __device__ __forceinline__ void softmaxStepFixed(AttentionKernelParams const& p, float (&s)[kNT][4],
                                                  int32_t const* sPos, int32_t qPos0, int32_t qPos1, int32_t lane,
