@@ -24,7 +24,13 @@ namespace {
 
 template <typename CT, bool k8Bit, int kD>
 struct DecodeConfig {
-    static constexpr int kWarps = kDecodeWarps;
+    // 8-bit caches at D <= 128 run 2 warps per CTA (their 32-token steps: below), so that a CTA needs ~52 KB of
+    // shared memory and 4 CTAs share an SM: a 64 x 4K batch (512 CTAs) then runs as one wave. Measured with 4
+    // warps, 2 CTAs per SM and two waves: the fp8 decode's copies alone, without any compute, reached only 80 %
+    // of the copy ceiling (the 16-bit decode's 96 %) -- each CTA of the second wave starts with its metadata,
+    // block-table and first-tile round trips unhidden, and the fp8 CTAs stream for half as long as the 16-bit
+    // ones, so those starts weigh twice as much.
+    static constexpr int kWarps = k8Bit && kD <= 128 ? 2 : kDecodeWarps;
     static constexpr int kThreads = kWarps * 32;
     static constexpr int kRows = kDecodeRows;
     static constexpr int kTile = kDecodeTileTokens;
@@ -378,53 +384,54 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
     }
     __syncthreads();
 
-    // 8 threads per row, each kD / 8 consecutive dims
+    // 8 threads per row, each kD / 8 consecutive dims (rows tid / 8, + kThreads / 8, ...)
     constexpr int kDimsPerThread = kD / 8;
-    int32_t const row = tid >> 3;
     int32_t const d0 = (tid & 7) * kDimsPerThread;
-    if (row >= numRows) return;
-    float mMax = negInf();
+    for (int32_t row = tid >> 3; row < numRows; row += Cfg::kThreads / 8) {
+        float mMax = negInf();
 #pragma unroll
-    for (int ww = 0; ww < Cfg::kWarps; ++ww) mMax = fmaxf(mMax, cM[ww * 16 + row]);
-    float weight[Cfg::kWarps];
-    float sum = 0.f;
+        for (int ww = 0; ww < Cfg::kWarps; ++ww) mMax = fmaxf(mMax, cM[ww * 16 + row]);
+        float weight[Cfg::kWarps];
+        float sum = 0.f;
 #pragma unroll
-    for (int ww = 0; ww < Cfg::kWarps; ++ww) {
-        weight[ww] = mMax == negInf() ? 0.f : fastExp2(cM[ww * 16 + row] - mMax);
-        sum += weight[ww] * cL[ww * 16 + row];
-    }
-    float acc[kDimsPerThread];
-#pragma unroll
-    for (int d = 0; d < kDimsPerThread; ++d) {
-        float x = 0.f;
-#pragma unroll
-        for (int ww = 0; ww < Cfg::kWarps; ++ww) x += weight[ww] * cO[(ww * 16 + row) * Cfg::kCombineStride + d0 + d];
-        acc[d] = x;
-    }
-    // A row that saw nothing (every visible page absent) outputs 0, never 0/0.
-    float const scale = sum > 0.f ? p.outScale / sum : 0.f;
-    int32_t const grow = w.rowBegin + row;
-    int32_t const token = grow / p.groupSize;
-    int32_t const head = kvHead * p.groupSize + grow % p.groupSize;
-    if (w.nChunks == 1) {
-        CT* const dst = static_cast<CT*>(p.out) + (int64_t(token) * p.numQHeads + head) * kD + d0;
-#pragma unroll
-        for (int d = 0; d < kDimsPerThread; d += 8) {
-            uint4 v;
-            v.x = Mma<CT>::pack(acc[d] * scale, acc[d + 1] * scale);
-            v.y = Mma<CT>::pack(acc[d + 2] * scale, acc[d + 3] * scale);
-            v.z = Mma<CT>::pack(acc[d + 4] * scale, acc[d + 5] * scale);
-            v.w = Mma<CT>::pack(acc[d + 6] * scale, acc[d + 7] * scale);
-            *reinterpret_cast<uint4*>(dst + d) = v;
+        for (int ww = 0; ww < Cfg::kWarps; ++ww) {
+            weight[ww] = mMax == negInf() ? 0.f : fastExp2(cM[ww * 16 + row] - mMax);
+            sum += weight[ww] * cL[ww * 16 + row];
         }
-    } else {
-        int64_t const prow = partialRow(p, z, token, head);
-        float* const dst = p.partialOut + prow * kD + d0;
+        float acc[kDimsPerThread];
 #pragma unroll
-        for (int d = 0; d < kDimsPerThread; d += 4)
-            *reinterpret_cast<float4*>(dst + d) =
-                make_float4(acc[d] * scale, acc[d + 1] * scale, acc[d + 2] * scale, acc[d + 3] * scale);
-        if ((tid & 7) == 0) p.partialLse[prow] = sum > 0.f ? mMax + __log2f(sum) : negInf();
+        for (int d = 0; d < kDimsPerThread; ++d) {
+            float x = 0.f;
+#pragma unroll
+            for (int ww = 0; ww < Cfg::kWarps; ++ww)
+                x += weight[ww] * cO[(ww * 16 + row) * Cfg::kCombineStride + d0 + d];
+            acc[d] = x;
+        }
+        // A row that saw nothing (every visible page absent) outputs 0, never 0/0.
+        float const scale = sum > 0.f ? p.outScale / sum : 0.f;
+        int32_t const grow = w.rowBegin + row;
+        int32_t const token = grow / p.groupSize;
+        int32_t const head = kvHead * p.groupSize + grow % p.groupSize;
+        if (w.nChunks == 1) {
+            CT* const dst = static_cast<CT*>(p.out) + (int64_t(token) * p.numQHeads + head) * kD + d0;
+#pragma unroll
+            for (int d = 0; d < kDimsPerThread; d += 8) {
+                uint4 v;
+                v.x = Mma<CT>::pack(acc[d] * scale, acc[d + 1] * scale);
+                v.y = Mma<CT>::pack(acc[d + 2] * scale, acc[d + 3] * scale);
+                v.z = Mma<CT>::pack(acc[d + 4] * scale, acc[d + 5] * scale);
+                v.w = Mma<CT>::pack(acc[d + 6] * scale, acc[d + 7] * scale);
+                *reinterpret_cast<uint4*>(dst + d) = v;
+            }
+        } else {
+            int64_t const prow = partialRow(p, z, token, head);
+            float* const dst = p.partialOut + prow * kD + d0;
+#pragma unroll
+            for (int d = 0; d < kDimsPerThread; d += 4)
+                *reinterpret_cast<float4*>(dst + d) =
+                    make_float4(acc[d] * scale, acc[d + 1] * scale, acc[d + 2] * scale, acc[d + 3] * scale);
+            if ((tid & 7) == 0) p.partialLse[prow] = sum > 0.f ? mMax + __log2f(sum) : negInf();
+        }
     }
 }
 

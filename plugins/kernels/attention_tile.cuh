@@ -46,6 +46,7 @@ struct KVSource {
     ChunkRange chunk;
     int64_t kBase;
     int64_t vDelta;
+    int64_t rowStride;  // bytes from a token row to the next token's row of the same page (strideToken)
 };
 
 // With the pool descriptor already loaded: the decode kernel issues that load before reading the step
@@ -59,6 +60,7 @@ __device__ __forceinline__ KVSource makeKVSourceFromPool(PoolView const& pool, A
     s.chunk = w.chunk;
     s.kBase = p.layout.elemOffset(0, p.layer, 0, kvHead, 0) * elemBytes;
     s.vDelta = p.layout.elemOffset(0, p.layer, 1, kvHead, 0) * elemBytes - s.kBase;
+    s.rowStride = p.layout.strideToken * elemBytes;
     return s;
 }
 
@@ -112,10 +114,15 @@ struct Frag8 {
 //    compute later, so the entry's global round trip overlaps compute instead of stalling the warp
 //    (profiled: the lookups were ~1/3 of the decode loop's instructions, the entry load its largest
 //    long-scoreboard stall).
-//  * resolveKVRowOffset: the entry checked (resolveKVRow) and the row's K byte offset computed, per pair.
-//  * copyKVRows, per tile: the lanes copying a row's 16-byte chunks receive its offset by shuffle from the
-//    lane holding it (the V row is src.vDelta further); sPos[r] records the position or -1, and a row
-//    holding nothing is zero-filled without touching global memory.
+//  * resolveKVRowOffset: the entry checked (resolveKVRow) and the row's K byte offset computed, per pair; and
+//    per tile whether it is one run -- every row holds a position and row r lies r token strides after row
+//    0, in one page: every tile that does not straddle a page boundary, a window/sink seam, a cyclic wrap or
+//    the end of the span.
+//  * copyKVRows, per tile: a run is copied from row 0's offset plus r strides (one shuffle per tile); any
+//    other tile row by row, the lanes copying a row's 16-byte chunks receiving its offset by shuffle from
+//    the lane holding it (profiled, fp8 decode: the per-row shuffles and 64-bit address work were ~1/3 of
+//    the loop's instructions). The V row is src.vDelta after the K row; sPos[r] records the position or -1,
+//    and a row holding nothing is zero-filled without touching global memory.
 // Destinations: 16-bit caches land in swizzled tiles that ldmatrix reads directly; 8-bit caches in a staging
 // tile, row-major for convertTile8 (multi-token kernel) or chunk-swizzled for Frag8 (kSwizzle8: decode).
 template <int kRows>
@@ -159,6 +166,28 @@ __device__ __forceinline__ void copyKVRows(KVSource const& src, KVRowOffset cons
     int32_t const pos = __shfl_sync(0xffffffffu, rows.pos, firstLane + lane % kRows);
     if (lane < kRows) sPos[lane] = pos;
     int const ch = lane % kChunks;
+    auto dstOf = [&](int r) {
+        return kElemBytes == 2 ? swizzledChunk(r, ch, kRowBytes)
+               : kSwizzle8     ? Frag8<kD>::chunkOffset(r, ch)
+                               : uint32_t(r * kRowBytes + ch * 16);
+    };
+    // One run: row r at row 0 + r strides. kNothing is negative, so a row holding nothing is never part of one.
+    // Checked here, not when the pair is resolved: a mask kept from there costs the multi-token kernel spills.
+    int64_t const row0 = __shfl_sync(0xffffffffu, rows.kOff, firstLane);
+    uint32_t const runBits =
+        __ballot_sync(0xffffffffu, rows.kOff >= 0 && rows.kOff == row0 + (lane - firstLane) * src.rowStride);
+    uint32_t const tileMask = (kRows == 32 ? 0xffffffffu : (1u << kRows) - 1u) << firstLane;
+    if ((runBits & tileMask) == tileMask) {  // warp-uniform
+        unsigned char const* const laneK = src.pool + row0 + (lane / kChunks) * src.rowStride + ch * 16;
+#pragma unroll
+        for (int i = 0; i < kRows / kRowsPerStep; ++i) {
+            int const r = i * kRowsPerStep + lane / kChunks;
+            int64_t const off = int64_t(i * kRowsPerStep) * src.rowStride;
+            cpAsync16(sK + dstOf(r), laneK + off, true);
+            cpAsync16(sV + dstOf(r), laneK + src.vDelta + off, true);
+        }
+        return;
+    }
     unsigned char const* const laneK = src.pool + ch * 16;
     unsigned char const* const laneV = laneK + src.vDelta;
 #pragma unroll
@@ -167,11 +196,8 @@ __device__ __forceinline__ void copyKVRows(KVSource const& src, KVRowOffset cons
         int64_t const k = __shfl_sync(0xffffffffu, rows.kOff, firstLane + r);
         bool const holds = k >= 0;
         int64_t const off = k & INT64_MAX;  // kNothing -> 0: block 0, a valid address that is not read
-        uint32_t const dst = kElemBytes == 2 ? swizzledChunk(r, ch, kRowBytes)
-                             : kSwizzle8     ? Frag8<kD>::chunkOffset(r, ch)
-                                             : uint32_t(r * kRowBytes + ch * 16);
-        cpAsync16(sK + dst, laneK + off, holds);
-        cpAsync16(sV + dst, laneV + off, holds);
+        cpAsync16(sK + dstOf(r), laneK + off, holds);
+        cpAsync16(sV + dstOf(r), laneV + off, holds);
     }
 }
 
