@@ -8,7 +8,6 @@
 namespace pagedkv {
 namespace plugin {
 
-using nvinfer1::DataType;
 using nvinfer1::IPluginCapability;
 using nvinfer1::IPluginV3;
 using nvinfer1::PluginCapabilityType;
@@ -30,10 +29,8 @@ IPluginCapability* PluginV3Base::getCapabilityInterface(PluginCapabilityType typ
 int32_t PluginV3Base::configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
                                       nvinfer1::DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept {
     return guarded(mPluginName, "configurePlugin", -1, [&] {
-        std::vector<DataType> inTypes, outTypes;
-        for (int32_t i = 0; i < nbInputs; ++i) inTypes.push_back(in[i].desc.type);
-        for (int32_t i = 0; i < nbOutputs; ++i) outTypes.push_back(out[i].desc.type);
-        checkConfiguration(dimsOf(in, nbInputs), inTypes, dimsOf(out, nbOutputs), outTypes);
+        checkConfiguration(dimsOf(in, nbInputs), typesOf(in, nbInputs), dimsOf(out, nbOutputs),
+                           typesOf(out, nbOutputs));
         return 0;
     });
 }
@@ -41,10 +38,8 @@ int32_t PluginV3Base::configurePlugin(nvinfer1::DynamicPluginTensorDesc const* i
 int32_t PluginV3Base::onShapeChange(nvinfer1::PluginTensorDesc const* in, int32_t nbInputs,
                                     nvinfer1::PluginTensorDesc const* out, int32_t nbOutputs) noexcept {
     return guarded(mPluginName, "onShapeChange", -1, [&] {
-        std::vector<DataType> inTypes, outTypes;
-        for (int32_t i = 0; i < nbInputs; ++i) inTypes.push_back(in[i].type);
-        for (int32_t i = 0; i < nbOutputs; ++i) outTypes.push_back(out[i].type);
-        checkConfiguration(dimsOf(in, nbInputs), inTypes, dimsOf(out, nbOutputs), outTypes);
+        checkConfiguration(dimsOf(in, nbInputs), typesOf(in, nbInputs), dimsOf(out, nbOutputs),
+                           typesOf(out, nbOutputs));
         return 0;
     });
 }

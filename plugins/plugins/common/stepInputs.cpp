@@ -7,18 +7,6 @@
 namespace pagedkv {
 namespace plugin {
 
-std::vector<nvinfer1::Dims> dimsOf(nvinfer1::DynamicPluginTensorDesc const* descs, int32_t n) {
-    std::vector<nvinfer1::Dims> dims;
-    for (int32_t i = 0; i < n; ++i) dims.push_back(descs[i].desc.dims);
-    return dims;
-}
-
-std::vector<nvinfer1::Dims> dimsOf(nvinfer1::PluginTensorDesc const* descs, int32_t n) {
-    std::vector<nvinfer1::Dims> dims;
-    for (int32_t i = 0; i < n; ++i) dims.push_back(descs[i].dims);
-    return dims;
-}
-
 void checkStepMetadataShapes(ExtentBinder& binder, std::vector<nvinfer1::Dims> const& inputs, int32_t poolIndex) {
     nvinfer1::Dims const& pools = inputs[kKVPoolsInput];
     binder.expectRank("kv_pools", pools, 2);

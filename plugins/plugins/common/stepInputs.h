@@ -32,8 +32,22 @@ struct StepExtents {
     int64_t numPools;    // NP
 };
 
-std::vector<nvinfer1::Dims> dimsOf(nvinfer1::DynamicPluginTensorDesc const* descs, int32_t n);
-std::vector<nvinfer1::Dims> dimsOf(nvinfer1::PluginTensorDesc const* descs, int32_t n);
+// A tensor's description as TensorRT hands it when configuring (DynamicPluginTensorDesc) or at run time
+// (PluginTensorDesc), and the dims / types of n of them.
+inline nvinfer1::PluginTensorDesc const& descOf(nvinfer1::DynamicPluginTensorDesc const& d) { return d.desc; }
+inline nvinfer1::PluginTensorDesc const& descOf(nvinfer1::PluginTensorDesc const& d) { return d; }
+template <typename Desc>
+std::vector<nvinfer1::Dims> dimsOf(Desc const* descs, int32_t n) {
+    std::vector<nvinfer1::Dims> dims;
+    for (int32_t i = 0; i < n; ++i) dims.push_back(descOf(descs[i]).dims);
+    return dims;
+}
+template <typename Desc>
+std::vector<nvinfer1::DataType> typesOf(Desc const* descs, int32_t n) {
+    std::vector<nvinfer1::DataType> types;
+    for (int32_t i = 0; i < n; ++i) types.push_back(descOf(descs[i]).type);
+    return types;
+}
 
 // Checks ranks and extents of inputs 1..4 and binds B, MB, NP; checks pool_index < NP when NP is known and
 // that T > 0 tokens have B > 0 sequences (T bound by the caller from input 0 first).
