@@ -47,6 +47,8 @@ struct MultiConfig {
     // Q fragments in registers when they are few (D = 64); otherwise re-read from shared memory per k-step.
     static constexpr bool kQInRegs = kMTiles * kD <= 128;
     static_assert(kSub == 32 && kTile % kSub == 0, "the tile-is-clean vote reads one position per lane");
+    static_assert(kQBytes % 32 == 0 && kRawTileBytes % 32 == 0,
+                  "staging tiles start on 32-byte shared sectors (a cp.async pair across two is fetched twice)");
     // Warp w loads rows [w kTile / 4, (w + 1) kTile / 4) of a KV tile: a multiple of 8 rows, so the 16-bit
     // swizzle (row & 7) of a local row is the tile's.
     static_assert(kTile % (kWarps * 8) == 0, "each warp loads a multiple of 8 rows of a KV tile");
