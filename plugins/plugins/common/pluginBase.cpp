@@ -26,22 +26,24 @@ IPluginCapability* PluginV3Base::getCapabilityInterface(PluginCapabilityType typ
     });
 }
 
-int32_t PluginV3Base::configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
-                                      nvinfer1::DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept {
-    return guarded(mPluginName, "configurePlugin", -1, [&] {
+template <typename Desc>
+int32_t PluginV3Base::checkDescs(char const* method, Desc const* in, int32_t nbInputs, Desc const* out,
+                                 int32_t nbOutputs) const noexcept {
+    return guarded(mPluginName, method, -1, [&] {
         checkConfiguration(dimsOf(in, nbInputs), typesOf(in, nbInputs), dimsOf(out, nbOutputs),
                            typesOf(out, nbOutputs));
         return 0;
     });
 }
 
+int32_t PluginV3Base::configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
+                                      nvinfer1::DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept {
+    return checkDescs("configurePlugin", in, nbInputs, out, nbOutputs);
+}
+
 int32_t PluginV3Base::onShapeChange(nvinfer1::PluginTensorDesc const* in, int32_t nbInputs,
                                     nvinfer1::PluginTensorDesc const* out, int32_t nbOutputs) noexcept {
-    return guarded(mPluginName, "onShapeChange", -1, [&] {
-        checkConfiguration(dimsOf(in, nbInputs), typesOf(in, nbInputs), dimsOf(out, nbOutputs),
-                           typesOf(out, nbOutputs));
-        return 0;
-    });
+    return checkDescs("onShapeChange", in, nbInputs, out, nbOutputs);
 }
 
 IPluginV3* PluginV3Base::attachToContext(nvinfer1::IPluginResourceContext* /*context*/) noexcept { return clone(); }

@@ -63,6 +63,11 @@ protected:
                                     std::vector<nvinfer1::DataType> const& outputTypes) const = 0;
 
 private:
+    // configurePlugin and onShapeChange: checkConfiguration on either TensorRT description of the tensors.
+    template <typename Desc>
+    int32_t checkDescs(char const* method, Desc const* in, int32_t nbInputs, Desc const* out,
+                       int32_t nbOutputs) const noexcept;
+
     char const* mPluginName;
     FieldValues mValues;
     FieldCollection mSerialized;
