@@ -144,7 +144,6 @@ class WriteConfig(_PluginAttributes):
             self.rope.resolved_rotary_dim(self.pool.head_dim)
 
 
-
 @dataclass(frozen=True)
 class AttentionConfig(_PluginAttributes):
     """Attributes of the ``PagedKVAttention`` plugin."""
@@ -164,7 +163,6 @@ class AttentionConfig(_PluginAttributes):
     @property
     def resolved_softmax_scale(self) -> float:
         return self.softmax_scale if self.softmax_scale > 0 else 1.0 / math.sqrt(self.pool.head_dim)
-
 
 
 def _split_pool(cls, attrs: dict):
