@@ -7,14 +7,14 @@ import argparse
 import numpy as np
 import pytest
 
-from pagedkv.kvcache import KVCacheManager, PoolGroupSpec, render_pagemap
+from pagedkv.kvcache import KVCacheManager, PoolGroup, render_pagemap
 from pagedkv.kvcache.cli import demo_manager, main, register
 from pagedkv.kvcache.pagemap import CACHED, FREE, OWNED, SHARED, pagemap_cells
 from pagedkv.layout import KVLayout
 
 
 def test_cells_follow_the_manager():
-    mgr = KVCacheManager([PoolGroupSpec("g", KVLayout(1, 1, 4, 1))], 8, host_blocks=3, enable_prefix_reuse=True)
+    mgr = KVCacheManager([PoolGroup("g", KVLayout(1, 1, 4, 1))], 8, host_blocks=3, enable_prefix_reuse=True)
     mgr.add_sequence("a", list(range(1, 10)))
     mgr.reserve("a", 9)
     mgr.commit("a", 9)            # blocks 0, 1 (full, cached), 2 (partial)

@@ -11,9 +11,9 @@ import argparse
 import numpy as np
 
 from pagedkv.kvcache.errors import KVCacheExhaustedError
-from pagedkv.kvcache.groups import PoolGroupSpec
 from pagedkv.kvcache.manager import KVCacheManager
 from pagedkv.layout import KVLayout
+from pagedkv.pool_group import PoolGroup
 
 
 def demo_manager(blocks: int = 48, page_size: int = 4, seqs: int = 6, seed: int = 0, ops: int = 60,
@@ -29,9 +29,9 @@ def demo_manager(blocks: int = 48, page_size: int = 4, seqs: int = 6, seed: int 
     if ops < 0 or window < 0 or host_blocks < 0:
         raise ValueError(f"--ops, --window, --host-blocks: must be >= 0, got {ops}, {window}, {host_blocks}")
     rng = np.random.default_rng(seed)
-    groups = [PoolGroupSpec("full", KVLayout(num_layers=4, num_kv_heads=8, page_size=page_size, head_dim=128))]
+    groups = [PoolGroup("full", KVLayout(num_layers=4, num_kv_heads=8, page_size=page_size, head_dim=128))]
     if window:
-        groups.append(PoolGroupSpec("window", KVLayout(num_layers=4, num_kv_heads=8, page_size=page_size,
+        groups.append(PoolGroup("window", KVLayout(num_layers=4, num_kv_heads=8, page_size=page_size,
                                                        head_dim=128), window=window))
     mgr = KVCacheManager(groups, blocks, host_blocks=host_blocks, enable_prefix_reuse=not window)
     stems = [rng.integers(1, 30000, size=int(rng.integers(2, 5)) * page_size) for _ in range(3)]

@@ -22,7 +22,7 @@ from pagedkv.config import AttentionConfig, WriteConfig
 from pagedkv.step import (STATUS_BLOCK_OUT_OF_RANGE, STATUS_ENTRY, STATUS_FIELDS, STATUS_FLAGS, STATUS_INVALID_BLOCK,
                           STATUS_PAGE_IN_SEQ, STATUS_PAST_BLOCK_TABLE, STATUS_SEQ, KVWriteError, StepMetadata)
 
-from pagedkv.builder.runtime import ops
+from pagedkv.runtime import ops
 
 BACKENDS = ("reference", "cuda")
 
