@@ -6,11 +6,12 @@
 
 How (``docs/builder.md`` has the full story):
 
-1. Anchor on the past-KV graph inputs: rank-4 inputs that enter a node producing a graph output (the present).
+1. Anchor on the past-KV graph inputs: rank-4 inputs that enter a node producing a graph output (the present;
+   ``patterns.find_kv_anchors``, each pattern knowing its ops' present slots).
 2. A registered pattern (``patterns/``) recognizes the attention structure around that node and returns the
    q/k/v attention inputs, the attention output and what the structure says (heads, scale, mask, window).
-3. q, k and v are traced back to their projection MatMuls (``graph_info.trace_projection``); RoPE, the mask
-   window and the GQA head mapping are measured by running the graph's own ops (``graph_info.measure_*``).
+3. q, k and v are traced back to their projection MatMuls (``projection.trace_projection``); RoPE, the mask
+   window and the GQA head mapping are measured by running the graph's own ops (``measure.measure_*``).
 4. On a copy: one packed QKV MatMul (or, when a q/k norm sits before RoPE, the kept q/k/v re-concatenated),
    the two plugin nodes, a Reshape into the o_proj; past/present, mask and RoPE plumbing become dead and are
    removed. The result is checked with ``onnx.checker`` and shape inference before it is returned.
@@ -29,12 +30,12 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from pagedkv.builder import patterns
-from pagedkv.builder.graph_info import (GraphView, ProbeStep, RewriteError, describe, find_projection,
-                                        fit_rope_config,
-                                        heads_colmap, layout_chain, measure_head_mapping, measure_mask,
-                                        measure_rope, rope_from_tables, trace_projection)
 from pagedkv import engine_io
+from pagedkv.builder import patterns
+from pagedkv.builder.graph_view import GraphView, ProbeStep, RewriteError, describe
+from pagedkv.builder.measure import (fit_rope_config, measure_head_mapping, measure_mask, measure_rope,
+                                     rope_from_tables)
+from pagedkv.builder.projection import find_projection, heads_colmap, layout_chain, trace_projection
 from pagedkv.config import (ATTENTION_PLUGIN_NAME, ONNX_DOMAIN, PLUGIN_VERSION, WRITE_PLUGIN_NAME,
                             AttentionConfig, RopeConfig, RopeStyle, WriteConfig)
 from pagedkv.engine_io import CU_Q_LENS, KV_POOLS, NUM_TOKENS, PAST_LENS, POSITION_IDS
@@ -134,51 +135,6 @@ class RewriteResult:
 
 
 # ---- analysis -------------------------------------------------------------------------------------------
-def find_kv_anchors(view: GraphView) -> list[patterns.KVAnchor]:
-    """Rank-4 graph inputs that enter a node which produces a graph output."""
-    outputs = set(view.graph_outputs)
-    anchors = []
-    for name in view.graph_inputs:
-        shape = view.static_shape(name)
-        if shape is None or len(shape) != 4:
-            continue
-        entries, todo = [], [name]
-        while todo:  # the input and its identity aliases (exporters wrap the past in a one-input Concat)
-            t = todo.pop()
-            entries.append(t)
-            todo += [n.output[0] for n in view.consumers.get(t, []) if view.source_input(n.output[0]) == name
-                     and n.output[0] not in outputs]
-        for entry in entries:
-            for node in view.consumers.get(entry, []):
-                produced = [p for p in (_present_of(view, o, outputs) for o in node.output) if p]
-                if node.op_type in ("Shape", "Size") or not produced or (node.output[0] in entries):
-                    continue
-                index = list(node.input).index(entry)
-                if node.op_type == "Concat":
-                    present = produced[0]
-                else:  # fused attention ops: past_key -> present_key (output 1), past_value -> output 2
-                    present = _fused_present(view, node, index)
-                anchors.append(patterns.KVAnchor(name, node, present, entry))
-    return anchors
-
-
-def _present_of(view: GraphView, tensor: str, outputs: set[str]) -> str | None:
-    """The graph output ``tensor`` is, or becomes through Identity / Cast (GPT-J casts the present)."""
-    while tensor not in outputs:
-        users = [n for n in view.consumers.get(tensor, []) if n.op_type in ("Identity", "Cast")]
-        if len(users) != 1:
-            return None
-        tensor = users[0].output[0]
-    return tensor
-
-
-def _fused_present(view: GraphView, node: onnx.NodeProto, index: int) -> str:
-    slots = {("", "Attention"): {4: 1, 5: 2}, ("com.microsoft", "GroupQueryAttention"): {3: 1, 4: 2},
-             ("com.microsoft", "MultiHeadAttention"): {6: 1, 7: 2}}
-    slot = slots.get((node.domain or "", node.op_type), {}).get(index)
-    return node.output[slot] if slot is not None and len(node.output) > slot else node.output[0]
-
-
 def _input_roles(view: GraphView, matches) -> tuple[dict[str, str], dict, dict]:
     roles, past_shape = {}, {}
     for m in matches:
@@ -559,7 +515,7 @@ def rewrite_model(model: onnx.ModelProto | str | Path, options: RewriteOptions |
     options = options or RewriteOptions()
     model = onnx.load(str(model)) if isinstance(model, (str, Path)) else copy.deepcopy(model)
     view = GraphView(model)
-    anchors = find_kv_anchors(view)
+    anchors = patterns.find_kv_anchors(view)
     if not anchors:
         raise RewriteError("no past-KV input found: expected rank-4 graph inputs that enter a node (Concat or an "
                            "attention op) whose output is a graph output (the present)")

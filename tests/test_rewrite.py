@@ -15,7 +15,7 @@ import onnxruntime as ort
 import pytest
 from conftest import TOLERANCES
 
-from pagedkv.builder.graph_info import GraphView, ProbeStep
+from pagedkv.builder.graph_view import GraphView, ProbeStep
 from pagedkv.builder.rewrite import (RewriteError, RewriteOptions, add_rewrite_arguments, options_from_args,
                                      rewrite_model)
 from pagedkv.config import (ATTENTION_PLUGIN_NAME, ONNX_DOMAIN, WRITE_PLUGIN_NAME, AttentionConfig, RopeConfig,
