@@ -23,6 +23,7 @@ import argparse
 import copy
 import dataclasses
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,7 +44,7 @@ from pagedkv.layout import CacheDType, KVLayout
 from pagedkv.pool_group import PoolGroup
 
 __all__ = ["RewriteError", "RewriteOptions", "RewriteResult", "RewriteReport", "LayerReport", "rewrite_model",
-           "add_rewrite_arguments", "options_from_args"]
+           "add_rewrite_arguments", "options_from_args", "run_rewrite"]
 
 POOL_GROUPING = ("auto", "single", "per_layer")
 
@@ -553,7 +554,7 @@ def rewrite_model(model: onnx.ModelProto | str | Path, options: RewriteOptions |
     return RewriteResult(out, report, groups)
 
 
-# ---- CLI glue (builder/cli.py wires `pagedkv rewrite` to these) -------------------------------------------
+# ---- `pagedkv rewrite` -----------------------------------------------------------------------------------
 def add_rewrite_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("input", help="exported decoder-with-past ONNX model")
     parser.add_argument("-o", "--output", required=True, help="where to write the rewritten model")
@@ -577,3 +578,15 @@ def options_from_args(args: argparse.Namespace) -> RewriteOptions:
                           v_scale=args.v_scale, window=args.window, max_blocks=args.max_blocks,
                           pool_grouping=args.pool_grouping, explicit_positions=args.explicit_positions,
                           require_rope=not args.allow_no_rope)
+
+
+def run_rewrite(args: argparse.Namespace) -> int:
+    try:
+        result = rewrite_model(args.input, options_from_args(args))
+    except RewriteError as exc:
+        print(f"pagedkv rewrite: {exc}", file=sys.stderr)
+        return 1
+    onnx.save(result.model, args.output)
+    print(result.report)
+    print(f"wrote {args.output}")
+    return 0

@@ -48,7 +48,7 @@ CONFIGS = {
     # full group + cyclic ring with sinks and a bubble: sinks 2, bubble 2, ring 8 -> 3 pages
     "cyclic": ([PoolGroup("full", KVLayout(1, 2, 4, 1, PageLayout.NHD)),
                 PoolGroup("ring", KVLayout(1, 1, 4, 2, sink_tokens=2, cyclic_len=8), window=5,
-                              attention_sinks=2)], [20, 14], [8, 6], False),
+                          attention_sinks=2)], [20, 14], [8, 6], False),
 }
 
 MAX_SEQS = 7

@@ -48,7 +48,7 @@ CASES = [
 def _spec(dtype, page_layout):
     quant = dtype.quantized
     return PoolGroup("g", KVLayout(2, 2, 16, 64, page_layout), dtype,
-                         k_scales=(0.05, 0.08) if quant else None, v_scales=(0.04, 0.07) if quant else None)
+                     k_scales=(0.05, 0.08) if quant else None, v_scales=(0.04, 0.07) if quant else None)
 
 
 @pytest.mark.parametrize("name, dtype, page_layout", CASES, ids=[c[0] for c in CASES])
