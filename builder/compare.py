@@ -218,7 +218,7 @@ def compare(original, rewritten, *, backend: str = "reference", num_prompts: int
     if not isinstance(rewritten, onnx.ModelProto):
         rewritten = onnx.load(str(rewritten))
     dense = DenseSession(original)
-    vocab = _vocab(original)
+    vocab = _vocab(original, dense.graph.logits)
     if prompts is None:
         if num_prompts is None:
             num_prompts = len(prompt_lens) if prompt_lens else 3
@@ -277,9 +277,9 @@ def _compare_kv(dense, paged, seq, layer, atol, rtol) -> KVResult:
     return KVResult(layer, seq, max_abs, max_scaled, ok, int(resident.sum()))
 
 
-def _vocab(model) -> int:
+def _vocab(model, logits: str) -> int:
     for o in model.graph.output:
-        if o.name == "logits":
+        if o.name == logits:
             dims = o.type.tensor_type.shape.dim
             if dims and dims[-1].HasField("dim_value"):
                 return int(dims[-1].dim_value)

@@ -54,10 +54,10 @@ def test_the_rewrite_emits_exactly_the_contract(options, num_groups):
 
 
 def test_names_and_indices_round_trip():
-    assert engine_io.block_table_name(3) == "block_table_3" and engine_io.block_table_group("block_table_3") == 3
+    assert engine_io.block_table_name(3) == "block_table_3"
     assert engine_io.status_name(12) == "kv_write_status_12" and engine_io.status_layer("kv_write_status_12") == 12
-    for name in ("block_table_", "block_table_x", "kv_pools", "kv_write_status_1b", "xblock_table_1"):
-        assert engine_io.block_table_group(name) is None and engine_io.status_layer(name) is None
+    for name in ("kv_write_status_", "kv_write_status_x", "kv_pools", "kv_write_status_1b", "xkv_write_status_1"):
+        assert engine_io.status_layer(name) is None
     assert engine_io.REQUIRED_INPUTS == ("input_ids", "kv_pools", "cu_q_lens", "past_lens")
     spec = engine_io.SPECS[engine_io.BLOCK_TABLE]
     assert engine_io.resolve_shape(spec, {engine_io.BATCH: 5}) == (5, engine_io.MAX_BLOCKS)

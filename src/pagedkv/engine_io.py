@@ -58,18 +58,7 @@ def status_name(layer: int) -> str:
     return KV_WRITE_STATUS.format(i=layer)
 
 
-def _index_pattern(template: str) -> re.Pattern:
-    prefix = template[:template.index("{")]
-    return re.compile(rf"^{re.escape(prefix)}(\d+)$")
-
-
-_BLOCK_TABLE_RE, _STATUS_RE = _index_pattern(BLOCK_TABLE), _index_pattern(KV_WRITE_STATUS)
-
-
-def block_table_group(name: str) -> int | None:
-    """g for ``block_table_{g}``, else None."""
-    m = _BLOCK_TABLE_RE.match(name)
-    return int(m.group(1)) if m else None
+_STATUS_RE = re.compile(rf"^{re.escape(KV_WRITE_STATUS.split('{')[0])}(\d+)$")
 
 
 def status_layer(name: str) -> int | None:

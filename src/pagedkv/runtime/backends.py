@@ -11,7 +11,7 @@ the kernel on the manager's stream and downloads the result — slow, but the ke
 engine's inputs.
 
 Both report a failed write the way the plugin does: the ``kv_write_status`` record
-(``pagedkv.step.STATUS_*``), which the step loop turns into ``KVWriteError`` via ``raise_for_status``.
+(``pagedkv.step.STATUS_*``), which the session turns into ``KVWriteError`` via ``raise_for_status``.
 """
 
 from __future__ import annotations
