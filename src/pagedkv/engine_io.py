@@ -58,15 +58,6 @@ def status_name(layer: int) -> str:
     return KV_WRITE_STATUS.format(i=layer)
 
 
-_STATUS_RE = re.compile(rf"^{re.escape(KV_WRITE_STATUS.split('{')[0])}(\d+)$")
-
-
-def status_layer(name: str) -> int | None:
-    """i for ``kv_write_status_{i}``, else None."""
-    m = _STATUS_RE.match(name)
-    return int(m.group(1)) if m else None
-
-
 # ---- the tensors -------------------------------------------------------------------------------------------
 class Per(enum.Enum):
     ENGINE = "engine"  # one tensor
@@ -128,6 +119,13 @@ OUTPUTS = (
 TENSORS = INPUTS + OUTPUTS
 SPECS = {t.name: t for t in TENSORS}
 REQUIRED_INPUTS = tuple(t.name for t in INPUTS if t.per == Per.ENGINE and t.presence == Presence.ALWAYS)
+_STATUS_RE = re.compile(rf"^{re.escape(SPECS[KV_WRITE_STATUS].prefix)}(\d+)$")
+
+
+def status_layer(name: str) -> int | None:
+    """i for ``kv_write_status_{i}``, else None."""
+    m = _STATUS_RE.match(name)
+    return int(m.group(1)) if m else None
 
 
 def _instances(specs, count: int, explicit_positions: bool):
