@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from pagedkv.kvcache import KVCacheManager, PoolGroupSpec
+from pagedkv.kvcache import KVCacheManager, PoolGroup
 from pagedkv.kvcache.upload import pack_into, pack_layout, step_arrays
 from pagedkv.layout import KVLayout
 
@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     parser.add_argument("--check", action="store_true", help=f"exit 1 if build_step's median exceeds {BUDGET_MS} ms")
     args = parser.parse_args(argv)
 
-    spec = PoolGroupSpec(args.model, KVLayout(page_size=args.page_size, **MODELS[args.model]))
+    spec = PoolGroup(args.model, KVLayout(page_size=args.page_size, **MODELS[args.model]))
     pages = -(-(args.context + 1) // args.page_size)
     device = False
     try:

@@ -1,76 +1,27 @@
-"""Build a TensorRT engine from a rewritten graph, and run it step by step (``compare --backend trt``).
+"""Build a TensorRT engine from a rewritten graph.
 
     pagedkv build rewritten.onnx -o model.engine [--max-tokens 4096 --max-seqs 64 --max-blocks 256]
 
-Plugins: the library is loaded with ``IPluginRegistry.load_library(pagedkv._lib.plugin_library_path())``
-(the documented path: TensorRT calls the library's ``getCreators``), then polygraphy's loaders parse and
-build: ``NetworkFromOnnxPath(..., strongly_typed=True)`` (TensorRT 11 requires strong typing; on 10 it
+Plugins: the library is registered with ``pagedkv.runtime.trt.load_plugin_library`` (the documented
+``IPluginRegistry.load_library``: TensorRT calls the library's ``getCreators``), then polygraphy's loaders parse
+and build: ``NetworkFromOnnxPath(..., strongly_typed=True)`` (TensorRT 11 requires strong typing; on 10 it
 keeps the graph's own precisions, which is what a rewritten float16 graph wants) and
 ``EngineBytesFromNetwork(network, CreateConfig(profiles=[...]))``. polygraphy's own ``LoadPlugins`` only
 ``dlopen``s a library, which relies on the library's self-registration; ``load_library`` does not.
 
-Optimization profile (one): every dynamic engine input gets (min, opt, max) from ``ProfileSpec``:
-T tokens of a step (``input_ids`` [1, T], ``position_ids`` [T]), B sequences (``cu_q_lens`` [B+1],
-``past_lens`` [B], ``block_table_{g}`` [B, MB]) and MB block-table columns. ``kv_pools`` is static
-[num_pool_groups, 4].
-
-Running (``TrtSession``): the KV manager owns device pools (``storage="device"``) and gives block tables;
-engine inputs and outputs are cuda-python ``DeviceBuffer``s bound by address with
-``IExecutionContext.set_tensor_address`` and run with ``execute_async_v3`` on the manager's stream, so a
-copy-on-write the manager enqueued lands before the step's writes. After each step every
-``kv_write_status_{i}`` is checked (``pagedkv.step.raise_for_status``).
-
-TensorRT is not installable in this workplace: everything here imports it lazily and says
-"TensorRT not available" with the reason when it is missing.
+Optimization profile (one): every dynamic engine input (``pagedkv.engine_io``) gets (min, opt, max) from
+``ProfileSpec``: T tokens of a step, B sequences and MB block-table columns; ``kv_pools`` is static
+[num_pool_groups, 4]. The engine runs in ``pagedkv.runtime.trt.TrtSession``.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from pagedkv.builder.runtime.backends import BackendUnavailable
-from pagedkv.builder.runtime.session import ManagedKVSession
-
-
-class TensorRTUnavailable(BackendUnavailable):
-    pass
-
-
-def why_no_tensorrt() -> str | None:
-    if importlib.util.find_spec("tensorrt") is None:
-        return "TensorRT not available: the `tensorrt` Python package is not installed"
-    return None
-
-
-def _trt():
-    reason = why_no_tensorrt()
-    if reason:
-        raise TensorRTUnavailable(reason)
-    import tensorrt
-
-    return tensorrt
-
-
-def load_plugin_library(trt, library: str | Path | None = None) -> Path:
-    """Register our creators with TensorRT's plugin registry (idempotent per process and path)."""
-    from pagedkv import _lib
-
-    path = Path(library) if library else _lib.plugin_library_path()
-    key = str(path.resolve())
-    if key not in _loaded_libraries:
-        handle = trt.get_plugin_registry().load_library(key)
-        if handle is None:
-            raise RuntimeError(f"IPluginRegistry.load_library({key}) failed (see the TensorRT log above)")
-        _loaded_libraries[key] = handle
-    return path
-
-
-_loaded_libraries: dict[str, object] = {}
+from pagedkv import engine_io
+from pagedkv.runtime.trt import import_tensorrt, load_plugin_library, why_no_tensorrt
 
 
 @dataclass(frozen=True)
@@ -92,31 +43,34 @@ class ProfileSpec:
             if getattr(self, opt) > getattr(self, mx):
                 raise ValueError(f"{opt}={getattr(self, opt)} exceeds {mx}={getattr(self, mx)}")
 
+    def bounds(self, num_pool_groups: int) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+        """(min, opt, max) values of ``pagedkv.engine_io``'s symbolic dims."""
+        static = {engine_io.NUM_POOL_GROUPS: num_pool_groups}
+        return ({engine_io.NUM_TOKENS: 1, engine_io.BATCH: 1, engine_io.BATCH_PLUS_1: 2, engine_io.MAX_BLOCKS: 1,
+                 **static},
+                {engine_io.NUM_TOKENS: self.opt_tokens, engine_io.BATCH: self.opt_seqs,
+                 engine_io.BATCH_PLUS_1: self.opt_seqs + 1, engine_io.MAX_BLOCKS: self.opt_blocks, **static},
+                {engine_io.NUM_TOKENS: self.max_tokens, engine_io.BATCH: self.max_seqs,
+                 engine_io.BATCH_PLUS_1: self.max_seqs + 1, engine_io.MAX_BLOCKS: self.max_blocks, **static})
+
     def shapes(self, graph) -> dict[str, tuple[tuple, tuple, tuple]]:
         """Per engine input of a ``RewrittenGraph``: (min, opt, max) shapes."""
-        out = {
-            "input_ids": ((1, 1), (1, self.opt_tokens), (1, self.max_tokens)),
-            "kv_pools": ((graph.num_groups, 4),) * 3,
-            "cu_q_lens": ((2,), (self.opt_seqs + 1,), (self.max_seqs + 1,)),
-            "past_lens": ((1,), (self.opt_seqs,), (self.max_seqs,)),
-        }
-        for g in range(graph.num_groups):
-            out[f"block_table_{g}"] = ((1, 1), (self.opt_seqs, self.opt_blocks), (self.max_seqs, self.max_blocks))
-        if "position_ids" in graph.input_names:
-            out["position_ids"] = ((1,), (self.opt_tokens,), (self.max_tokens,))
+        bounds = self.bounds(graph.num_groups)
+        inputs = engine_io.engine_inputs(graph.num_groups, engine_io.POSITION_IDS in graph.input_names)
+        out = {name: tuple(engine_io.resolve_shape(spec, dims) for dims in bounds) for name, spec in inputs}
         unknown = [n for n in graph.input_names if n not in out]
         if unknown:
-            raise ValueError(f"engine inputs {unknown} are not part of the plugin contract; cannot size a profile")
+            raise ValueError(f"engine inputs {unknown} are not in the engine I/O contract (pagedkv.engine_io); cannot size a profile")
         return out
 
 
 def build_engine(onnx_path: str | Path, engine_path: str | Path, *, profile: ProfileSpec = ProfileSpec(),
                  plugin_library: str | Path | None = None, workspace_bytes: int | None = None) -> Path:
     """Parse the rewritten ONNX with our plugins, build a strongly typed engine, save it."""
-    trt = _trt()
+    trt = import_tensorrt()
     from polygraphy.backend.trt import CreateConfig, EngineBytesFromNetwork, NetworkFromOnnxPath, Profile
 
-    from pagedkv.builder.runtime.graph import RewrittenGraph
+    from pagedkv.runtime.graph import RewrittenGraph
 
     load_plugin_library(trt, plugin_library)
     graph = RewrittenGraph.load(str(onnx_path))
@@ -131,100 +85,6 @@ def build_engine(onnx_path: str | Path, engine_path: str | Path, *, profile: Pro
     engine_path = Path(engine_path)
     engine_path.write_bytes(bytes(serialized))
     return engine_path
-
-
-class TrtSession(ManagedKVSession):
-    """A TensorRT engine of a rewritten graph, with the same ``step`` API as ``PagedSession``.
-
-    Args:
-        rewritten: the rewritten ONNX (path or ModelProto): its plugin attributes give the pool groups.
-        engine: a serialized engine path; None builds one (into a temporary file) from ``rewritten``.
-        num_blocks: blocks per pool group.
-        profile: used when building.
-    """
-
-    def __init__(self, rewritten, *, engine: str | Path | None = None, num_blocks=512,
-                 profile: ProfileSpec = ProfileSpec(), plugin_library=None):
-        import tempfile
-
-        import onnx
-
-        from pagedkv import cuda
-        from pagedkv.builder.runtime.graph import RewrittenGraph
-        from pagedkv.kvcache.manager import KVCacheManager
-
-        trt = _trt()
-        reason = cuda.why_no_gpu()
-        if reason:
-            raise BackendUnavailable(f"trt backend unavailable: {reason}")
-        self._trt = trt
-        self._tmp = None
-        if engine is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="pagedkv-trt-")
-            src = rewritten
-            if isinstance(rewritten, onnx.ModelProto):
-                src = Path(self._tmp.name) / "rewritten.onnx"
-                onnx.save(rewritten, str(src))
-            engine = build_engine(src, Path(self._tmp.name) / "model.engine", profile=profile,
-                                  plugin_library=plugin_library)
-        self.graph = RewrittenGraph.load(rewritten if isinstance(rewritten, onnx.ModelProto) else str(rewritten))
-        load_plugin_library(trt, plugin_library)
-        self._logger = trt.Logger(trt.Logger.WARNING)
-        self._runtime = trt.Runtime(self._logger)
-        self.engine = self._runtime.deserialize_cuda_engine(Path(engine).read_bytes())
-        if self.engine is None:
-            raise RuntimeError(f"TensorRT could not deserialize {engine}")
-        self.context = self.engine.create_execution_context()
-        self.manager = KVCacheManager(self.graph.groups, num_blocks, storage="device")
-        self.stream = self.manager.stream
-        self._buffers: dict[str, cuda.DeviceBuffer] = {}
-        self._status_outputs = [f"kv_write_status_{layer.index}" for layer in self.graph.layers]
-
-    def _buffer(self, name: str, nbytes: int):
-        from pagedkv import cuda
-
-        buf = self._buffers.get(name)
-        if buf is None or buf.nbytes < nbytes:
-            if buf is not None:
-                buf.close()
-            buf = cuda.DeviceBuffer(max(nbytes, 1))
-            self._buffers[name] = buf
-        return buf
-
-    def step(self, entries) -> list[np.ndarray]:
-        trt, ctx = self._trt, self.context
-        batch, feed = self._begin_step(entries, self.manager.kv_pools)
-        for name, array in feed.items():
-            array = np.ascontiguousarray(array, dtype=trt.nptype(self.engine.get_tensor_dtype(name)))
-            buf = self._buffer(name, array.nbytes)
-            buf.upload(array, self.stream)
-            feed[name] = array  # keep the host source alive until the stream is synchronized
-            ctx.set_input_shape(name, array.shape)
-            ctx.set_tensor_address(name, buf.ptr)
-        outputs = {}
-        for name in [self.graph.logits] + self._status_outputs:
-            shape = tuple(ctx.get_tensor_shape(name))
-            dtype = np.dtype(trt.nptype(self.engine.get_tensor_dtype(name)))
-            buf = self._buffer(name, int(np.prod(shape)) * dtype.itemsize)
-            ctx.set_tensor_address(name, buf.ptr)
-            outputs[name] = (shape, dtype, buf)
-        if not ctx.execute_async_v3(self.stream.handle):
-            self._unreserve(entries)
-            raise RuntimeError("TensorRT execute_async_v3 failed (see the TensorRT log)")
-        host = {name: buf.download(shape, dtype, self.stream) for name, (shape, dtype, buf) in outputs.items()}
-        with self._unreserve_on_error(entries):
-            self._check_statuses(self._status_outputs, [host[name] for name in self._status_outputs], batch)
-        return self._commit_step(entries, batch, host[self.graph.logits].astype(np.float32))
-
-    def close(self) -> None:
-        for buf in self._buffers.values():
-            buf.close()
-        self._buffers = {}
-        super().close()  # the KV manager
-        self.context = self.engine = None
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
 
 
 # ---- CLI ----------------------------------------------------------------------------------------------

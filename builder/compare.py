@@ -4,12 +4,13 @@
                     [--prompt-lens 5,17,33] [--decode-steps 8] [--chunk-size 16] [--atol A --rtol R]
 
 N prompts of different lengths go through (optionally chunked) prefill and M greedy decode steps on both
-graphs, with one schedule (``runtime.loop.Schedule``) so the inputs are identical:
+graphs, with one schedule (``pagedkv.runtime.loop.Schedule``) so the inputs are identical:
 
-* original: ONNX Runtime, dense past K/V, one sequence per run (``runtime.session.DenseSession``);
+* original: ONNX Runtime, dense past K/V, one sequence per run (``pagedkv.runtime.session.DenseSession``);
 * rewritten: the chosen backend — ``reference`` (ONNX Runtime + numpy pools + float64 references),
-  ``cuda`` (ONNX Runtime + device pools + CUDA kernels through the C API), ``trt`` (a TensorRT engine,
-  ``builder.build.TrtSession``) — every step packs all sequences (mixed prefill chunks and decodes).
+  ``cuda`` (ONNX Runtime + device pools + CUDA kernels through the C API), ``trt`` (an engine built here with
+  ``pagedkv.builder.build``, run by ``pagedkv.runtime.trt.TrtSession``) — every step packs all sequences
+  (mixed prefill chunks and decodes).
 
 The next token of each sequence is the argmax of the *original's* logits, fed to both, so a single
 disagreement cannot derail the rest of the comparison; the rewritten argmax is reported beside it.
@@ -173,15 +174,29 @@ def _blocks_needed(groups, prompt_lens, decode_steps) -> list[int]:
 
 
 def open_rewritten(rewritten, backend: str, num_blocks):
-    """A session with ``.step`` / ``.free`` / ``.has_sequence`` over the rewritten graph."""
+    """A session with ``.step`` / ``.free`` / ``.has_sequence`` over the rewritten graph (path or ModelProto);
+    for ``trt``, an engine is built from it first (into a temporary directory, gone once the session has it)."""
     if backend in ("reference", "cuda"):
-        from pagedkv.builder.runtime.session import PagedSession
+        from pagedkv.runtime.session import PagedSession
 
         return PagedSession(rewritten, backend=backend, num_blocks=num_blocks)
     if backend == "trt":
-        from pagedkv.builder.build import TrtSession
+        import tempfile
+        from pathlib import Path
 
-        return TrtSession(rewritten, num_blocks=num_blocks)
+        import onnx
+
+        from pagedkv.builder.build import build_engine
+        from pagedkv.runtime import trt
+
+        trt.check_available()  # before building: why an engine cannot run here
+        with tempfile.TemporaryDirectory(prefix="pagedkv-trt-") as tmp:
+            source = rewritten
+            if isinstance(rewritten, onnx.ModelProto):
+                source = Path(tmp) / "rewritten.onnx"
+                onnx.save(rewritten, str(source))
+            engine = build_engine(source, Path(tmp) / "model.engine")
+            return trt.TrtSession(rewritten, engine=engine, num_blocks=num_blocks)
     raise ValueError(f"backend: expected one of {REWRITTEN_BACKENDS}, got {backend!r}")
 
 
@@ -191,19 +206,19 @@ def compare(original, rewritten, *, backend: str = "reference", num_prompts: int
             check_kv: bool = True, num_blocks=None) -> CompareReport:
     """Run both graphs on the same schedule; see the module docstring. ``original``: path or ModelProto of
     the decoder-with-past graph; ``rewritten``: path or ModelProto of the rewritten graph (or, for
-    ``backend="trt"``, the rewritten ONNX whose engine ``TrtSession`` builds or loads)."""
+    ``backend="trt"``, the rewritten ONNX an engine is built from: ``open_rewritten``)."""
     import onnx
 
-    from pagedkv.builder.runtime.graph import RewrittenGraph
-    from pagedkv.builder.runtime.loop import Request, Schedule
-    from pagedkv.builder.runtime.session import DenseSession
+    from pagedkv.runtime.graph import RewrittenGraph
+    from pagedkv.runtime.loop import Request, Schedule
+    from pagedkv.runtime.session import DenseSession
 
     if not isinstance(original, onnx.ModelProto):
         original = onnx.load(str(original))
     if not isinstance(rewritten, onnx.ModelProto):
         rewritten = onnx.load(str(rewritten))
     dense = DenseSession(original)
-    vocab = _vocab(original)
+    vocab = _vocab(original, dense.graph.logits)
     if prompts is None:
         if num_prompts is None:
             num_prompts = len(prompt_lens) if prompt_lens else 3
@@ -262,9 +277,9 @@ def _compare_kv(dense, paged, seq, layer, atol, rtol) -> KVResult:
     return KVResult(layer, seq, max_abs, max_scaled, ok, int(resident.sum()))
 
 
-def _vocab(model) -> int:
+def _vocab(model, logits: str) -> int:
     for o in model.graph.output:
-        if o.name == "logits":
+        if o.name == logits:
             dims = o.type.tensor_type.shape.dim
             if dims and dims[-1].HasField("dim_value"):
                 return int(dims[-1].dim_value)
@@ -282,7 +297,7 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk-size", type=int, default=0, help="prefill chunk (0: whole prompt at once)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--atol", type=float, default=None,
-                        help="default: by the rewritten pool's cache dtype (see docs/runtime.md)")
+                        help="default: by the rewritten pool's cache dtype (see docs/builder.md, compare)")
     parser.add_argument("--rtol", type=float, default=None)
     parser.add_argument("--no-kv-check", action="store_true", help="skip the paged-vs-present K/V check")
 
@@ -296,7 +311,7 @@ CLI_TOLERANCE_BY_CACHE = {"FP16": TOLERANCES["float16"], "BF16": TOLERANCES["bfl
 
 
 def run_compare(args) -> int:
-    from pagedkv.builder.runtime.graph import RewrittenGraph
+    from pagedkv.runtime.graph import RewrittenGraph
 
     lens = [int(x) for x in args.prompt_lens.split(",")] if args.prompt_lens else None
     num = len(lens) if lens else args.prompts
@@ -306,8 +321,8 @@ def run_compare(args) -> int:
         worst = max((CLI_TOLERANCE_BY_CACHE[g.cache_dtype.name] for g in graph.groups), key=lambda t: t[0])
         atol = worst[0] if atol is None else atol
         rtol = worst[1] if rtol is None else rtol
-    from pagedkv.builder.runtime.backends import BackendUnavailable
-    from pagedkv.builder.runtime.graph import GraphError
+    from pagedkv.runtime.backends import BackendUnavailable
+    from pagedkv.runtime.graph import GraphError
 
     try:
         report = compare(args.original, args.rewritten, backend=args.backend, num_prompts=num, prompt_lens=lens,

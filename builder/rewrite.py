@@ -6,11 +6,12 @@
 
 How (``docs/builder.md`` has the full story):
 
-1. Anchor on the past-KV graph inputs: rank-4 inputs that enter a node producing a graph output (the present).
+1. Anchor on the past-KV graph inputs: rank-4 inputs that enter a node producing a graph output (the present;
+   ``patterns.find_kv_anchors``, each pattern knowing its ops' present slots).
 2. A registered pattern (``patterns/``) recognizes the attention structure around that node and returns the
    q/k/v attention inputs, the attention output and what the structure says (heads, scale, mask, window).
-3. q, k and v are traced back to their projection MatMuls (``graph_info.trace_projection``); RoPE, the mask
-   window and the GQA head mapping are measured by running the graph's own ops (``graph_info.measure_*``).
+3. q, k and v are traced back to their projection MatMuls (``projection.trace_projection``); RoPE, the mask
+   window and the GQA head mapping are measured by running the graph's own ops (``measure.measure_*``).
 4. On a copy: one packed QKV MatMul (or, when a q/k norm sits before RoPE, the kept q/k/v re-concatenated),
    the two plugin nodes, a Reshape into the o_proj; past/present, mask and RoPE plumbing become dead and are
    removed. The result is checked with ``onnx.checker`` and shape inference before it is returned.
@@ -22,6 +23,7 @@ import argparse
 import copy
 import dataclasses
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,32 +31,22 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from pagedkv import engine_io
 from pagedkv.builder import patterns
-from pagedkv.builder.graph_info import (GraphView, ProbeStep, RewriteError, describe, find_projection,
-                                        fit_rope_config,
-                                        heads_colmap, layout_chain, measure_head_mapping, measure_mask,
-                                        measure_rope, rope_from_tables, trace_projection)
+from pagedkv.builder.graph_view import GraphView, ProbeStep, RewriteError, describe
+from pagedkv.builder.measure import (fit_rope_config, measure_head_mapping, measure_mask, measure_rope,
+                                     rope_from_tables)
+from pagedkv.builder.projection import find_projection, heads_colmap, layout_chain, trace_projection
 from pagedkv.config import (ATTENTION_PLUGIN_NAME, ONNX_DOMAIN, PLUGIN_VERSION, WRITE_PLUGIN_NAME,
-                            AttentionConfig, PoolConfig, RopeConfig, RopeStyle, WriteConfig)
-from pagedkv.layout import CacheDType
-from pagedkv.step import POOL_DESC_FIELDS, STATUS_FIELDS
+                            AttentionConfig, RopeConfig, RopeStyle, WriteConfig)
+from pagedkv.engine_io import CU_Q_LENS, KV_POOLS, NUM_TOKENS, PAST_LENS, POSITION_IDS
+from pagedkv.layout import CacheDType, KVLayout
+from pagedkv.pool_group import PoolGroup
 
-__all__ = ["RewriteError", "RewriteOptions", "RewriteResult", "RewriteReport", "LayerReport", "PoolGroup",
-           "rewrite_model", "add_rewrite_arguments", "options_from_args"]
+__all__ = ["RewriteError", "RewriteOptions", "RewriteResult", "RewriteReport", "LayerReport", "rewrite_model",
+           "add_rewrite_arguments", "options_from_args", "run_rewrite"]
 
 POOL_GROUPING = ("auto", "single", "per_layer")
-# Engine inputs and outputs of the rewritten graph (docs/builder.md).
-KV_POOLS, CU_Q_LENS, PAST_LENS, POSITION_IDS = "kv_pools", "cu_q_lens", "past_lens", "position_ids"
-NUM_TOKENS, BATCH, MAX_BLOCKS = "num_tokens", "batch", "max_blocks"
-
-
-def block_table_name(group: int) -> str:
-    return f"block_table_{group}"
-
-
-def status_name(layer: int) -> str:
-    return f"kv_write_status_{layer}"
-
 
 @dataclass(frozen=True)
 class RewriteOptions:
@@ -110,17 +102,6 @@ class LayerReport:
 
 
 @dataclass
-class PoolGroup:
-    index: int  # row of kv_pools
-    block_table: str  # engine input name
-    layers: list[int]  # model layers in the group, in order (layer_index in the group = position here)
-    num_kv_heads: int
-    head_dim: int
-    window: int
-    pool: PoolConfig  # geometry of the group (layer_index 0)
-
-
-@dataclass
 class RewriteReport:
     layers: list[LayerReport]
     explicit_positions: bool
@@ -151,55 +132,10 @@ class RewriteReport:
 class RewriteResult:
     model: onnx.ModelProto
     report: RewriteReport
-    pool_groups: list[PoolGroup] = field(default_factory=list)
+    pool_groups: list[PoolGroup] = field(default_factory=list)  # group g: kv_pools row g, block_table_{g}
 
 
 # ---- analysis -------------------------------------------------------------------------------------------
-def find_kv_anchors(view: GraphView) -> list[patterns.KVAnchor]:
-    """Rank-4 graph inputs that enter a node which produces a graph output."""
-    outputs = set(view.graph_outputs)
-    anchors = []
-    for name in view.graph_inputs:
-        shape = view.static_shape(name)
-        if shape is None or len(shape) != 4:
-            continue
-        entries, todo = [], [name]
-        while todo:  # the input and its identity aliases (exporters wrap the past in a one-input Concat)
-            t = todo.pop()
-            entries.append(t)
-            todo += [n.output[0] for n in view.consumers.get(t, []) if view.source_input(n.output[0]) == name
-                     and n.output[0] not in outputs]
-        for entry in entries:
-            for node in view.consumers.get(entry, []):
-                produced = [p for p in (_present_of(view, o, outputs) for o in node.output) if p]
-                if node.op_type in ("Shape", "Size") or not produced or (node.output[0] in entries):
-                    continue
-                index = list(node.input).index(entry)
-                if node.op_type == "Concat":
-                    present = produced[0]
-                else:  # fused attention ops: past_key -> present_key (output 1), past_value -> output 2
-                    present = _fused_present(view, node, index)
-                anchors.append(patterns.KVAnchor(name, node, present, entry))
-    return anchors
-
-
-def _present_of(view: GraphView, tensor: str, outputs: set[str]) -> str | None:
-    """The graph output ``tensor`` is, or becomes through Identity / Cast (GPT-J casts the present)."""
-    while tensor not in outputs:
-        users = [n for n in view.consumers.get(tensor, []) if n.op_type in ("Identity", "Cast")]
-        if len(users) != 1:
-            return None
-        tensor = users[0].output[0]
-    return tensor
-
-
-def _fused_present(view: GraphView, node: onnx.NodeProto, index: int) -> str:
-    slots = {("", "Attention"): {4: 1, 5: 2}, ("com.microsoft", "GroupQueryAttention"): {3: 1, 4: 2},
-             ("com.microsoft", "MultiHeadAttention"): {6: 1, 7: 2}}
-    slot = slots.get((node.domain or "", node.op_type), {}).get(index)
-    return node.output[slot] if slot is not None and len(node.output) > slot else node.output[0]
-
-
 def _input_roles(view: GraphView, matches) -> tuple[dict[str, str], dict, dict]:
     roles, past_shape = {}, {}
     for m in matches:
@@ -318,21 +254,25 @@ def _pool_groups(plans: list[_LayerPlan], options: RewriteOptions) -> list[PoolG
     keys = {}
     for plan in plans:
         r = plan.report
-        key = (r.num_kv_heads, r.head_dim, r.window)
+        key = (r.num_kv_heads, r.head_dim, r.window, r.attention_sinks)
         if options.pool_grouping == "per_layer":
             key = (*key, r.index)
         elif options.pool_grouping == "single":
             if keys and key not in keys:
                 first = next(iter(keys))
-                raise RewriteError(f"pool_grouping=single: layer {r.index} has (kv_heads, head_dim, window)={key}, "
-                                   f"layer {keys[first][0]} has {first}")
+                raise RewriteError(f"pool_grouping=single: layer {r.index} has (kv_heads, head_dim, window, "
+                                   f"attention_sinks)={key}, layer {keys[first][0]} has {first}")
         keys.setdefault(key, []).append(r.index)
     groups = []
-    for g, (key, layers) in enumerate(keys.items()):
-        pool = PoolConfig(num_kv_heads=key[0], head_dim=key[1], page_size=options.page_size, num_layers=len(layers),
-                          layer_index=0, pool_index=g, cache_dtype=options.cache_dtype, k_scale=options.k_scale,
-                          v_scale=options.v_scale)
-        groups.append(PoolGroup(g, block_table_name(g), layers, key[0], key[1], key[2], pool))
+    for g, ((kv_heads, head_dim, window, sinks, *_), layers) in enumerate(keys.items()):
+        n = len(layers)
+        try:
+            groups.append(PoolGroup(f"group{g}", KVLayout(n, kv_heads, options.page_size, head_dim),
+                                    options.cache_dtype, window=window, attention_sinks=sinks,
+                                    k_scales=(options.k_scale,) * n, v_scales=(options.v_scale,) * n,
+                                    layers=tuple(layers)))
+        except ValueError as e:
+            raise RewriteError(f"pool group {g} (layers {layers}): {e}") from None
     return groups
 
 
@@ -419,14 +359,12 @@ class _Emitter:
         self.node("Concat", parts, [qkv], f"{prefix}/qkv/Concat", axis=1)
         return qkv, None
 
-    def layer(self, plan: _LayerPlan, group: PoolGroup, engine: dict, explicit: bool, options: RewriteOptions):
+    def layer(self, plan: _LayerPlan, g: int, group: PoolGroup, engine: dict, explicit: bool,
+              options: RewriteOptions):
         m, r = plan.match, plan.report
         prefix = f"/pagedkv/layers.{r.index}"
         qkv, bias = self.packed_qkv(plan, prefix)
-        pool = PoolConfig(num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, page_size=options.page_size,
-                          num_layers=len(group.layers), layer_index=group.layers.index(r.index),
-                          pool_index=group.index, cache_dtype=options.cache_dtype, k_scale=options.k_scale,
-                          v_scale=options.v_scale)
+        pool = group.pool_config(group.layers.index(r.index), pool_index=g)
         try:
             write = WriteConfig(num_q_heads=m.num_heads, pool=pool, rope=r.rope, has_bias=bias is not None,
                                 explicit_positions=explicit, zero_v_tail=options.zero_v_tail)
@@ -435,11 +373,11 @@ class _Emitter:
                                         logit_softcap=r.logit_softcap)
         except ValueError as e:
             raise RewriteError(f"{describe(m.anchor)}: layer {r.index} cannot use the plugins: {e}") from None
-        r.write, r.attention, r.pool_group = write, attention, group.index
+        r.write, r.attention, r.pool_group = write, attention, g
         q_width = m.num_heads * m.head_dim
         q = self.var(f"{prefix}/q", self.dtype, [NUM_TOKENS, q_width])
-        status = gs.Variable(status_name(r.index), dtype=np.int32, shape=[STATUS_FIELDS])
-        inputs = [qkv, engine[KV_POOLS], engine[group.block_table], engine[CU_Q_LENS], engine[PAST_LENS]]
+        status = _engine_tensor(engine_io.status_name(r.index), engine_io.SPECS[engine_io.KV_WRITE_STATUS], {})
+        inputs = [qkv, engine[KV_POOLS], engine[engine_io.block_table_name(g)], engine[CU_Q_LENS], engine[PAST_LENS]]
         if explicit:
             inputs.append(engine[POSITION_IDS])
         if bias is not None:
@@ -458,14 +396,20 @@ class _Emitter:
         return status
 
 
+def _engine_tensor(name: str, spec: engine_io.TensorSpec, dims: dict[str, int]) -> gs.Variable:
+    """An engine input or output as ``pagedkv.engine_io`` describes it, the symbolic dims in ``dims`` fixed."""
+    return gs.Variable(name, dtype=spec.dtype, shape=list(engine_io.resolve_shape(spec, dims)))
+
+
 def _emit(model, view, plans, groups, roles, options, explicit: bool) -> tuple[gs.Graph, list, list]:
     em = _Emitter(model, view, roles)
     em.dtype = em.tensors[plans[0].match.q_end].dtype or np.float32
-    engine = {KV_POOLS: gs.Variable(KV_POOLS, dtype=np.int64, shape=[len(groups), POOL_DESC_FIELDS]),
-              CU_Q_LENS: gs.Variable(CU_Q_LENS, dtype=np.int32, shape=["batch_plus_1"]),
-              PAST_LENS: gs.Variable(PAST_LENS, dtype=np.int32, shape=[BATCH])}
-    for g in groups:
-        engine[g.block_table] = gs.Variable(g.block_table, dtype=np.int32, shape=[BATCH, options.max_blocks or MAX_BLOCKS])
+    dims = {engine_io.NUM_POOL_GROUPS: len(groups)}
+    if options.max_blocks:
+        dims[engine_io.MAX_BLOCKS] = options.max_blocks
+    # every engine input but input_ids, which the graph has (its shape is set below)
+    engine = {name: _engine_tensor(name, spec, dims) for name, spec in engine_io.engine_inputs(len(groups), explicit)
+              if name != engine_io.INPUT_IDS}
     old_inputs = {t.name: t for t in em.graph.inputs}
     position_role = [n for n, role in roles.items() if role == "position_ids"]
     if explicit:
@@ -473,9 +417,9 @@ def _emit(model, view, plans, groups, roles, options, explicit: bool) -> tuple[g
             raise RewriteError(f"graph input {POSITION_IDS!r} is not the positions input; cannot add the engine input")
         for name in position_role:  # the old input lives on for the nodes outside attention that read it
             old_inputs[name].name = em.name(f"{name}.int64_2d")
-        engine[POSITION_IDS] = gs.Variable(POSITION_IDS, dtype=np.int32, shape=[NUM_TOKENS])
-    statuses = [em.layer(plan, next(g for g in groups if plan.report.index in g.layers), engine, explicit, options)
-                for plan in plans]
+    group_of = {layer: g for g, group in enumerate(groups) for layer in group.layers}
+    statuses = [em.layer(plan, group_of[plan.report.index], groups[group_of[plan.report.index]], engine, explicit,
+                         options) for plan in plans]
     if explicit:
         for name in position_role:
             old = old_inputs[name]
@@ -491,7 +435,7 @@ def _emit(model, view, plans, groups, roles, options, explicit: bool) -> tuple[g
                    [old_inputs.get(n) for n in position_role]]
     for t in kept_inputs:
         if roles.get(t.name) == "input_ids":
-            t.shape = [1, NUM_TOKENS]
+            t.shape = list(engine_io.SPECS[engine_io.INPUT_IDS].shape)
     em.graph.inputs = kept_inputs + list(engine.values())
     for t in em.graph.outputs:
         if t.shape is not None and len(t.shape) == 3 and t not in statuses:
@@ -572,7 +516,7 @@ def rewrite_model(model: onnx.ModelProto | str | Path, options: RewriteOptions |
     options = options or RewriteOptions()
     model = onnx.load(str(model)) if isinstance(model, (str, Path)) else copy.deepcopy(model)
     view = GraphView(model)
-    anchors = find_kv_anchors(view)
+    anchors = patterns.find_kv_anchors(view)
     if not anchors:
         raise RewriteError("no past-KV input found: expected rank-4 graph inputs that enter a node (Concat or an "
                            "attention op) whose output is a graph output (the present)")
@@ -607,12 +551,10 @@ def rewrite_model(model: onnx.ModelProto | str | Path, options: RewriteOptions |
     out = _finish(graph, model)
     report = RewriteReport([p.report for p in plans], explicit, sorted(removed_inputs), removed_outputs,
                            len(model.graph.node), len(out.graph.node))
-    for g in groups:
-        g.pool = next(p.report.write.pool for p in plans if p.report.index == g.layers[0])
     return RewriteResult(out, report, groups)
 
 
-# ---- CLI glue (builder/cli.py wires `pagedkv rewrite` to these) -------------------------------------------
+# ---- `pagedkv rewrite` -----------------------------------------------------------------------------------
 def add_rewrite_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("input", help="exported decoder-with-past ONNX model")
     parser.add_argument("-o", "--output", required=True, help="where to write the rewritten model")
@@ -636,3 +578,15 @@ def options_from_args(args: argparse.Namespace) -> RewriteOptions:
                           v_scale=args.v_scale, window=args.window, max_blocks=args.max_blocks,
                           pool_grouping=args.pool_grouping, explicit_positions=args.explicit_positions,
                           require_rope=not args.allow_no_rope)
+
+
+def run_rewrite(args: argparse.Namespace) -> int:
+    try:
+        result = rewrite_model(args.input, options_from_args(args))
+    except RewriteError as exc:
+        print(f"pagedkv rewrite: {exc}", file=sys.stderr)
+        return 1
+    onnx.save(result.model, args.output)
+    print(result.report)
+    print(f"wrote {args.output}")
+    return 0

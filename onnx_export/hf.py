@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -273,7 +274,13 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-verify", action="store_true", help="skip the ONNX Runtime vs eager check")
 
 
-def run_export(args) -> ExportResult:
-    return export_hf(args.family or args.model_dir, args.output, exporter=args.exporter, seed=args.seed,
-                     opset=args.opset, attn_implementation=args.attn_implementation, dtype=args.dtype,
-                     verify=not args.no_verify)
+def run_export(args) -> int:
+    try:
+        result = export_hf(args.family or args.model_dir, args.output, exporter=args.exporter, seed=args.seed,
+                           opset=args.opset, attn_implementation=args.attn_implementation, dtype=args.dtype,
+                           verify=not args.no_verify)
+    except MissingExportDependencies as exc:
+        print(f"pagedkv export: {exc}", file=sys.stderr)
+        return 2
+    print(result)
+    return 0

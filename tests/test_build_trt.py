@@ -12,7 +12,8 @@ from conftest import TOLERANCES
 
 from pagedkv.builder import build
 from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
-from pagedkv.builder.runtime import RewrittenGraph
+from pagedkv.runtime import RewrittenGraph
+from pagedkv.runtime.trt import TensorRTUnavailable, TrtSession, why_no_tensorrt
 from pagedkv.onnx_export.synthetic import SyntheticConfig, export_synthetic
 
 BASE = SyntheticConfig(num_layers=2, hidden=64, vocab=128, intermediate=128)
@@ -47,14 +48,14 @@ def test_profile_errors_name_the_field(bad, match):
         build.ProfileSpec(**bad)
 
 
-@pytest.mark.skipif(build.why_no_tensorrt() is None, reason="TensorRT is installed: the no-TensorRT path "
-                                                            "cannot be observed here")
+@pytest.mark.skipif(why_no_tensorrt() is None, reason="TensorRT is installed: the no-TensorRT path cannot be "
+                                                      "observed here")
 def test_cli_build_says_tensorrt_is_not_available(rewritten_path, tmp_path, capsys):
     from pagedkv.cli import main
 
     assert main(["build", str(rewritten_path[1]), "-o", str(tmp_path / "m.engine")]) == 2
     assert "TensorRT not available" in capsys.readouterr().out
-    with pytest.raises(build.TensorRTUnavailable, match="TensorRT not available"):
+    with pytest.raises(TensorRTUnavailable, match="TensorRT not available"):
         build.build_engine(rewritten_path[1], tmp_path / "m.engine")
 
 
@@ -81,8 +82,9 @@ def test_engine_reports_invalid_pages(rewritten_path, tmp_path):
     from pagedkv.step import KVWriteError
 
     _, rew = rewritten_path
-    with build.TrtSession(str(rew), num_blocks=2, profile=build.ProfileSpec(max_tokens=128, max_seqs=4,
-                                                                            max_blocks=8)) as sess:
+    engine = build.build_engine(rew, tmp_path / "m.engine", profile=build.ProfileSpec(max_tokens=128, max_seqs=4,
+                                                                                       max_blocks=8))
+    with TrtSession(str(rew), engine=engine, num_blocks=2) as sess:
         sess.step([("a", np.arange(20))])  # two pages of 16
         # sabotage: drop the sequence's second page from the manager's table (a -1 inside the live range)
         sess.manager._tables[0][sess.manager.state("a").row, 1] = -1

@@ -191,7 +191,7 @@ def test_sample_script_runs(tmp_path, capsys):
 @pytest.mark.parametrize("backend,expected", [("cuda", "cuda backend unavailable"), ("trt", "TensorRT not available")])
 def test_cli_compare_names_an_unavailable_backend(backend, expected, tmp_path, capsys):
     from pagedkv import cuda
-    from pagedkv.builder.build import why_no_tensorrt
+    from pagedkv.runtime.trt import why_no_tensorrt
     from pagedkv.cli import main
 
     if backend == "cuda" and cuda.why_no_gpu() is None:

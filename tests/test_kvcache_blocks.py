@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from pagedkv.kvcache import (BlockAllocator, BlockCopy, BlockRefcountError, KVCacheExhaustedError, NumpyPools,
-                             PoolGroupSpec, Tier, WindowMode, apply_copies, blocks_for_budget, copy_plan)
-from pagedkv.kvcache.groups import budget_from_free_memory
+                             PoolGroup, Tier, WindowMode, apply_copies, blocks_for_budget, copy_plan)
+from pagedkv.kvcache.sizing import budget_from_free_memory
 from pagedkv.layout import CacheDType, KVLayout, PageLayout
 
 
@@ -81,12 +81,12 @@ def test_allocator_operations_are_constant_time_per_block():
 # ---- pool-group specs --------------------------------------------------------------------------------
 def test_group_modes_and_sizes():
     lay = KVLayout(4, 8, 16, 128)
-    full = PoolGroupSpec("full", lay, CacheDType.BF16)
+    full = PoolGroup("full", lay, CacheDType.BF16)
     assert full.mode == WindowMode.FULL and full.block_bytes == 4 * 2 * 8 * 16 * 128 * 2
-    assert PoolGroupSpec("w", lay, window=100).mode == WindowMode.RELEASE
-    ring = PoolGroupSpec("c", KVLayout(4, 8, 16, 128, sink_tokens=4, cyclic_len=128), window=100, attention_sinks=4)
+    assert PoolGroup("w", lay, window=100).mode == WindowMode.RELEASE
+    ring = PoolGroup("c", KVLayout(4, 8, 16, 128, sink_tokens=4, cyclic_len=128), window=100, attention_sinks=4)
     assert ring.mode == WindowMode.CYCLIC and ring.ring_pages == (4 + 12 + 128) // 16
-    fp8 = PoolGroupSpec("q", lay, "fp8", k_scales=[0.5, 1, 2, 4], v_scales=[1, 1, 1, 0.25])
+    fp8 = PoolGroup("q", lay, "fp8", k_scales=[0.5, 1, 2, 4], v_scales=[1, 1, 1, 0.25])
     cfg = fp8.pool_config(3, pool_index=2)
     assert (cfg.k_scale, cfg.v_scale, cfg.pool_index, cfg.layer_index) == (4.0, 0.25, 2, 3)
     assert cfg.cache_dtype == CacheDType.FP8_E4M3 and fp8.block_bytes == full.block_bytes // 2
@@ -105,12 +105,12 @@ def test_group_modes_and_sizes():
 ])
 def test_group_spec_errors_name_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        PoolGroupSpec("g", **kwargs)
+        PoolGroup("g", **kwargs)
 
 
 def test_blocks_for_budget():
-    a = PoolGroupSpec("a", KVLayout(1, 2, 16, 64))                 # 8 KiB blocks
-    b = PoolGroupSpec("b", KVLayout(1, 4, 16, 128), CacheDType.FP8_E4M3)  # 16 KiB blocks
+    a = PoolGroup("a", KVLayout(1, 2, 16, 64))                 # 8 KiB blocks
+    b = PoolGroup("b", KVLayout(1, 4, 16, 128), CacheDType.FP8_E4M3)  # 16 KiB blocks
     assert a.block_bytes == 8192 and b.block_bytes == 16384
     assert blocks_for_budget([a, b], 10 * 24576 + 100) == [10, 10]
     assert blocks_for_budget([a, b], 2 ** 20, shares=[0.25, 0.75]) == [32, 48]
@@ -146,7 +146,7 @@ def test_partial_copy_moves_exactly_the_first_tokens(page_layout, num_tokens):
     """The copy plan executed on bytes equals slicing the 6-D pool: tokens < N of every (layer, K/V, head)
     of the source block, nothing else; the destination keeps its other rows (NaN poison) untouched."""
     P = 4
-    spec = PoolGroupSpec("g", KVLayout(2, 3, P, 5, page_layout), CacheDType.BF16)
+    spec = PoolGroup("g", KVLayout(2, 3, P, 5, page_layout), CacheDType.BF16)
     pools = NumpyPools([spec], [4], [3])
     rng = np.random.default_rng(num_tokens + 10)
     src = pools.pool(0)
@@ -173,7 +173,7 @@ def test_partial_copy_moves_exactly_the_first_tokens(page_layout, num_tokens):
 
 
 def test_apply_copies_replays_on_mirrors():
-    spec = PoolGroupSpec("g", KVLayout(1, 2, 4, 3), CacheDType.INT8)
+    spec = PoolGroup("g", KVLayout(1, 2, 4, 3), CacheDType.INT8)
     pools = NumpyPools([spec], [3], [2], poison=False)
     rng = np.random.default_rng(0)
     pools.pool(0)[...] = rng.integers(-128, 128, pools.pool(0).shape)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pagedkv.kvcache import (BlockCopy, KVCacheExhaustedError, KVCacheManager, PoolGroupSpec, Tier, apply_copies)
+from pagedkv.kvcache import (BlockCopy, KVCacheExhaustedError, KVCacheManager, PoolGroup, Tier, apply_copies)
 from pagedkv.layout import INVALID_BLOCK, KVLayout, PageLayout
 
 from test_kvcache_support import check_contents, snapshot, write_step
@@ -25,7 +25,7 @@ def run(mgr, entries):
     return step
 
 
-FULL = PoolGroupSpec("full", KVLayout(2, 2, 4, 3))
+FULL = PoolGroup("full", KVLayout(2, 2, 4, 3))
 
 
 def test_sequence_lifecycle_and_chunked_prefill_past_lengths():
@@ -74,11 +74,11 @@ def test_errors_name_the_sequence_and_values():
     with pytest.raises(ValueError, match="names must be unique"):
         KVCacheManager([FULL, FULL], 4)
     with pytest.raises(ValueError, match=r"num_blocks: expected one value per pool group \(2\), got 3"):
-        KVCacheManager([FULL, PoolGroupSpec("b", KVLayout(1, 1, 4, 1))], [1, 2, 3])
+        KVCacheManager([FULL, PoolGroup("b", KVLayout(1, 1, 4, 1))], [1, 2, 3])
 
 
 def test_exhaustion_is_all_or_nothing_across_groups():
-    small = PoolGroupSpec("small", KVLayout(1, 1, 2, 1))
+    small = PoolGroup("small", KVLayout(1, 1, 2, 1))
     mgr = KVCacheManager([FULL, small], [8, 3], storage="numpy")
     mgr.add_sequence("a")
     before = snapshot(mgr)
@@ -159,7 +159,7 @@ def test_prefix_blocks_survive_their_holders_until_evicted():
 
 
 def test_prefix_reuse_aligns_groups_with_different_page_sizes():
-    g4, g8 = PoolGroupSpec("p4", KVLayout(1, 1, 4, 2)), PoolGroupSpec("p8", KVLayout(1, 2, 8, 1, PageLayout.NHD))
+    g4, g8 = PoolGroup("p4", KVLayout(1, 1, 4, 2)), PoolGroup("p8", KVLayout(1, 2, 8, 1, PageLayout.NHD))
     mgr = KVCacheManager([g4, g8], [16, 8], storage="numpy", enable_prefix_reuse=True, debug_validate=True)
     prompt = list(range(1, 15))  # 14 tokens: p4 caches 3 full pages (12), p8 one (8)
     mgr.add_sequence("a", prompt)
@@ -169,11 +169,11 @@ def test_prefix_reuse_aligns_groups_with_different_page_sizes():
     run(mgr, [("b", prompt[8:] + [20])])
     check_contents(mgr, "b", prompt + [20])
     with pytest.raises(ValueError, match=r"enable_prefix_reuse: pool group\(s\) \['w'\] have an attention window"):
-        KVCacheManager([g4, PoolGroupSpec("w", KVLayout(1, 1, 4, 1), window=8)], 4, enable_prefix_reuse=True)
+        KVCacheManager([g4, PoolGroup("w", KVLayout(1, 1, 4, 1), window=8)], 4, enable_prefix_reuse=True)
 
 
 def test_released_window_frees_pages_and_keeps_sinks():
-    win = PoolGroupSpec("win", KVLayout(1, 1, 4, 2), window=6, attention_sinks=2)
+    win = PoolGroup("win", KVLayout(1, 1, 4, 2), window=6, attention_sinks=2)
     mgr = KVCacheManager([FULL, win], [16, 16], storage="numpy", debug_validate=True)
     toks = list(range(1, 21))
     mgr.add_sequence("a", toks)
@@ -198,7 +198,7 @@ def test_released_window_frees_pages_and_keeps_sinks():
 
 
 def test_cyclic_ring_wraps_in_place_and_validates_the_step_size():
-    ring = PoolGroupSpec("ring", KVLayout(1, 1, 4, 2, sink_tokens=2, cyclic_len=8), window=5, attention_sinks=2)
+    ring = PoolGroup("ring", KVLayout(1, 1, 4, 2, sink_tokens=2, cyclic_len=8), window=5, attention_sinks=2)
     mgr = KVCacheManager([ring], 8, storage="numpy", debug_validate=True)
     assert ring.ring_pages == 3  # sinks 2 + bubble 2 + ring 8 = 12 slots
     toks = list(np.arange(1, 31))
@@ -220,7 +220,7 @@ def test_cyclic_ring_wraps_in_place_and_validates_the_step_size():
 
 
 def test_fork_of_a_ring_copies_whole_blocks_on_write():
-    ring = PoolGroupSpec("ring", KVLayout(1, 1, 4, 2, cyclic_len=8), window=6)
+    ring = PoolGroup("ring", KVLayout(1, 1, 4, 2, cyclic_len=8), window=6)
     mgr = KVCacheManager([ring], 8, storage="numpy", debug_validate=True)
     toks = list(range(1, 12))
     mgr.add_sequence("a", toks)

@@ -8,16 +8,16 @@ import time
 import numpy as np
 import pytest
 
-from pagedkv.kvcache import KVCacheManager, PoolGroupSpec, pool_descriptors
+from pagedkv.kvcache import KVCacheManager, PoolGroup, pool_descriptors
 from pagedkv.kvcache.upload import ALIGN, pack_into, pack_layout, step_arrays
 from pagedkv.layout import INVALID_BLOCK, KVLayout, PageLayout, length_from_pages
 from pagedkv.step import POOL_DESC_ADDRESS, POOL_DESC_FIELDS, POOL_DESC_NUM_BLOCKS
 
 GROUPS = [
-    PoolGroupSpec("full16", KVLayout(2, 2, 16, 8)),
-    PoolGroupSpec("full6", KVLayout(1, 1, 6, 4, PageLayout.NHD)),  # non-power-of-two page: divmod path
-    PoolGroupSpec("release", KVLayout(1, 1, 8, 4), window=20, attention_sinks=3),
-    PoolGroupSpec("ring", KVLayout(1, 1, 8, 4, sink_tokens=5, cyclic_len=48), window=40, attention_sinks=5),
+    PoolGroup("full16", KVLayout(2, 2, 16, 8)),
+    PoolGroup("full6", KVLayout(1, 1, 6, 4, PageLayout.NHD)),  # non-power-of-two page: divmod path
+    PoolGroup("release", KVLayout(1, 1, 8, 4), window=20, attention_sinks=3),
+    PoolGroup("ring", KVLayout(1, 1, 8, 4, sink_tokens=5, cyclic_len=48), window=40, attention_sinks=5),
 ]
 
 
@@ -119,7 +119,7 @@ def test_decode_step_host_time_guard():
     """The 1 ms budget (256 sequences x 4096 cached tokens, page 16, one decode token each) is measured by
     benchmarks/bench_metadata.py; here only a loose guard (20 ms, shared CI cores) against regressions such as
     a per-token Python loop."""
-    mgr = KVCacheManager([PoolGroupSpec("g", KVLayout(32, 8, 16, 128))], 256 * 257, storage="none")
+    mgr = KVCacheManager([PoolGroup("g", KVLayout(32, 8, 16, 128))], 256 * 257, storage="none")
     for s in range(256):
         mgr.add_sequence(s)
         mgr.reserve(s, 4096)

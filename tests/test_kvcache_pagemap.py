@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 import pytest
 
-from pagedkv.kvcache import KVCacheManager, PoolGroupSpec, render_pagemap
-from pagedkv.kvcache.cli import demo_manager, main, register
-from pagedkv.kvcache.pagemap import CACHED, FREE, OWNED, SHARED, pagemap_cells
+from pagedkv.kvcache import KVCacheManager, PoolGroup, render_pagemap
+from pagedkv.cli import build_parser, main
+from pagedkv.kvcache.pagemap import CACHED, FREE, OWNED, SHARED, demo_manager, pagemap_cells
 from pagedkv.layout import KVLayout
 
 
 def test_cells_follow_the_manager():
-    mgr = KVCacheManager([PoolGroupSpec("g", KVLayout(1, 1, 4, 1))], 8, host_blocks=3, enable_prefix_reuse=True)
+    mgr = KVCacheManager([PoolGroup("g", KVLayout(1, 1, 4, 1))], 8, host_blocks=3, enable_prefix_reuse=True)
     mgr.add_sequence("a", list(range(1, 10)))
     mgr.reserve("a", 9)
     mgr.commit("a", 9)            # blocks 0, 1 (full, cached), 2 (partial)
@@ -50,10 +48,7 @@ def test_cli_pagemap(tmp_path, capsys):
     out = tmp_path / "pm.png"
     assert main(["pagemap", "--blocks", "24", "--seqs", "3", "--seed", "1", "--ops", "20", "--out", str(out)]) == 0
     assert out.stat().st_size > 10_000 and "wrote" in capsys.readouterr().out
-    parser = argparse.ArgumentParser()
-    sub = parser.add_subparsers(dest="command")
-    register(sub)
-    args = parser.parse_args(["pagemap", "--page-size", "8", "--window", "16"])
+    args = build_parser().parse_args(["pagemap", "--page-size", "8", "--window", "16"])
     assert (args.page_size, args.window, args.blocks, args.out) == (8, 16, 48, "pagemap.png")
     with pytest.raises(ValueError, match="--page-size: must be > 0, got 0"):
         demo_manager(page_size=0)

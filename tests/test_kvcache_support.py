@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pagedkv.kvcache import KVCacheManager, PoolGroupSpec, Tier
+from pagedkv.kvcache import KVCacheManager, PoolGroup, Tier
 from pagedkv.layout import INVALID_BLOCK, KVLayout, PageLayout, attends
 
 MAX_TOKEN = 60  # token ids in [1, MAX_TOKEN]: every encoded value stays an exact fp16 integer (< 2048)
@@ -69,7 +69,7 @@ def read_positions(mgr: KVCacheManager, seq_id, group: int, positions) -> np.nda
     return mgr.pool(group).reshape(-1)[element_offsets(lay, block, offset)].astype(np.float64)
 
 
-def expected_live_positions(spec: PoolGroupSpec, length: int) -> np.ndarray:
+def expected_live_positions(spec: PoolGroup, length: int) -> np.ndarray:
     """Positions a future query may still read: all (full attention), the sinks plus the last window
     (released window), the sinks plus the last ``cyclic_len`` (ring)."""
     keep = np.zeros(length, dtype=bool)
@@ -127,7 +127,7 @@ def snapshot(mgr: KVCacheManager) -> tuple:
 # ---- tests of the helpers -------------------------------------------------------------------------------
 @pytest.mark.parametrize("page_layout", [PageLayout.HND, PageLayout.NHD])
 def test_write_step_touches_exactly_the_located_slots(page_layout):
-    spec = PoolGroupSpec("g", KVLayout(2, 2, 4, 3, page_layout))
+    spec = PoolGroup("g", KVLayout(2, 2, 4, 3, page_layout))
     mgr = KVCacheManager([spec], 6, storage="numpy")
     mgr.add_sequence("a")
     mgr.reserve("a", 6)
@@ -154,9 +154,9 @@ def test_write_step_touches_exactly_the_located_slots(page_layout):
 
 
 def test_expected_live_positions_by_mode():
-    full = PoolGroupSpec("f", KVLayout(1, 1, 4, 1))
-    release = PoolGroupSpec("r", KVLayout(1, 1, 4, 1), window=5, attention_sinks=2)
-    ring = PoolGroupSpec("c", KVLayout(1, 1, 4, 1, sink_tokens=2, cyclic_len=8), window=5, attention_sinks=2)
+    full = PoolGroup("f", KVLayout(1, 1, 4, 1))
+    release = PoolGroup("r", KVLayout(1, 1, 4, 1), window=5, attention_sinks=2)
+    ring = PoolGroup("c", KVLayout(1, 1, 4, 1, sink_tokens=2, cyclic_len=8), window=5, attention_sinks=2)
     assert expected_live_positions(full, 5).tolist() == [0, 1, 2, 3, 4]
     assert expected_live_positions(release, 12).tolist() == [0, 1, 8, 9, 10, 11]
     assert expected_live_positions(ring, 14).tolist() == [0, 1, 6, 7, 8, 9, 10, 11, 12, 13]

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pagedkv.kvcache import KVCacheManager, KVInvariantError, PoolGroupSpec
+from pagedkv.kvcache import KVCacheManager, KVInvariantError, PoolGroup
 from pagedkv.layout import INVALID_BLOCK, KVLayout
 
-FULL = PoolGroupSpec("full", KVLayout(1, 1, 4, 2))
-WIN = PoolGroupSpec("win", KVLayout(1, 1, 4, 2), window=5)
-RING = PoolGroupSpec("ring", KVLayout(1, 1, 4, 2, cyclic_len=8), window=6)
+FULL = PoolGroup("full", KVLayout(1, 1, 4, 2))
+WIN = PoolGroup("win", KVLayout(1, 1, 4, 2), window=5)
+RING = PoolGroup("ring", KVLayout(1, 1, 4, 2, cyclic_len=8), window=6)
 
 
 def healthy(groups=(FULL,), host_blocks=2, prefix=False):

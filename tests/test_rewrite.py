@@ -15,7 +15,7 @@ import onnxruntime as ort
 import pytest
 from conftest import TOLERANCES
 
-from pagedkv.builder.graph_info import GraphView, ProbeStep
+from pagedkv.builder.graph_view import GraphView, ProbeStep
 from pagedkv.builder.rewrite import (RewriteError, RewriteOptions, add_rewrite_arguments, options_from_args,
                                      rewrite_model)
 from pagedkv.config import (ATTENTION_PLUGIN_NAME, ONNX_DOMAIN, WRITE_PLUGIN_NAME, AttentionConfig, RopeConfig,
@@ -24,6 +24,7 @@ from pagedkv.layout import CacheDType
 from pagedkv.onnx_export.synthetic import SyntheticConfig, make_synthetic_model, structure_matrix
 from pagedkv.reference.attention import paged_attention
 from pagedkv.reference.write import qkv_write
+from pagedkv.runtime.graph import RewrittenGraph
 from pagedkv.step import StepMetadata
 
 CASES = structure_matrix()
@@ -116,8 +117,9 @@ def test_graph_is_valid_and_follows_the_contract(cfg):
         assert types[attn.output[0]].elem_type == onnx.TensorProto.FLOAT
         assert [d.dim_value or d.dim_param for d in types[attn.output[0]].shape.dim] == [
             "num_tokens", cfg.num_heads * cfg.head_dim]
-    assert [g.layers for g in result.pool_groups] == [list(range(cfg.num_layers))]
-    assert result.pool_groups[0].block_table == "block_table_0"
+    assert [list(g.layers) for g in result.pool_groups] == [list(range(cfg.num_layers))]
+    # the groups the rewrite made are the groups the runtime reads back (group 0: block_table_0, kv_pools row 0)
+    assert RewrittenGraph.load(model).groups == tuple(result.pool_groups)
 
 
 @pytest.mark.parametrize("cfg", CASES, ids=lambda c: c.id)
@@ -241,7 +243,7 @@ def test_options_shape_the_plugins():
                                                          window=0, max_blocks=64, pool_grouping="per_layer",
                                                          explicit_positions=True))
     model = result.model
-    assert [g.layers for g in result.pool_groups] == [[0], [1]]
+    assert [list(g.layers) for g in result.pool_groups] == [[0], [1]]
     inputs = {i.name: i for i in model.graph.input}
     assert "position_ids" in inputs and inputs["position_ids"].type.tensor_type.elem_type == onnx.TensorProto.INT32
     assert [d.dim_value for d in inputs["kv_pools"].type.tensor_type.shape.dim] == [2, 4]
@@ -259,7 +261,7 @@ def test_options_shape_the_plugins():
 
 def test_single_pool_group_and_window_override():
     result = rewrite_model(original(SyntheticConfig()), RewriteOptions(pool_grouping="single", window=7))
-    assert [g.layers for g in result.pool_groups] == [[0, 1]]
+    assert [list(g.layers) for g in result.pool_groups] == [[0, 1]]
     assert {layer.window for layer in result.report.layers} == {7}
 
 

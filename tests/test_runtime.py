@@ -14,10 +14,10 @@ import pytest
 from onnx import TensorProto, helper
 
 from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
-from pagedkv.builder.runtime import DecoderGraph, DenseSession, GraphError, PagedSession, Request, RewrittenGraph, \
+from pagedkv.runtime import DecoderGraph, DenseSession, GraphError, PagedSession, Request, RewrittenGraph, \
     Schedule, generate
-from pagedkv.builder.runtime import ops
-from pagedkv.builder.runtime.backends import status_from_error
+from pagedkv.runtime import ops
+from pagedkv.runtime.backends import status_from_error
 from pagedkv.config import ATTENTION_PLUGIN_NAME, WRITE_PLUGIN_NAME
 from pagedkv.onnx_export.synthetic import SyntheticConfig, make_synthetic_model
 from pagedkv.step import (POOL_DESC_FIELDS, STATUS_BLOCK_OUT_OF_RANGE, STATUS_FLAGS, STATUS_INVALID_BLOCK,

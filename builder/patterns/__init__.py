@@ -2,10 +2,14 @@
 into an ``AttentionMatch``: the q/k/v tensors that enter attention, the past/present tensors, the attention
 output, and what the structure itself says about heads, scale, mask and window.
 
-Adding a structure: write a module with ``NAME``, ``ANCHOR_OPS`` (the (domain, op_type) pairs a past-KV input
-enters) and ``match(view, anchors) -> list[AttentionMatch]``, and list it in ``REGISTRY``. The shared work
-(tracing q/k/v back to the projections, measuring RoPE and the mask, emitting the plugin nodes) stays in
-``pagedkv.builder.rewrite`` / ``pagedkv.builder.graph_info``.
+The search starts from the past-KV graph inputs (``find_kv_anchors``): each enters a node that produces a
+graph output, its present. Which output that is, is the anchoring pattern's knowledge: its ``ANCHOR_OPS``.
+
+Adding a structure: write a module with ``NAME``, ``ANCHOR_OPS`` (``{(domain, op_type): present slots}``: the
+ops a past-KV input enters, each with ``{past input index: present output index}``, or None when the op's own
+output is the present, as for the past/new Concat) and ``match(view, anchors) -> list[AttentionMatch]``, and
+list it in ``REGISTRY``. The shared work (tracing q/k/v back to the projections, measuring RoPE and the mask,
+emitting the plugin nodes) stays in ``pagedkv.builder.rewrite`` (with ``projection`` and ``measure``).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from pagedkv.builder.graph_info import GraphView, RewriteError, describe
+from pagedkv.builder.graph_view import GraphView, RewriteError, describe
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,51 @@ def anchor_nodes(anchors: list[KVAnchor]) -> list[onnx.NodeProto]:
     for anchor in anchors:
         nodes.setdefault(anchor.node.name or id(anchor.node), anchor.node)
     return list(nodes.values())
+
+
+def find_kv_anchors(view: GraphView) -> list[KVAnchor]:
+    """Rank-4 graph inputs that enter a node which produces a graph output."""
+    outputs = set(view.graph_outputs)
+    anchors = []
+    for name in view.graph_inputs:
+        shape = view.static_shape(name)
+        if shape is None or len(shape) != 4:
+            continue
+        entries, todo = [], [name]
+        while todo:  # the input and its identity aliases (exporters wrap the past in a one-input Concat)
+            t = todo.pop()
+            entries.append(t)
+            todo += [n.output[0] for n in view.consumers.get(t, []) if view.source_input(n.output[0]) == name
+                     and n.output[0] not in outputs]
+        for entry in entries:
+            for node in view.consumers.get(entry, []):
+                produced = [p for p in (_graph_output_of(view, o, outputs) for o in node.output) if p]
+                if node.op_type in ("Shape", "Size") or not produced or (node.output[0] in entries):
+                    continue
+                present = _present(node, list(node.input).index(entry), produced)
+                anchors.append(KVAnchor(name, node, present, entry))
+    return anchors
+
+
+def _graph_output_of(view: GraphView, tensor: str, outputs: set[str]) -> str | None:
+    """The graph output ``tensor`` is, or becomes through Identity / Cast (GPT-J casts the present)."""
+    while tensor not in outputs:
+        users = [n for n in view.consumers.get(tensor, []) if n.op_type in ("Identity", "Cast")]
+        if len(users) != 1:
+            return None
+        tensor = users[0].output[0]
+    return tensor
+
+
+def _present(node: onnx.NodeProto, input_index: int, produced: list[str]) -> str:
+    """The present of the past entering ``node`` at ``input_index``, by the anchoring pattern's slots (an op no
+    pattern knows keeps its output 0: ``match_all`` then names it as unrecognized)."""
+    key = (node.domain or "", node.op_type)
+    slots = next((p.ANCHOR_OPS[key] for p in REGISTRY if key in p.ANCHOR_OPS), {})
+    if slots is None:  # the op's own output is the present (the past/new Concat)
+        return produced[0]
+    slot = slots.get(input_index)
+    return node.output[slot] if slot is not None and len(node.output) > slot else node.output[0]
 
 
 from pagedkv.builder.patterns import contrib_gqa, decomposed, onnx_attention  # noqa: E402

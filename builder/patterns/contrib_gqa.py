@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import math
 
-from pagedkv.builder.graph_info import GraphView, RewriteError, describe
+from pagedkv.builder.graph_view import GraphView, RewriteError, describe
 from pagedkv.builder.patterns import AttentionMatch, KVAnchor, anchor_nodes, heads_from_shape
 from pagedkv.config import RopeStyle
 
 NAME = "contrib_gqa"
-ANCHOR_OPS = {("com.microsoft", "GroupQueryAttention")}
 QUERY, KEY, VALUE, PAST_K, PAST_V, SEQLENS_K, TOTAL_LEN, COS, SIN = range(9)
+OUTPUT, PRESENT_K, PRESENT_V = range(3)
+ANCHOR_OPS = {("com.microsoft", "GroupQueryAttention"): {PAST_K: PRESENT_K, PAST_V: PRESENT_V}}
 UNSUPPORTED_INPUTS = {10: "attention_bias", 11: "head_sink", 12: "k_scale", 13: "v_scale", 14: "q_norm_weight",
                       15: "k_norm_weight", 16: "query_seqlens"}
 
@@ -53,8 +54,9 @@ def match(view: GraphView, anchors: list[KVAnchor]) -> list[AttentionMatch]:
         local = int(GraphView.attr(node, "local_window_size", -1))
         matches.append(AttentionMatch(
             pattern=NAME, anchor=node, past_key=view.source_input(inputs[PAST_K]), past_value=view.source_input(inputs[PAST_V]),
-            present_key=node.output[1], present_value=node.output[2], q_end=inputs[QUERY], k_end=inputs[KEY],
-            v_end=inputs[VALUE], num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, out=node.output[0],
+            present_key=node.output[PRESENT_K], present_value=node.output[PRESENT_V], q_end=inputs[QUERY],
+            k_end=inputs[KEY], v_end=inputs[VALUE], num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+            out=node.output[OUTPUT],
             scale=float(GraphView.attr(node, "scale", 0.0) or 1.0 / math.sqrt(head_dim)),
             logit_softcap=float(GraphView.attr(node, "softcap", 0.0)), window=max(local, 0),
             rope_tables=tables))

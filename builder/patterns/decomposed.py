@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import onnx
 
-from pagedkv.builder.graph_info import (GraphView, RewriteError, describe, follow_output, layout_chain,
-                                        trace_projection)
+from pagedkv.builder.graph_view import GraphView, RewriteError, describe
+from pagedkv.builder.projection import follow_output, layout_chain, trace_projection
 from pagedkv.builder.patterns import AttentionMatch, KVAnchor, heads_from_shape, onnx_attention
 
 NAME = "decomposed"
-ANCHOR_OPS = {("", "Concat")}
+ANCHOR_OPS = {("", "Concat"): None}  # the Concat's output is the present
 REPEAT_OPS = {"Unsqueeze", "Expand", "Reshape", "Tile"}
 PASS_OPS = {"Cast", "Identity"}
 

@@ -23,12 +23,14 @@ import math
 
 import onnx
 
-from pagedkv.builder.graph_info import GraphView, RewriteError, describe, follow_output
+from pagedkv.builder.graph_view import GraphView, RewriteError, describe
+from pagedkv.builder.projection import follow_output
 from pagedkv.builder.patterns import AttentionMatch, KVAnchor, anchor_nodes, heads_from_shape
 
 NAME = "onnx_attention"
-ANCHOR_OPS = {("", "Attention")}
 Q, K, V, MASK, PAST_K, PAST_V = range(6)
+Y, PRESENT_K, PRESENT_V, QK_MATMUL_OUTPUT = range(4)
+ANCHOR_OPS = {("", "Attention"): {PAST_K: PRESENT_K, PAST_V: PRESENT_V}}
 
 
 def _inputs(node: onnx.NodeProto) -> list[str]:
@@ -36,7 +38,7 @@ def _inputs(node: onnx.NodeProto) -> list[str]:
 
 
 def _check_outputs(node: onnx.NodeProto) -> None:
-    if GraphView.attr(node, "qk_matmul_output_mode", 0) or (len(node.output) > 3 and node.output[3]):
+    if GraphView.attr(node, "qk_matmul_output_mode", 0) or (len(node.output) > QK_MATMUL_OUTPUT and node.output[QK_MATMUL_OUTPUT]):
         raise RewriteError(f"{describe(node)}: the qk_matmul output is not supported")
 
 
@@ -57,7 +59,7 @@ def _common(view: GraphView, node: onnx.NodeProto, head_dim: int, scale_outside:
     if mask is not None and causal:
         raise RewriteError(f"{describe(node)}: both is_causal=1 and attn_mask: not supported")
     scale = GraphView.attr(node, "scale", None) or 1.0 / math.sqrt(head_dim)
-    return dict(num_heads=heads, out=follow_output(view, node.output[0], labels, heads, head_dim, node),
+    return dict(num_heads=heads, out=follow_output(view, node.output[Y], labels, heads, head_dim, node),
                 scale=float(scale) * scale_outside, logit_softcap=float(GraphView.attr(node, "softcap", 0.0)),
                 mask=mask, window=0 if mask is None else None)
 
@@ -66,15 +68,15 @@ def match(view: GraphView, anchors: list[KVAnchor]) -> list[AttentionMatch]:
     matches = []
     for node in anchor_nodes(anchors):
         inputs = _inputs(node)
-        if not inputs[PAST_K] or not inputs[PAST_V] or len(node.output) < 3:
+        if not inputs[PAST_K] or not inputs[PAST_V] or len(node.output) <= PRESENT_V:
             raise RewriteError(f"{describe(node)}: expected past_key, past_value inputs and present outputs")
         _check_outputs(node)
         kv_heads, head_dim = heads_from_shape(view, inputs[PAST_K], node)
         matches.append(AttentionMatch(
             pattern=NAME, anchor=node, past_key=view.source_input(inputs[PAST_K]),
-            past_value=view.source_input(inputs[PAST_V]), present_key=node.output[1], present_value=node.output[2],
-            q_end=inputs[Q], k_end=inputs[K], v_end=inputs[V], num_kv_heads=kv_heads, head_dim=head_dim,
-            **_common(view, node, head_dim, 1.0)))
+            past_value=view.source_input(inputs[PAST_V]), present_key=node.output[PRESENT_K],
+            present_value=node.output[PRESENT_V], q_end=inputs[Q], k_end=inputs[K], v_end=inputs[V],
+            num_kv_heads=kv_heads, head_dim=head_dim, **_common(view, node, head_dim, 1.0)))
     return matches
 
 
@@ -85,7 +87,7 @@ def match_concat(view: GraphView, node: onnx.NodeProto, key: tuple, value: tuple
     ``patterns.decomposed`` followed them from the Concat to this op."""
     inputs = _inputs(node)
     (k_anchor, k_new, k_repeated, k_scale), (v_anchor, v_new, v_repeated, v_scale) = key, value
-    if inputs[PAST_K] or inputs[PAST_V] or any(o for o in node.output[1:3]):
+    if inputs[PAST_K] or inputs[PAST_V] or any(o for o in node.output[PRESENT_K:PRESENT_V + 1]):
         raise RewriteError(f"{describe(node)}: the cache is concatenated outside the op, so expected no "
                            f"past_key/past_value inputs and no present outputs, got inputs {list(node.input)}")
     _check_outputs(node)

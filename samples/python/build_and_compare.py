@@ -61,7 +61,8 @@ def main(argv=None) -> int:
     print(report)
 
     if args.engine:
-        from pagedkv.builder.build import build_engine, why_no_tensorrt
+        from pagedkv.builder.build import build_engine
+        from pagedkv.runtime.trt import why_no_tensorrt
 
         reason = why_no_tensorrt()
         if reason:

@@ -1,151 +1,72 @@
-"""The ``pagedkv`` command.
+"""The ``pagedkv`` command. Every verb is registered here, in ``VERBS``; its arguments and its handler live with
+the code it drives: module ``m`` of verb ``v`` defines ``add_v_arguments(parser)`` and ``run_v(args)``, which
+returns the exit status. A new verb (the runtime's generate, serve, bench, demo, inspect...) is those two
+functions in its module plus one line in ``VERBS``.
 
-    pagedkv doctor                 what this machine has (CUDA, plugin library, TensorRT, headers)
-    pagedkv selfcheck              the main job at this stage: write + attention on a small random case
-    pagedkv pagemap ...            render a KV pool's page map to PNG (kvcache)
-    pagedkv export|rewrite|compare|build ...   the builder (export -> rewrite -> build -> compare)
+Verb modules import heavy optional dependencies (torch for export, TensorRT for build) only inside
+``run_v``, so ``pagedkv --help`` never loads them; a verb whose module cannot be imported at all (a broken
+install) stays listed and says why when it is run.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.metadata
-import importlib.util
-import json
-import subprocess
 import sys
+from dataclasses import dataclass
 
 
-def _version(dist: str) -> str | None:
+@dataclass(frozen=True)
+class Verb:
+    name: str
+    module: str  # defines add_<name>_arguments(parser) and run_<name>(args) -> int
+    help: str
+
+
+VERBS = (
+    Verb("doctor", "pagedkv.doctor", "report what this machine has (CUDA, plugin library, TensorRT, headers)"),
+    Verb("selfcheck", "pagedkv.selfcheck", "write + attention on a small random case, references vs kernels"),
+    Verb("pagemap", "pagedkv.kvcache.pagemap", "draw the KV pool page map of a demo manager as a PNG"),
+    # the builder: export -> rewrite -> compare -> build
+    Verb("export", "pagedkv.onnx_export.hf", "export a Hugging Face decoder (family tiny config or local "
+                                             "directory) to ONNX with past key/values"),
+    Verb("rewrite", "pagedkv.builder.rewrite", "replace each attention block with the pagedkv plugin nodes"),
+    Verb("compare", "pagedkv.builder.compare", "run original and rewritten graphs on the same prompts and "
+                                               "compare logits and greedy tokens"),
+    Verb("build", "pagedkv.builder.build", "build a TensorRT engine from a rewritten graph"),
+)
+
+
+def _register(subparsers, verb: Verb) -> None:
+    parser = subparsers.add_parser(verb.name, help=verb.help, description=verb.help)
     try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+        module = importlib.import_module(verb.module)
+    except ImportError as exc:  # the rest of the command stays usable; this verb says why when run
+        parser.set_defaults(func=lambda args, exc=exc: _unavailable(verb.name, exc), takes_any_arguments=True)
+        return
+    getattr(module, f"add_{verb.name}_arguments")(parser)
+    parser.set_defaults(func=getattr(module, f"run_{verb.name}"))
 
 
-def doctor_report() -> dict:
-    """Facts about this machine, each honestly 'missing' when it is."""
-    from pagedkv import _lib, cuda
-
-    report: dict = {"pagedkv": _version("pagedkv"), "python": sys.version.split()[0]}
-
-    # CUDA
-    gpu: dict = {"cuda-python": _version("cuda-python") or _version("cuda-bindings")}
-    reason = cuda.why_no_gpu()
-    if reason:
-        gpu["device"] = None
-        gpu["reason"] = reason
-    else:
-        rt = cuda._rt()
-        gpu["driver_version"] = cuda.check(rt.cudaDriverGetVersion(), "cudaDriverGetVersion")
-        gpu["runtime_version"] = cuda.check(rt.cudaRuntimeGetVersion(), "cudaRuntimeGetVersion")
-        props = cuda.check(rt.cudaGetDeviceProperties(0), "cudaGetDeviceProperties")
-        name = props.name.decode() if isinstance(props.name, bytes) else str(props.name)
-        gpu["device"] = name.rstrip("\x00")
-        gpu["compute_capability"] = f"{props.major}.{props.minor}"
-        gpu["multiprocessors"] = props.multiProcessorCount
-        gpu["memory_gib"] = round(props.totalGlobalMem / 2**30, 1)
-    report["cuda"] = gpu
-
-    # Libraries
-    libs: dict = {}
-    for key, name in (("capi", _lib.CAPI_NAME), ("plugins", _lib.PLUGINS_NAME), ("testhost", _lib.TESTHOST_NAME)):
-        path = _lib.find_file(name)
-        libs[key] = str(path) if path else None
-    try:
-        libs["build_info"] = _lib.build_info()
-    except Exception as exc:  # library missing or broken: say so
-        libs["build_info"] = f"unavailable: {exc}"
-    libs["creators"] = _list_creators(libs.get("testhost"), libs.get("plugins"))
-    report["libraries"] = libs
-
-    # TensorRT
-    trt: dict = {"python_module": importlib.util.find_spec("tensorrt") is not None}
-    if trt["python_module"]:
-        try:
-            import tensorrt
-
-            trt["version"] = tensorrt.__version__
-        except Exception as exc:
-            trt["error"] = str(exc)
-    else:
-        trt["note"] = "TensorRT is not installed: engines cannot be built here; the plugin library is still " \
-                      "checked through the C++ test host and the rewritten graph runs in ONNX Runtime"
-    report["tensorrt"] = trt
-    for dist in ("onnx", "onnxruntime", "onnx-graphsurgeon", "polygraphy", "onnxruntime-extensions"):
-        report.setdefault("python_packages", {})[dist] = _version(dist)
-    return report
-
-
-def _list_creators(testhost: str | None, plugins: str | None):
-    """Creators exported by the plugin library, read through the test host (the way TensorRT loads it)."""
-    if not testhost or not plugins:
-        return "unavailable: test host or plugin library not found"
-    try:
-        out = subprocess.run([testhost, "info", "--lib", plugins], capture_output=True, text=True, timeout=60)
-    except Exception as exc:
-        return f"unavailable: {exc}"
-    if out.returncode != 0:
-        return f"test host failed (exit {out.returncode}): {out.stderr.strip()[-500:]}"
-    try:
-        info = json.loads(out.stdout)
-    except json.JSONDecodeError:
-        return f"unreadable test host output: {out.stdout.strip()[:500]}"
-    return [f"{c['name']} v{c['version']} ns={c['namespace']} ({len(c['fields'])} fields)" for c in info["creators"]]
-
-
-def _print_doctor(report: dict) -> None:
-    def show(prefix, value):
-        if isinstance(value, dict):
-            for k, v in value.items():
-                show(f"{prefix}{k}.", v)
-        else:
-            print(f"{prefix[:-1]:<40} {value}")
-
-    show("", report)
-
-
-def cmd_doctor(args) -> int:
-    report = doctor_report()
-    if args.json:
-        print(json.dumps(report, indent=2, default=str))
-    else:
-        _print_doctor(report)
-    return 0
-
-
-def cmd_selfcheck(args) -> int:
-    from pagedkv import selfcheck
-
-    return selfcheck.main(seed=args.seed, backend=args.backend)
+def _unavailable(name: str, exc: Exception) -> int:
+    print(f"pagedkv {name}: unavailable: {exc}", file=sys.stderr)
+    return 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pagedkv", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("doctor", help="report what this machine has")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=cmd_doctor)
-
-    p = sub.add_parser("selfcheck", help="write + attention on a small random case, references vs kernels")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--backend", choices=["auto", "reference", "cuda"], default="auto",
-                   help="auto: CUDA kernels when a GPU exists, else the references only")
-    p.set_defaults(func=cmd_selfcheck)
-
-    # Subsystems register their own subcommands; a missing optional dependency is reported when the
-    # subcommand runs, never at import of the CLI.
-    for module in ("pagedkv.kvcache.cli", "pagedkv.builder.cli"):
-        importlib.import_module(module).register(sub)
+    parser = argparse.ArgumentParser(prog="pagedkv", description="TensorRT plugins, builder and runtime for LLM "
+                                                                 "inference with a paged KV cache")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for verb in VERBS:
+        _register(subparsers, verb)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "takes_any_arguments", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return int(args.func(args) or 0)
 
 

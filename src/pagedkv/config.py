@@ -76,7 +76,8 @@ def _attrs(obj) -> dict:
 
 @dataclass(frozen=True)
 class PoolConfig:
-    """Where a layer's K/V live: the pool group's geometry and dtype (shared by both plugins)."""
+    """Where a layer's K/V live: the pool group's geometry and dtype (shared by both plugins). The rewrite derives
+    it from the layer's ``pagedkv.pool_group.PoolGroup`` (``group.pool_config(layer_index, pool_index)``)."""
 
     num_kv_heads: int
     head_dim: int

@@ -40,16 +40,6 @@ def check(result, what: str = "CUDA call"):
     return rest[0] if len(rest) == 1 else tuple(rest)
 
 
-def device_count() -> int:
-    """Number of CUDA devices, 0 when there is no driver or no device (never raises)."""
-    try:
-        rt = _rt()
-        err, n = rt.cudaGetDeviceCount()
-        return int(n) if err == rt.cudaError_t.cudaSuccess else 0
-    except Exception:  # no cuda-python / no driver library
-        return 0
-
-
 def why_no_gpu() -> str | None:
     """None when a CUDA device is usable, else a one-line reason (for skips and ``pagedkv doctor``)."""
     try:

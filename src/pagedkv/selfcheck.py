@@ -122,3 +122,13 @@ def main(seed: int = 0, backend: str = "auto") -> int:
           f"{'PASS' if pool_ok else 'FAIL'}")
     ok &= bool(pool_ok)
     return 0 if ok else 1
+
+
+def add_selfcheck_arguments(parser) -> None:
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--backend", choices=["auto", "reference", "cuda"], default="auto",
+                        help="auto: CUDA kernels when a GPU exists, else the references only")
+
+
+def run_selfcheck(args) -> int:
+    return main(seed=args.seed, backend=args.backend)

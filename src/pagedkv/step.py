@@ -1,8 +1,10 @@
 """Step metadata: which of a step's tokens belong to which sequence and where each sequence's cache stands.
 
-The Python twin of ``pagedkv::StepMetadata`` (``plugins/include/pagedkv/step_metadata.h``). The KV manager
-builds it, the references and the kernel bindings consume it, the builder's runtime binds it as engine
-inputs. ``docs/plugin_io.md`` is the contract.
+The Python twin of ``pagedkv::StepMetadata`` (``plugins/include/pagedkv/step_metadata.h``), with the two
+records laid out there: the rows of the ``kv_pools`` engine input (``POOL_DESC_*``) and the
+``kv_write_status_{i}`` error record (``STATUS_*``). The KV manager builds the metadata, the references and the
+kernel bindings consume it, the runtime binds it as engine inputs (their names: ``pagedkv.engine_io``).
+``docs/plugin_io.md`` is the plugins' contract, ``docs/engine_io.md`` the engine's.
 
 Legend: T tokens of the step (sequence after sequence, padding removed), B sequences, MB block-table width.
 """
@@ -15,11 +17,11 @@ import numpy as np
 
 from pagedkv.layout import INVALID_BLOCK
 
-# Engine input `kv_pools`: INT64 [num_pools, POOL_DESC_FIELDS]
+# A row of the engine input `kv_pools` (INT64 [num_pools, POOL_DESC_FIELDS]): step_metadata.h PoolDescField
 POOL_DESC_ADDRESS, POOL_DESC_NUM_BLOCKS = 0, 1
 POOL_DESC_FIELDS = 4
 
-# Engine output `kv_write_status`: INT32 [STATUS_FIELDS]
+# The engine output `kv_write_status_{i}` (INT32 [STATUS_FIELDS]): step_metadata.h StatusField, StatusFlag
 STATUS_FLAGS, STATUS_SEQ, STATUS_PAGE_IN_SEQ, STATUS_ENTRY = 0, 1, 2, 3
 STATUS_FIELDS = 4
 STATUS_INVALID_BLOCK, STATUS_BLOCK_OUT_OF_RANGE, STATUS_PAST_BLOCK_TABLE = 1, 2, 4

@@ -12,7 +12,7 @@ import pytest
 
 from pagedkv import cuda
 from pagedkv.config import WriteConfig
-from pagedkv.kvcache import BlockCopy, KVCacheManager, PoolGroupSpec, Tier, apply_copies
+from pagedkv.kvcache import BlockCopy, KVCacheManager, PoolGroup, Tier, apply_copies
 from pagedkv.kvcache.pool import DevicePools
 from pagedkv.layout import CacheDType, KVLayout, PageLayout
 
@@ -47,14 +47,14 @@ CASES = [
 
 def _spec(dtype, page_layout):
     quant = dtype.quantized
-    return PoolGroupSpec("g", KVLayout(2, 2, 16, 64, page_layout), dtype,
-                         k_scales=(0.05, 0.08) if quant else None, v_scales=(0.04, 0.07) if quant else None)
+    return PoolGroup("g", KVLayout(2, 2, 16, 64, page_layout), dtype,
+                     k_scales=(0.05, 0.08) if quant else None, v_scales=(0.04, 0.07) if quant else None)
 
 
 @pytest.mark.parametrize("name, dtype, page_layout", CASES, ids=[c[0] for c in CASES])
 def test_pools_follow_the_contract_layout(name, dtype, page_layout):
     spec = _spec(dtype, page_layout)
-    other = PoolGroupSpec("h", KVLayout(3, 1, 8, 128), CacheDType.BF16)
+    other = PoolGroup("h", KVLayout(3, 1, 8, 128), CacheDType.BF16)
     with KVCacheManager([spec, other], [10, 7], host_blocks=[3, 2], storage="device") as mgr:
         pools = mgr.storage
         assert pools.primary[0].nbytes == spec.layout.pool_elements(10) * dtype.itemsize
@@ -123,7 +123,7 @@ def test_device_copies_match_numpy_copies(page_layout):
     """Same operations on a device manager and a numpy manager: identical bookkeeping, so the device pools
     (both tiers) must equal the numpy pools byte for byte: whole-block and 2-D partial copies, D2D, D2H, H2D."""
     groups = [_spec(CacheDType.BF16, page_layout),
-              PoolGroupSpec("ring", KVLayout(1, 2, 16, 64, page_layout, cyclic_len=32), CacheDType.FP16, window=24)]
+              PoolGroup("ring", KVLayout(1, 2, 16, 64, page_layout, cyclic_len=32), CacheDType.FP16, window=24)]
     rng = np.random.default_rng(2)
     with KVCacheManager(groups, 12, host_blocks=8, storage="device") as dev:
         ref = KVCacheManager(groups, 12, host_blocks=8, storage="numpy")
@@ -155,7 +155,7 @@ def test_device_copies_match_numpy_copies(page_layout):
 @pytest.mark.parametrize("page_layout", [PageLayout.HND, PageLayout.NHD])
 @pytest.mark.parametrize("num_tokens", [1, 5, 15, 0])
 def test_offload_reload_partial_copy_bit_exact(page_layout, num_tokens):
-    spec = PoolGroupSpec("g", KVLayout(3, 4, 16, 128, page_layout), CacheDType.BF16)
+    spec = PoolGroup("g", KVLayout(3, 4, 16, 128, page_layout), CacheDType.BF16)
     rng = np.random.default_rng(num_tokens)
     with cuda.Stream() as stream:
         pools = DevicePools([spec], [4], [3], stream, poison=True)
@@ -180,8 +180,8 @@ def test_offload_reload_partial_copy_bit_exact(page_layout, num_tokens):
 
 
 def test_step_upload_round_trip_and_slot_reuse():
-    spec = PoolGroupSpec("g", KVLayout(1, 1, 16, 64))
-    win = PoolGroupSpec("w", KVLayout(1, 1, 8, 64), window=30)
+    spec = PoolGroup("g", KVLayout(1, 1, 16, 64))
+    win = PoolGroup("w", KVLayout(1, 1, 8, 64), window=30)
     with KVCacheManager([spec, win], 64, storage="device") as mgr:
         uploads = []
         for s in range(5):
@@ -202,7 +202,7 @@ def test_step_upload_round_trip_and_slot_reuse():
 
 
 def test_memory_returns_to_baseline_after_many_sequences():
-    spec = PoolGroupSpec("g", KVLayout(4, 8, 16, 128), CacheDType.BF16)
+    spec = PoolGroup("g", KVLayout(4, 8, 16, 128), CacheDType.BF16)
     with KVCacheManager([spec], 64, host_blocks=8, storage="device") as warm:  # lazy runtime allocations
         warm.add_sequence(0)
         warm.reserve(0, 3)
@@ -248,8 +248,8 @@ def test_memory_returns_to_baseline_after_many_sequences():
 
 
 def test_byte_budget_sizing():
-    groups = [PoolGroupSpec("full", KVLayout(8, 8, 16, 128), CacheDType.BF16),
-              PoolGroupSpec("win", KVLayout(4, 4, 32, 128), CacheDType.FP8_E4M3, window=512)]
+    groups = [PoolGroup("full", KVLayout(8, 8, 16, 128), CacheDType.BF16),
+              PoolGroup("win", KVLayout(4, 4, 32, 128), CacheDType.FP8_E4M3, window=512)]
     # Free device memory is shared with the other test workers on the GPU: the budget the manager derived
     # from it is checked exactly only when this test runs alone (.ci/gpu-run.sh, PAGEDKV_SERIAL_GPU_TEST=1);
     # the split between the groups and the allocation itself are checked always.

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pagedkv.kvcache.groups import PoolGroupSpec
 from pagedkv.layout import KVLayout
+from pagedkv.pool_group import PoolGroup
 
 
 class Tier(enum.IntEnum):
@@ -85,7 +85,7 @@ def apply_plan_bytes(dst: np.ndarray, dst_offset: int, src: np.ndarray, src_offs
     d[:, :plan.width] = s[:, :plan.width]
 
 
-def copy_between_arrays(spec: PoolGroupSpec, dst_pool: np.ndarray, src_pool: np.ndarray, c: BlockCopy) -> None:
+def copy_between_arrays(spec: PoolGroup, dst_pool: np.ndarray, src_pool: np.ndarray, c: BlockCopy) -> None:
     """Execute one ``BlockCopy`` between two C-contiguous pool arrays of ``spec``'s layout."""
     for name, arr in (("source", src_pool), ("destination", dst_pool)):
         if not arr.flags.c_contiguous or arr.dtype.itemsize != spec.itemsize:
@@ -100,7 +100,7 @@ class NumpyPools:
     tier): a host model whose contents are exact, for the numpy references and the CPU tests. Executes
     ``BlockCopy`` through the same ``CopyPlan`` as the device pools."""
 
-    def __init__(self, groups: Sequence[PoolGroupSpec], num_blocks: Sequence[int], host_blocks: Sequence[int],
+    def __init__(self, groups: Sequence[PoolGroup], num_blocks: Sequence[int], host_blocks: Sequence[int],
                  poison: bool = True):
         self.groups = tuple(groups)
         self.tiers: dict[Tier, list[np.ndarray]] = {Tier.PRIMARY: [], Tier.SECONDARY: []}
@@ -125,7 +125,7 @@ class NumpyPools:
         self.tiers = {Tier.PRIMARY: [], Tier.SECONDARY: []}
 
 
-def apply_copies(groups: Sequence[PoolGroupSpec], copies: Sequence[BlockCopy], primary: Sequence[np.ndarray],
+def apply_copies(groups: Sequence[PoolGroup], copies: Sequence[BlockCopy], primary: Sequence[np.ndarray],
                  secondary: Sequence[np.ndarray] | None = None) -> None:
     """Replay a manager's copy log on host mirrors of the pools (e.g. a numpy pool a reference wrote), so
     that the mirrors stay exactly what the device holds."""

@@ -30,12 +30,13 @@ import numpy as np
 from pagedkv.kvcache.allocator import BlockAllocator
 from pagedkv.kvcache.copies import BlockCopy, NumpyPools, Tier
 from pagedkv.kvcache.errors import KVCacheExhaustedError
-from pagedkv.kvcache.groups import PoolGroupSpec, WindowMode, blocks_for_budget, budget_from_free_memory
 from pagedkv.kvcache.metadata import StepBatch, build_step_arrays, pool_descriptors
 from pagedkv.kvcache.prefix import PrefixCache, block_hash
 from pagedkv.kvcache.sequences import (SequenceState, check_cyclic_step, committed_tokens_in_page, pages_needed,
                                        released_page_range, written_pages)
+from pagedkv.kvcache.sizing import blocks_for_budget, budget_from_free_memory
 from pagedkv.layout import INVALID_BLOCK
+from pagedkv.pool_group import PoolGroup, WindowMode
 
 STORAGE_KINDS = ("none", "numpy", "device")
 
@@ -57,7 +58,7 @@ class KVCacheManager:
     """Pools, block tables and step metadata for a set of pool groups.
 
     Args:
-        groups: the pool groups (``PoolGroupSpec``), names unique. Row g of ``kv_pools`` is group g.
+        groups: the pool groups (``PoolGroup``), names unique. Row g of ``kv_pools`` is group g.
         num_blocks: primary-tier blocks, one count for all groups or one per group.
         host_blocks: secondary-tier (pinned host) blocks for offloading, 0 for none.
         storage: "none" (host model), "numpy" (host pools) or "device" (cuda-python pools).
@@ -68,10 +69,10 @@ class KVCacheManager:
         poison: fill new pools with 0xFF bytes (NaN for float caches) so unwritten slots are recognisable.
     """
 
-    def __init__(self, groups: Sequence[PoolGroupSpec], num_blocks, *, host_blocks=0, storage: str = "none",
+    def __init__(self, groups: Sequence[PoolGroup], num_blocks, *, host_blocks=0, storage: str = "none",
                  enable_prefix_reuse: bool = False, debug_validate: bool | None = None, stream=None,
                  poison: bool = True):
-        self.groups: tuple[PoolGroupSpec, ...] = tuple(groups)
+        self.groups: tuple[PoolGroup, ...] = tuple(groups)
         if not self.groups:
             raise ValueError("groups: at least one pool group is needed")
         names = [g.name for g in self.groups]
@@ -131,7 +132,7 @@ class KVCacheManager:
                 raise
 
     @classmethod
-    def from_memory_budget(cls, groups: Sequence[PoolGroupSpec], memory_fraction: float = 0.9, *,
+    def from_memory_budget(cls, groups: Sequence[PoolGroup], memory_fraction: float = 0.9, *,
                            shares: Sequence[float] | None = None, **kwargs) -> "KVCacheManager":
         """Device pools sized to ``memory_fraction`` of the device's free memory (cudaMemGetInfo)."""
         from pagedkv import cuda

@@ -16,7 +16,7 @@ import numpy as np
 from pagedkv import cuda
 from pagedkv.cuda import PinnedBuffer
 from pagedkv.kvcache.copies import BlockCopy, Tier, copy_plan
-from pagedkv.kvcache.groups import PoolGroupSpec
+from pagedkv.pool_group import PoolGroup
 
 
 _KIND_NAMES = {
@@ -30,7 +30,7 @@ _KIND_NAMES = {
 class DevicePools:
     """The pools of all groups on the device, plus the optional pinned secondary tier."""
 
-    def __init__(self, groups: Sequence[PoolGroupSpec], num_blocks: Sequence[int], host_blocks: Sequence[int],
+    def __init__(self, groups: Sequence[PoolGroup], num_blocks: Sequence[int], host_blocks: Sequence[int],
                  stream: cuda.Stream, poison: bool = True):
         self.groups = tuple(groups)
         self.num_blocks = list(num_blocks)

@@ -22,18 +22,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pagedkv.kvcache.groups import PoolGroupSpec, WindowMode
+from pagedkv.pool_group import PoolGroup, WindowMode
 
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def pages_needed(spec: PoolGroupSpec, length: int) -> int:
+def pages_needed(spec: PoolGroup, length: int) -> int:
     return int(spec.layout.pages_needed(length))
 
 
-def released_page_range(spec: PoolGroupSpec, length: int) -> tuple[int, int]:
+def released_page_range(spec: PoolGroup, length: int) -> tuple[int, int]:
     """RELEASE groups: pages ``[lo, hi)`` no future query of a sequence of committed ``length`` can see."""
     if spec.mode != WindowMode.RELEASE:
         return 0, 0
@@ -43,7 +43,7 @@ def released_page_range(spec: PoolGroupSpec, length: int) -> tuple[int, int]:
     return lo, max(lo, first_needed // P)
 
 
-def written_pages(spec: PoolGroupSpec, length: int, count: int) -> np.ndarray:
+def written_pages(spec: PoolGroup, length: int, count: int) -> np.ndarray:
     """Pages (sorted, unique) that writing positions ``[length, length + count)`` touches."""
     if count <= 0:
         return np.zeros(0, dtype=np.int64)
@@ -56,7 +56,7 @@ def written_pages(spec: PoolGroupSpec, length: int, count: int) -> np.ndarray:
     return np.unique(page)
 
 
-def committed_tokens_in_page(spec: PoolGroupSpec, page: int, length: int) -> int:
+def committed_tokens_in_page(spec: PoolGroup, page: int, length: int) -> int:
     """Tokens of a linear sequence of committed ``length`` stored in ``page`` (what a copy must keep).
     Cyclic pages hold ring slots of many positions: the whole block counts (returns page_size)."""
     P = spec.page_size
@@ -65,7 +65,7 @@ def committed_tokens_in_page(spec: PoolGroupSpec, page: int, length: int) -> int
     return int(min(P, max(0, length - page * P)))
 
 
-def check_cyclic_step(spec: PoolGroupSpec, count: int, seq=None) -> None:
+def check_cyclic_step(spec: PoolGroup, count: int, seq=None) -> None:
     """A cyclic group's ring must keep the window of the step's first query while the step writes."""
     if spec.mode != WindowMode.CYCLIC or count <= 0:
         return

@@ -28,9 +28,9 @@ from __future__ import annotations
 import numpy as np
 
 from pagedkv.kvcache.errors import KVInvariantError
-from pagedkv.kvcache.groups import WindowMode
 from pagedkv.kvcache.sequences import released_page_range, written_pages
 from pagedkv.layout import INVALID_BLOCK, last_page_len, length_from_pages
+from pagedkv.pool_group import WindowMode
 
 
 def _fail(check, detail, **kw):

@@ -1,11 +1,12 @@
 """Sessions that run one step at a time: the rewritten graph on paged pools, the original on dense past KV.
 
 Both take a step as ``[(seq_id, new_token_ids), ...]`` and return each sequence's logits for its new
-tokens, so the same schedule drives both (``pagedkv.builder.runtime.loop``).
+tokens, so the same schedule drives both (``pagedkv.runtime.loop``).
 
 ``PagedSession``: the rewritten graph in ONNX Runtime, plugin ops bound to a backend (``backends.py``),
 pages from the KV manager (``pagedkv.kvcache.KVCacheManager``): per step ``add_sequence`` / ``reserve`` /
-``build_step`` -> engine inputs -> run -> every ``kv_write_status_{i}`` checked -> ``commit``.
+``build_step`` -> engine inputs (``pagedkv.engine_io``) -> run -> every ``kv_write_status_{i}`` checked ->
+``commit``.
 
 ``DenseSession``: the original decoder-with-past graph, one sequence per run (batch 1, no padding), its
 present K/V kept as the next step's past. Running sequences one at a time keeps the original free of
@@ -23,11 +24,12 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from pagedkv.builder.runtime import ops
-from pagedkv.builder.runtime.backends import check_backend_available, make_backend
-from pagedkv.builder.runtime.graph import DecoderGraph, RewrittenGraph
+from pagedkv import engine_io
 from pagedkv.config import ATTENTION_PLUGIN_NAME, WRITE_PLUGIN_NAME
 from pagedkv.layout import PageLayout
+from pagedkv.runtime import ops
+from pagedkv.runtime.backends import check_backend_available, make_backend
+from pagedkv.runtime.graph import DecoderGraph, RewrittenGraph
 from pagedkv.step import raise_for_status
 
 StepEntries = list  # [(seq_id, np.ndarray of new token ids)]
@@ -70,7 +72,7 @@ class _LayerOp:
 
 
 class ManagedKVSession:
-    """What the sessions of a rewritten graph share (``PagedSession`` here, ``pagedkv.builder.build.TrtSession``):
+    """What the sessions of a rewritten graph share (``PagedSession`` here, ``pagedkv.runtime.trt.TrtSession``):
     sequences and pages live in ``self.manager`` (a ``KVCacheManager``), and a step follows its protocol:
     ``add_sequence`` / ``reserve`` -> ``build_step`` -> engine inputs (``_begin_step``) -> run -> every
     ``kv_write_status_{i}`` checked -> ``commit`` (``_commit_step``); a failed run or status gives the step's
@@ -106,12 +108,12 @@ class ManagedKVSession:
             mgr.reserve(seq_id, len(tokens))
         batch = mgr.build_step([(seq_id, len(tokens)) for seq_id, tokens in entries])
         ids = np.concatenate([np.asarray(t, dtype=np.int64) for _, t in entries])[None, :]
-        feed = {"input_ids": ids, "kv_pools": kv_pools(), "cu_q_lens": batch.cu_q_lens,
-                "past_lens": batch.past_lens}
+        feed = {engine_io.INPUT_IDS: ids, engine_io.KV_POOLS: kv_pools(), engine_io.CU_Q_LENS: batch.cu_q_lens,
+                engine_io.PAST_LENS: batch.past_lens}
         for g in range(self.graph.num_groups):
-            feed[f"block_table_{g}"] = batch.meta(g).block_table
-        if "position_ids" in self.graph.input_names:
-            feed["position_ids"] = batch.positions
+            feed[engine_io.block_table_name(g)] = batch.meta(g).block_table
+        if engine_io.POSITION_IDS in self.graph.input_names:
+            feed[engine_io.POSITION_IDS] = batch.positions
         return batch, feed
 
     def _unreserve(self, entries: StepEntries) -> None:
@@ -128,10 +130,10 @@ class ManagedKVSession:
             self._unreserve(entries)
             raise
 
-    @staticmethod
-    def _check_statuses(names, statuses, batch) -> None:
-        """Raise ``KVWriteError`` for the first ``kv_write_status_{i}`` output that flags a bad write."""
-        for name, status in zip(names, statuses):
+    def _check_statuses(self, statuses, batch) -> None:
+        """Raise ``KVWriteError`` for the first ``kv_write_status_{i}`` output (``statuses``, in layer order)
+        that flags a bad write."""
+        for name, status in zip(self.graph.status_outputs, statuses):
             raise_for_status(status, where=f"{name} (step of sequences {list(batch.seq_ids)})")
 
     def _commit_step(self, entries: StepEntries, batch, logits: np.ndarray) -> list[np.ndarray]:
@@ -182,8 +184,7 @@ class PagedSession(ManagedKVSession):
             self.close()
             raise
         self._types = _input_types(self.session)
-        self._status_outputs = [f"kv_write_status_{layer.index}" for layer in self.graph.layers]
-        self._outputs = [self.graph.logits] + self._status_outputs
+        self._outputs = [self.graph.logits, *self.graph.status_outputs]
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -203,7 +204,7 @@ class PagedSession(ManagedKVSession):
         feed = {k: np.ascontiguousarray(v, dtype=self._types.get(k) or v.dtype) for k, v in feed.items()}
         with self._unreserve_on_error(entries):
             logits, *statuses = self.session.run(self._outputs, feed)
-            self._check_statuses(self._status_outputs, statuses, batch)
+            self._check_statuses(statuses, batch)
         return self._commit_step(entries, batch, logits)
 
     def read_kv(self, seq_id, layer: int) -> tuple[np.ndarray, np.ndarray]:

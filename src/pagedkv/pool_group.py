@@ -1,19 +1,23 @@
-"""Pool groups: the layers that share one pool (same geometry, dtype and window), and pool sizing.
+"""Pool groups: the layers that share one pool (same geometry, cache dtype and window).
 
 A model whose layers differ (other KV head counts, head dims or attention windows) gets one pool group per
 kind of layer. Each group has its own pool (one allocation, ``KVLayout.pool_shape``), its own blocks and
 its own block table; a block of a group holds all of the group's layers (as in TensorRT-LLM), so one block
 id addresses a token range in every layer of the group.
+
+``PoolGroup`` is the one description of a group: the rewrite makes them (``pagedkv.builder.rewrite``), the
+runtime's graph reader reads them back off the plugin attributes (``pagedkv.runtime.graph``), the KV manager
+(``pagedkv.kvcache``) allocates and fills their pools. In a list of groups, group g is row g of the
+``kv_pools`` engine input and owns the engine input ``block_table_{g}`` (``pagedkv.engine_io``). A layer's
+plugin attributes (``pagedkv.config.PoolConfig``) are derived from its group (``pool_config``), never
+specified a second time.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
-
-import numpy as np
 
 from pagedkv.config import PoolConfig
 from pagedkv.layout import CacheDType, KVLayout
@@ -26,7 +30,7 @@ class WindowMode(enum.Enum):
 
 
 @dataclass(frozen=True)
-class PoolGroupSpec:
+class PoolGroup:
     """One pool group.
 
     ``window`` is the attention window of the group's layers (``AttentionConfig.window``, 0: full causal)
@@ -34,6 +38,8 @@ class PoolGroupSpec:
     ``layout.cyclic_len > 0`` -> CYCLIC (the ring must hold the window; sinks are the layout's
     ``sink_tokens``), else ``window > 0`` -> RELEASE, else FULL.
     ``k_scales`` / ``v_scales``: one per layer of the group, for quantized caches (x ~= stored * scale).
+    ``layers``: the model layers the group holds, in ``layer_index`` order (a graph's groups say which;
+    empty for a group not tied to a model, e.g. a KV manager's own).
     """
 
     name: str
@@ -43,6 +49,7 @@ class PoolGroupSpec:
     attention_sinks: int = 0
     k_scales: tuple[float, ...] | None = None
     v_scales: tuple[float, ...] | None = None
+    layers: tuple[int, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "cache_dtype", CacheDType.parse(self.cache_dtype))
@@ -84,6 +91,11 @@ class PoolGroupSpec:
                 raise ValueError(f"{name}: only quantized caches (fp8/int8) take scales; group {self.name!r} "
                                  f"is {self.cache_dtype.name}")
             object.__setattr__(self, name, scales)
+        layers = tuple(int(i) for i in self.layers)
+        if layers and (len(layers) != lay.num_layers or len(set(layers)) != len(layers) or min(layers) < 0):
+            raise ValueError(f"layers: expected {lay.num_layers} distinct model layer indices >= 0 (one per layer "
+                             f"of group {self.name!r}), got {list(layers)}")
+        object.__setattr__(self, "layers", layers)
         # fixed for the spec's life; cached because the manager asks on every reserve/commit
         mode = (WindowMode.CYCLIC if lay.cyclic_len else WindowMode.RELEASE if self.window > 0 else WindowMode.FULL)
         object.__setattr__(self, "_mode", mode)
@@ -126,38 +138,3 @@ class PoolGroupSpec:
                           cache_dtype=self.cache_dtype, page_layout=lay.page_layout,
                           sink_tokens=lay.sink_tokens, cyclic_len=lay.cyclic_len,
                           k_scale=self.k_scales[layer_in_group], v_scale=self.v_scales[layer_in_group])
-
-
-def blocks_for_budget(groups: Sequence[PoolGroupSpec], budget_bytes: int,
-                      shares: Sequence[float] | None = None) -> list[int]:
-    """Blocks per group that fit in ``budget_bytes``.
-
-    ``shares`` (default: equal block counts for every group) are the fractions of the budget each group
-    gets; group g receives ``floor(budget * share_g / block_bytes_g)`` blocks. With the default every group
-    gets ``floor(budget / sum(block_bytes))`` blocks. Raises when a group would get no block at all.
-    """
-    if budget_bytes < 0:
-        raise ValueError(f"budget_bytes: must be >= 0, got {budget_bytes}")
-    if not groups:
-        raise ValueError("groups: at least one pool group is needed")
-    block_bytes = [g.block_bytes for g in groups]
-    if shares is None:
-        counts = [int(budget_bytes // sum(block_bytes))] * len(groups)
-    else:
-        if len(shares) != len(groups):
-            raise ValueError(f"shares: expected {len(groups)} values (one per group), got {len(shares)}")
-        if any(not (math.isfinite(s) and s >= 0) for s in shares) or not math.isclose(sum(shares), 1.0):
-            raise ValueError(f"shares: must be >= 0 and sum to 1, got {list(shares)}")
-        counts = [int(math.floor(budget_bytes * s / b)) for s, b in zip(shares, block_bytes)]
-    for g, c in zip(groups, counts):
-        if c <= 0:
-            raise ValueError(f"budget of {budget_bytes} bytes leaves no block for pool group {g.name!r} "
-                             f"(one block is {g.block_bytes} bytes)")
-    return counts
-
-
-def budget_from_free_memory(fraction: float, free_bytes: int) -> int:
-    """``fraction`` of ``free_bytes`` (device free memory from cudaMemGetInfo), validated."""
-    if not (0.0 < fraction <= 1.0):
-        raise ValueError(f"memory_fraction: expected in (0, 1], got {fraction}")
-    return int(np.floor(free_bytes * fraction))

@@ -1,9 +1,10 @@
 """What the runtimes need to know about the two graphs they run, read off the ONNX files alone.
 
 ``RewrittenGraph``: the plugin nodes of every layer with their parsed configs (``WriteConfig`` /
-``AttentionConfig.from_attributes`` validate every attribute), the engine inputs of the contract and the
-pool groups (``PoolGroupSpec`` per ``kv_pools`` row). ``DecoderGraph``: the decoder-with-past signature of an
-original graph (which inputs are layer i's past key / value, in either exporter's naming).
+``AttentionConfig.from_attributes`` validate every attribute), its engine inputs and outputs
+(``pagedkv.engine_io``) and the pool groups (a ``PoolGroup`` per ``kv_pools`` row). ``DecoderGraph``: the
+decoder-with-past signature of an original graph (which inputs are layer i's past key / value, in either
+exporter's naming).
 
 Layer i of the rewritten graph is the write node producing output ``kv_write_status_{i}``; its attention node
 is the consumer of that status. Layer i of the original graph is ``present.{i}.*`` / its past inputs.
@@ -17,12 +18,9 @@ from dataclasses import dataclass
 import onnx
 from onnx import helper
 
+from pagedkv import engine_io
 from pagedkv.config import ATTENTION_PLUGIN_NAME, ONNX_DOMAIN, WRITE_PLUGIN_NAME, AttentionConfig, WriteConfig
-from pagedkv.layout import KVLayout
-
-ENGINE_INPUTS = ("input_ids", "kv_pools", "cu_q_lens", "past_lens")
-STATUS_OUTPUT = re.compile(r"^kv_write_status_(\d+)$")
-BLOCK_TABLE_INPUT = re.compile(r"^block_table_(\d+)$")
+from pagedkv.pool_group import PoolGroup
 
 
 class GraphError(ValueError):
@@ -39,7 +37,7 @@ def _elem_type_name(elem_type: int) -> str:
 
 @dataclass(frozen=True)
 class PluginLayer:
-    index: int  # layer i (kv_write_status_{i})
+    index: int  # layer i (engine output kv_write_status_{i})
     write_node: str
     attention_node: str
     write: WriteConfig
@@ -55,8 +53,7 @@ class PluginLayer:
 class RewrittenGraph:
     model: onnx.ModelProto
     layers: tuple[PluginLayer, ...]
-    groups: tuple  # PoolGroupSpec per kv_pools row (pool_index order)
-    group_layers: tuple[tuple[int, ...], ...]  # model layer indices of each group, by layer_index in group
+    groups: tuple[PoolGroup, ...]  # group g: kv_pools row g, engine input block_table_{g}
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
     logits: str
@@ -66,6 +63,16 @@ class RewrittenGraph:
     def num_groups(self) -> int:
         return len(self.groups)
 
+    @property
+    def group_layers(self) -> tuple[tuple[int, ...], ...]:
+        """Model layer indices of each group, by layer_index in the group."""
+        return tuple(g.layers for g in self.groups)
+
+    @property
+    def status_outputs(self) -> tuple[str, ...]:
+        """The engine outputs ``kv_write_status_{i}``, in layer order."""
+        return tuple(engine_io.status_name(layer.index) for layer in self.layers)
+
     @classmethod
     def load(cls, model: onnx.ModelProto | str) -> "RewrittenGraph":
         if not isinstance(model, onnx.ModelProto):
@@ -74,17 +81,15 @@ class RewrittenGraph:
 
     @classmethod
     def _parse(cls, model: onnx.ModelProto) -> "RewrittenGraph":
-        from pagedkv.kvcache.groups import PoolGroupSpec
-
         graph = model.graph
         inputs = tuple(i.name for i in graph.input)
         outputs = tuple(o.name for o in graph.output)
-        missing = [n for n in ENGINE_INPUTS if n not in inputs]
+        missing = [n for n in engine_io.REQUIRED_INPUTS if n not in inputs]
         if missing:
             raise GraphError(f"rewritten graph: engine input(s) {missing} missing; inputs are {list(inputs)} "
                              "(is this the output of `pagedkv rewrite`?)")
-        if "logits" not in outputs:
-            raise GraphError(f"rewritten graph: no `logits` output; outputs are {list(outputs)}")
+        if engine_io.LOGITS not in outputs:
+            raise GraphError(f"rewritten graph: no `{engine_io.LOGITS}` output; outputs are {list(outputs)}")
         producers = {o: n for n in graph.node for o in n.output}
         consumers: dict[str, list] = {}
         for n in graph.node:
@@ -94,10 +99,9 @@ class RewrittenGraph:
 
         layers = []
         for out in outputs:
-            m = STATUS_OUTPUT.match(out)
-            if not m:
+            idx = engine_io.status_layer(out)
+            if idx is None:
                 continue
-            idx = int(m.group(1))
             wnode = producers.get(out)
             if wnode is None or wnode.op_type != WRITE_PLUGIN_NAME or wnode.domain != ONNX_DOMAIN:
                 raise GraphError(f"output {out}: expected it to come from a {ONNX_DOMAIN}::{WRITE_PLUGIN_NAME} node, "
@@ -119,7 +123,7 @@ class RewrittenGraph:
                                  f"{wnode.input[0]!r} is unknown after shape inference")
             layers.append(PluginLayer(idx, wnode.name, anode.name, wcfg, acfg, io_dtype))
         if not layers:
-            raise GraphError("rewritten graph: no kv_write_status_{i} outputs, so no plugin layers")
+            raise GraphError(f"rewritten graph: no {engine_io.KV_WRITE_STATUS} outputs, so no plugin layers")
         layers.sort(key=lambda layer: layer.index)
         if [layer.index for layer in layers] != list(range(len(layers))):
             raise GraphError(f"rewritten graph: layer indices {[layer.index for layer in layers]} are not 0..N-1")
@@ -129,7 +133,7 @@ class RewrittenGraph:
             by_pool.setdefault(layer.pool_index, []).append(layer)
         if sorted(by_pool) != list(range(len(by_pool))):
             raise GraphError(f"pool_index values {sorted(by_pool)} are not 0..G-1")
-        groups, group_layers = [], []
+        groups = []
         for g in range(len(by_pool)):
             members = sorted(by_pool[g], key=lambda layer: layer.write.pool.layer_index)
             pools = [m.write.pool for m in members]
@@ -144,23 +148,23 @@ class RewrittenGraph:
                 raise GraphError(f"pool group {g}: its layers {[m.index for m in members]} disagree on geometry "
                                  f"{sorted(geometry)} or window {sorted(windows)}")
             window, sinks = windows.pop()
-            layout = KVLayout(first.num_layers, first.num_kv_heads, first.page_size, first.head_dim,
-                              first.page_layout, first.sink_tokens, first.cyclic_len)
-            groups.append(PoolGroupSpec(f"group{g}", layout, first.cache_dtype, window=max(window, 0),
+            try:
+                groups.append(PoolGroup(f"group{g}", first.layout(), first.cache_dtype, window=max(window, 0),
                                         attention_sinks=sinks if window > 0 else 0,
                                         k_scales=tuple(p.k_scale for p in pools),
-                                        v_scales=tuple(p.v_scale for p in pools)))
-            group_layers.append(tuple(m.index for m in members))
-            if f"block_table_{g}" not in inputs:
-                raise GraphError(f"pool group {g}: engine input block_table_{g} missing")
+                                        v_scales=tuple(p.v_scale for p in pools),
+                                        layers=tuple(m.index for m in members)))
+            except ValueError as exc:
+                raise GraphError(f"pool group {g}: {exc}") from exc
+            if engine_io.block_table_name(g) not in inputs:
+                raise GraphError(f"pool group {g}: engine input {engine_io.block_table_name(g)} missing")
         explicit = {layer.write.explicit_positions for layer in layers}
         if len(explicit) != 1:
             raise GraphError("layers disagree on explicit_positions")
         explicit_positions = explicit.pop()
-        if explicit_positions and "position_ids" not in inputs:
-            raise GraphError("explicit_positions=1 but the graph has no position_ids input")
-        return cls(model, tuple(layers), tuple(groups), tuple(group_layers), inputs, outputs, "logits",
-                   bool(explicit_positions))
+        if explicit_positions and engine_io.POSITION_IDS not in inputs:
+            raise GraphError(f"explicit_positions=1 but the graph has no {engine_io.POSITION_IDS} input")
+        return cls(model, tuple(layers), tuple(groups), inputs, outputs, engine_io.LOGITS, bool(explicit_positions))
 
 
 def _check_layer(idx, wnode, anode, wcfg: WriteConfig, acfg: AttentionConfig, inputs) -> None:
@@ -170,15 +174,17 @@ def _check_layer(idx, wnode, anode, wcfg: WriteConfig, acfg: AttentionConfig, in
                          f"(explicit_positions={int(wcfg.explicit_positions)}, has_bias={int(wcfg.has_bias)})")
     if len(anode.input) != 6 or len(anode.output) != 1 or len(wnode.output) != 2:
         raise GraphError(f"layer {idx}: {anode.name} must have 6 inputs and 1 output and {wnode.name} 2 outputs")
-    g = wcfg.pool.pool_index
+    expected = [engine_io.KV_POOLS, engine_io.block_table_name(wcfg.pool.pool_index), engine_io.CU_Q_LENS,
+                engine_io.PAST_LENS]
     for node, role in ((wnode, "write"), (anode, "attention")):
-        if list(node.input[1:5]) != ["kv_pools", f"block_table_{g}", "cu_q_lens", "past_lens"]:
+        if list(node.input[1:5]) != expected:
             raise GraphError(f"layer {idx}: {role} node {node.name} inputs 1..4 are {list(node.input[1:5])}, "
-                             f"expected ['kv_pools', 'block_table_{g}', 'cu_q_lens', 'past_lens']")
+                             f"expected {expected}")
     if anode.input[0] != wnode.output[0] or anode.input[5] != wnode.output[1]:
         raise GraphError(f"layer {idx}: {anode.name} must read {wnode.name}'s q and kv_write_status")
-    if wcfg.explicit_positions and wnode.input[5] != "position_ids":
-        raise GraphError(f"layer {idx}: {wnode.name} input 5 should be position_ids, got {wnode.input[5]!r}")
+    if wcfg.explicit_positions and wnode.input[5] != engine_io.POSITION_IDS:
+        raise GraphError(f"layer {idx}: {wnode.name} input 5 should be {engine_io.POSITION_IDS}, "
+                         f"got {wnode.input[5]!r}")
     if wcfg.pool != acfg.pool or wcfg.num_q_heads != acfg.num_q_heads:
         raise GraphError(f"layer {idx}: write and attention nodes disagree: {wcfg.pool} / {wcfg.num_q_heads} "
                          f"heads vs {acfg.pool} / {acfg.num_q_heads} heads")
@@ -240,9 +246,9 @@ class DecoderGraph:
         inits = {i.name for i in g.initializer}
         inputs = [i for i in g.input if i.name not in inits]
         names = [i.name for i in inputs]
-        if "kv_pools" in names:
-            raise GraphError("original graph: it has the engine input kv_pools, so it is a rewritten graph; "
-                             "pass the decoder-with-past graph from before `pagedkv rewrite`")
+        if engine_io.KV_POOLS in names:
+            raise GraphError(f"original graph: it has the engine input {engine_io.KV_POOLS}, so it is a rewritten "
+                             "graph; pass the decoder-with-past graph from before `pagedkv rewrite`")
         ids = next((n for n in names if n == "input_ids"), None)
         if ids is None:
             raise GraphError(f"original graph: no input_ids input; inputs are {names}")

@@ -11,7 +11,7 @@ the kernel on the manager's stream and downloads the result — slow, but the ke
 engine's inputs.
 
 Both report a failed write the way the plugin does: the ``kv_write_status`` record
-(``pagedkv.step.STATUS_*``), which the step loop turns into ``KVWriteError`` via ``raise_for_status``.
+(``pagedkv.step.STATUS_*``), which the session turns into ``KVWriteError`` via ``raise_for_status``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pagedkv.config import AttentionConfig, WriteConfig
 from pagedkv.step import (STATUS_BLOCK_OUT_OF_RANGE, STATUS_ENTRY, STATUS_FIELDS, STATUS_FLAGS, STATUS_INVALID_BLOCK,
                           STATUS_PAGE_IN_SEQ, STATUS_PAST_BLOCK_TABLE, STATUS_SEQ, KVWriteError, StepMetadata)
 
-from pagedkv.builder.runtime import ops
+from pagedkv.runtime import ops
 
 BACKENDS = ("reference", "cuda")
 

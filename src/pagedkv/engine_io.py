@@ -1,0 +1,302 @@
+"""The rewritten graph's engine inputs and outputs: names, dtypes, shapes, roles, in one place.
+
+The rewrite (``pagedkv.builder.rewrite``) emits these tensors; the reference runtime (``pagedkv.runtime.graph``,
+``pagedkv.runtime.session``), the TensorRT session (``pagedkv.runtime.trt``) and the build profiles
+(``pagedkv.builder.build.ProfileSpec``) read them from here. For the C++ side the same description is
+generated as ``plugins/include/pagedkv/engine_io.h`` (``python -m pagedkv.engine_io --header``; the test
+``tests/test_engine_io.py`` regenerates it and fails on any difference) and as JSON (``--json``,
+``describe()``). ``docs/engine_io.md`` is the human-readable contract; its table is ``--markdown``.
+
+The two records inside the tensors — the rows of ``kv_pools`` and the ``kv_write_status_{i}`` error record — are
+laid out by the plugins (``plugins/include/pagedkv/step_metadata.h``); ``pagedkv.step`` is their Python twin
+and this module takes the widths from there (the generated header checks them against the C++ enums).
+
+Tokens are packed: the step's new tokens of all sequences, sequence after sequence, no padding, as a batch of
+one. Symbolic dims (the names the rewritten ONNX graph gives them):
+
+    num_tokens      T, tokens of the step
+    batch           B, sequences of the step
+    batch_plus_1    B + 1
+    max_blocks      MB, block-table columns (a static width with ``pagedkv rewrite --max-blocks``)
+    num_pool_groups G, pool groups (static in a graph: one ``kv_pools`` row and one block table each)
+    vocab           the model's vocabulary (static)
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import json
+import re
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from pagedkv import step
+
+# ---- names -------------------------------------------------------------------------------------------------
+INPUT_IDS = "input_ids"
+KV_POOLS = "kv_pools"
+CU_Q_LENS = "cu_q_lens"
+PAST_LENS = "past_lens"
+POSITION_IDS = "position_ids"
+BLOCK_TABLE = "block_table_{g}"  # one per pool group g
+LOGITS = "logits"
+KV_WRITE_STATUS = "kv_write_status_{i}"  # one per attention layer i
+
+NUM_TOKENS, BATCH, BATCH_PLUS_1, MAX_BLOCKS, NUM_POOL_GROUPS, VOCAB = (
+    "num_tokens", "batch", "batch_plus_1", "max_blocks", "num_pool_groups", "vocab")
+SYMBOLIC_DIMS = (NUM_TOKENS, BATCH, BATCH_PLUS_1, MAX_BLOCKS, NUM_POOL_GROUPS, VOCAB)
+
+
+def block_table_name(group: int) -> str:
+    return BLOCK_TABLE.format(g=group)
+
+
+def status_name(layer: int) -> str:
+    return KV_WRITE_STATUS.format(i=layer)
+
+
+# ---- the tensors -------------------------------------------------------------------------------------------
+class Per(enum.Enum):
+    ENGINE = "engine"  # one tensor
+    POOL_GROUP = "pool_group"  # one per pool group: the name's {g}
+    LAYER = "layer"  # one per attention layer: the name's {i}
+
+
+class Presence(enum.Enum):
+    ALWAYS = "always"
+    EXPLICIT_POSITIONS = "explicit_positions"  # only when the layers take RoPE positions from an input
+
+
+MODEL_DTYPE = None  # a tensor in the model's own float dtype (float32, float16 or bfloat16)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One engine tensor, or a family of them (``per`` a pool group or a layer: ``name`` has ``{g}`` / ``{i}``)."""
+
+    name: str
+    is_input: bool
+    dtype: np.dtype | None  # None: MODEL_DTYPE
+    shape: tuple[int | str, ...]  # ints are static, strings SYMBOLIC_DIMS
+    role: str
+    per: Per = Per.ENGINE
+    presence: Presence = Presence.ALWAYS
+
+    @property
+    def prefix(self) -> str:
+        """A family's name up to its index (``block_table_``); an engine tensor's name."""
+        return self.name.split("{")[0]
+
+    def named(self, index: int | None = None) -> str:
+        """The tensor's name; ``index`` is the pool group / layer of a family."""
+        if self.per == Per.ENGINE:
+            return self.name
+        return self.name.format(**{"g" if self.per == Per.POOL_GROUP else "i": index})
+
+
+INPUTS = (
+    TensorSpec(INPUT_IDS, True, np.dtype(np.int64), (1, NUM_TOKENS), "the step's packed tokens"),
+    TensorSpec(KV_POOLS, True, np.dtype(np.int64), (NUM_POOL_GROUPS, step.POOL_DESC_FIELDS),
+               "pool descriptors, row g = pool group g: (device address, num_blocks, reserved, reserved); the KV "
+               "manager fills it once"),
+    TensorSpec(CU_Q_LENS, True, np.dtype(np.int32), (BATCH_PLUS_1,),
+               "sequence b owns tokens [cu_q_lens[b], cu_q_lens[b+1]), cu_q_lens[0] = 0"),
+    TensorSpec(PAST_LENS, True, np.dtype(np.int32), (BATCH,), "tokens cached before this step"),
+    TensorSpec(BLOCK_TABLE, True, np.dtype(np.int32), (BATCH, MAX_BLOCKS),
+               "pool group g's physical block of each sequence's page, -1 where none", per=Per.POOL_GROUP),
+    TensorSpec(POSITION_IDS, True, np.dtype(np.int32), (NUM_TOKENS,),
+               "RoPE position of each token (otherwise past_lens[b] + i)", presence=Presence.EXPLICIT_POSITIONS),
+)
+OUTPUTS = (
+    TensorSpec(LOGITS, False, MODEL_DTYPE, (1, NUM_TOKENS, VOCAB), "the model's logits of every token"),
+    TensorSpec(KV_WRITE_STATUS, False, np.dtype(np.int32), (step.STATUS_FIELDS,),
+               "layer i's write error record, all zero after a clean step (pagedkv.step.raise_for_status)",
+               per=Per.LAYER),
+)
+TENSORS = INPUTS + OUTPUTS
+SPECS = {t.name: t for t in TENSORS}
+REQUIRED_INPUTS = tuple(t.name for t in INPUTS if t.per == Per.ENGINE and t.presence == Presence.ALWAYS)
+_STATUS_RE = re.compile(rf"^{re.escape(SPECS[KV_WRITE_STATUS].prefix)}(\d+)$")
+
+
+def status_layer(name: str) -> int | None:
+    """i for ``kv_write_status_{i}``, else None."""
+    m = _STATUS_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def _instances(specs, count: int, explicit_positions: bool):
+    for spec in specs:
+        if spec.presence == Presence.EXPLICIT_POSITIONS and not explicit_positions:
+            continue
+        for index in (range(count) if spec.per != Per.ENGINE else [None]):
+            yield spec.named(index), spec
+
+
+def engine_inputs(num_pool_groups: int, explicit_positions: bool) -> list[tuple[str, TensorSpec]]:
+    """(name, spec) of every engine input of a graph with these pool groups, in the rewrite's order."""
+    return list(_instances(INPUTS, num_pool_groups, explicit_positions))
+
+
+def engine_outputs(num_layers: int) -> list[tuple[str, TensorSpec]]:
+    """(name, spec) of every engine output of a graph with ``num_layers`` attention layers."""
+    return list(_instances(OUTPUTS, num_layers, False))
+
+
+def resolve_shape(spec: TensorSpec, dims: dict[str, int]) -> tuple[int | str, ...]:
+    """The spec's shape with each symbolic dim found in ``dims`` replaced by its value (the others stay)."""
+    return tuple(dims.get(d, d) if isinstance(d, str) else d for d in spec.shape)
+
+
+# ---- for the C++ side and the docs ---------------------------------------------------------------------------
+def describe() -> dict:
+    """The contract as plain data (what ``--json`` prints)."""
+    def tensor(t: TensorSpec) -> dict:
+        return {"name": t.name, "dtype": "model" if t.dtype is None else t.dtype.name, "shape": list(t.shape),
+                "role": t.role, "per": t.per.value, "presence": t.presence.value}
+
+    return {
+        "inputs": [tensor(t) for t in INPUTS],
+        "outputs": [tensor(t) for t in OUTPUTS],
+        "symbolic_dims": list(SYMBOLIC_DIMS),
+        "records": {
+            KV_POOLS: {"fields": step.POOL_DESC_FIELDS,
+                       "columns": {"address": step.POOL_DESC_ADDRESS, "num_blocks": step.POOL_DESC_NUM_BLOCKS}},
+            "kv_write_status": {
+                "fields": step.STATUS_FIELDS,
+                "columns": {"flags": step.STATUS_FLAGS, "seq": step.STATUS_SEQ, "page_in_seq": step.STATUS_PAGE_IN_SEQ,
+                            "entry": step.STATUS_ENTRY},
+                "flags": {"invalid_block": step.STATUS_INVALID_BLOCK, "block_out_of_range": step.STATUS_BLOCK_OUT_OF_RANGE,
+                          "past_block_table": step.STATUS_PAST_BLOCK_TABLE}},
+        },
+    }
+
+
+def _type_text(t: TensorSpec) -> str:
+    return "model float" if t.dtype is None else t.dtype.name.upper()
+
+
+def render_markdown() -> str:
+    """The tensor table of ``docs/engine_io.md``."""
+    lines = ["| engine tensor | in/out | type | shape | present | meaning |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for t in TENSORS:
+        present = {Presence.ALWAYS: "always", Presence.EXPLICIT_POSITIONS: "explicit positions only"}[t.presence]
+        per = {Per.ENGINE: "", Per.POOL_GROUP: ", one per pool group g", Per.LAYER: ", one per layer i"}[t.per]
+        shape = "[" + ", ".join(str(d) for d in t.shape) + "]"
+        lines.append(f"| `{t.name}` | {'input' if t.is_input else 'output'} | {_type_text(t)} | `{shape}` | "
+                     f"{present}{per} | {t.role} |")
+    return "\n".join(lines) + "\n"
+
+
+def _camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+_CPP_DTYPE = {None: "kModelFloat", "int32": "kInt32", "int64": "kInt64"}
+_CPP_PER = {Per.ENGINE: "kEngine", Per.POOL_GROUP: "kPoolGroup", Per.LAYER: "kLayer"}
+_CPP_PRESENCE = {Presence.ALWAYS: "kAlways", Presence.EXPLICIT_POSITIONS: "kExplicitPositions"}
+
+
+def _cpp_dim(d) -> str:
+    return f"{{Dim::kStatic, {d}}}" if isinstance(d, int) else f"{{Dim::k{_camel(d)}, 0}}"
+
+
+def render_header() -> str:
+    """``plugins/include/pagedkv/engine_io.h``."""
+    max_rank = max(len(t.shape) for t in TENSORS)
+    family = {Per.ENGINE: ("", ""), Per.POOL_GROUP: ("Prefix", "  // + pool group g"),
+              Per.LAYER: ("Prefix", "  // + layer i")}
+    names = "\n".join(f'constexpr char const* k{_camel(t.prefix.rstrip("_"))}{family[t.per][0]} = "{t.prefix}";'
+                      f"{family[t.per][1]}" for t in TENSORS)
+    dims = "\n".join(f'constexpr char const* kDim{_camel(d)} = "{d}";' for d in SYMBOLIC_DIMS)
+    rows = "\n".join(f'    {{"{t.prefix}", {str(t.is_input).lower()}, DType::{_CPP_DTYPE[t.dtype and t.dtype.name]}, '
+                     f"Per::{_CPP_PER[t.per]}, Presence::{_CPP_PRESENCE[t.presence]}, {len(t.shape)}, "
+                     f"{{{', '.join(_cpp_dim(d) for d in t.shape)}}}}}," for t in TENSORS)
+    records = [("kPoolDescFields", step.POOL_DESC_FIELDS), ("kPoolDescAddress", step.POOL_DESC_ADDRESS),
+               ("kPoolDescNumBlocks", step.POOL_DESC_NUM_BLOCKS), ("kStatusFields", step.STATUS_FIELDS),
+               ("kStatusFlags", step.STATUS_FLAGS), ("kStatusSeq", step.STATUS_SEQ),
+               ("kStatusPageInSeq", step.STATUS_PAGE_IN_SEQ), ("kStatusEntry", step.STATUS_ENTRY),
+               ("kStatusInvalidBlock", step.STATUS_INVALID_BLOCK),
+               ("kStatusBlockOutOfRange", step.STATUS_BLOCK_OUT_OF_RANGE),
+               ("kStatusPastBlockTable", step.STATUS_PAST_BLOCK_TABLE)]
+    asserts = "\n".join(f'static_assert({name} == {value}, "pagedkv.step disagrees with step_metadata.h on {name}");'
+                        for name, value in records)
+    dim_enum = ", ".join(f"k{_camel(d)}" for d in SYMBOLIC_DIMS)
+    return f"""\
+// GENERATED by `python -m pagedkv.engine_io --header` from src/pagedkv/engine_io.py: do not edit.
+// tests/test_engine_io.py regenerates it and fails on any difference.
+//
+// The rewritten graph's engine inputs and outputs (docs/engine_io.md): what a runtime binds by name and
+// checks an engine's I/O against. The records inside kv_pools and kv_write_status_{{i}} are step_metadata.h's.
+#pragma once
+
+#include <cstdint>
+
+#include "pagedkv/step_metadata.h"
+
+namespace pagedkv {{
+namespace engine_io {{
+
+// Tensor names; a family (one per pool group g / layer i) is its prefix followed by the decimal index.
+{names}
+
+// Symbolic dims, as the rewritten ONNX graph names them.
+{dims}
+
+enum class DType : int32_t {{ kInt32, kInt64, kModelFloat /* the model's own: float32, float16 or bfloat16 */ }};
+enum class Per : int32_t {{ kEngine, kPoolGroup, kLayer }};
+enum class Presence : int32_t {{ kAlways, kExplicitPositions }};
+enum class Dim : int32_t {{ kStatic, {dim_enum} }};
+
+struct DimSpec {{
+    Dim dim;
+    int32_t value;  // the size when dim == Dim::kStatic
+}};
+
+struct TensorSpec {{
+    char const* name;  // the name, or the family's prefix (per != Per::kEngine)
+    bool isInput;
+    DType dtype;
+    Per per;
+    Presence presence;
+    int32_t rank;
+    DimSpec shape[{max_rank}];
+}};
+
+constexpr TensorSpec kTensors[] = {{
+{rows}
+}};
+constexpr int32_t kNumTensors = {len(TENSORS)};
+
+}}  // namespace engine_io
+
+// The Python twin of the records (pagedkv.step) against the C++ enums, at compile time.
+{asserts}
+
+}}  // namespace pagedkv
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pagedkv.engine_io", description=__doc__.splitlines()[0])
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--json", action="store_true", help="the contract as JSON")
+    what.add_argument("--header", action="store_true", help="the generated C++ header")
+    what.add_argument("--markdown", action="store_true", help="the tensor table of docs/engine_io.md")
+    args = parser.parse_args(argv)
+    if args.json:
+        text = json.dumps(describe(), indent=2) + "\n"
+    elif args.header:
+        text = render_header()
+    else:
+        text = render_markdown()
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
