@@ -6,6 +6,10 @@ functions in its module plus one line in ``VERBS``.
 Verb modules import heavy optional dependencies (torch for export, TensorRT for build) only inside
 ``run_v``, so ``pagedkv --help`` never loads them; a verb whose module cannot be imported at all (a broken
 install) stays listed and says why when it is run.
+
+Every verb runs through ``pagedkv.userio.run_verb``: a ``UsageError`` (bad argument or input file) is one
+line and exit status 2, any other error one line and exit status 1, a traceback only with ``--debug``.
+Argument errors argparse finds itself are one line and exit status 2 too.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ import argparse
 import importlib
 import sys
 from dataclasses import dataclass
+
+from pagedkv import __version__
+from pagedkv.userio import EXIT_USAGE, run_verb
 
 
 @dataclass(frozen=True)
@@ -37,8 +44,22 @@ VERBS = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``pagedkv rewrite: argument --page-size: ... (see --help)``, exit 2."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+
+
+def _common_options() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    common.add_argument("--quiet", action="store_true", help="no progress output")
+    return common
+
+
 def _register(subparsers, verb: Verb) -> None:
-    parser = subparsers.add_parser(verb.name, help=verb.help, description=verb.help)
+    parser = subparsers.add_parser(verb.name, help=verb.help, description=verb.help, parents=[_common_options()])
     try:
         module = importlib.import_module(verb.module)
     except ImportError as exc:  # the rest of the command stays usable; this verb says why when run
@@ -50,12 +71,13 @@ def _register(subparsers, verb: Verb) -> None:
 
 def _unavailable(name: str, exc: Exception) -> int:
     print(f"pagedkv {name}: unavailable: {exc}", file=sys.stderr)
-    return 2
+    return EXIT_USAGE
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pagedkv", description="TensorRT plugins, builder and runtime for LLM "
-                                                                 "inference with a paged KV cache")
+    parser = _Parser(prog="pagedkv", description="TensorRT plugins, builder and runtime for LLM inference with a "
+                                                 "paged KV cache")
+    parser.add_argument("--version", action="version", version=f"pagedkv {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for verb in VERBS:
         _register(subparsers, verb)
@@ -67,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "takes_any_arguments", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    return int(args.func(args) or 0)
+    return run_verb(args.command, args.func, args)
 
 
 if __name__ == "__main__":
