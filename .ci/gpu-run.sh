@@ -23,6 +23,9 @@ if has setup; then
     > "$OUT/setup.log" 2>&1 || { log "wheel install failed"; cat "$OUT/setup.log"; exit 1; }
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee -a "$OUT/summary.txt"
 fi
+# FlashInfer 0.7.2's JIT needs the real CUDA_HOME, ninja and libcuda on that machine (../shared/tools/flashinfer-env.sh)
+# shellcheck disable=SC1091
+[ -f .whl/flashinfer-env.sh ] && source .whl/flashinfer-env.sh
 
 if has build; then
   log "build (sm_90)"
@@ -63,7 +66,7 @@ if has bench; then
   for b in write attention; do
     if [ -f benchmarks/bench_$b.py ]; then
       log "benchmark $b"
-      timeout 420 python3 benchmarks/bench_$b.py --json "$OUT/bench_$b.json" > "$OUT/bench_$b.log" 2>&1
+      timeout ${PAGEDKV_BENCH_TIMEOUT:-540} python3 benchmarks/bench_$b.py --json "$OUT/bench_$b.json" > "$OUT/bench_$b.log" 2>&1
       t=$?; [ $t -ne 0 ] && { log "bench $b exit $t"; rc=$t; }
       tail -40 "$OUT/bench_$b.log" | tee -a "$OUT/summary.txt"
     fi

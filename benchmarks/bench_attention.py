@@ -1,21 +1,26 @@
-"""Paged attention (pagedkv) against FlashInfer 0.6.0, side by side in one process, same K/V values.
+"""Paged attention (pagedkv) against FlashInfer 0.7.2, side by side in one process, same K/V values.
 
 Decode: H=32, KVH=8, D=128, bf16, the 12 shapes of ../shared/ANCHORS.md (pages of 16 and 64 tokens; batch x
 cache length 1x32K, 1x128K, 16x8K, 64x4K, 128x2K, 256x1K), pages shuffled. Ours reads its HND pool through the
-block table; FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=False)`` reads its own NHD copy
-of the same values. Extra rows: our fp8 e4m3 cache at 64x4K (goal: >= 1.8x faster than our bf16), and the
-TensorRT plugin's loose bounds (max_q_len = T, max_kv_len = MB * page_size) at 64x4K and 256x1K.
-Chunked prefill: 4 sequences x a 2048-token chunk over 8192 cached tokens (causal), against
-``BatchPrefillWithPagedKVCacheWrapper`` (fa2, and fa3 when available).
+block table; the peers read their own NHD copy of the same values: ``tc_fa2`` =
+``BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True, backend="fa2")`` and ``xqa`` =
+``trtllm_batch_decode_with_kv_cache(backend="xqa")`` (TensorRT-LLM's XQA kernel), the two best decode paths of
+0.7.2 (ANCHORS.md; its CUDA-core decode, the 0.6.0 comparison, is ``--peers fa2``). Extra rows: our fp8 e4m3
+cache at 64x4K against xqa's fp8 decode (and our bf16), and the TensorRT plugin's loose bounds
+(max_q_len = T, max_kv_len = MB * page_size) at 64x4K and 256x1K.
+Prefill: 4 sequences x a 2048-token chunk over 8192 cached tokens and 1 x 8192 over nothing (causal), against
+``BatchPrefillWithPagedKVCacheWrapper(backend="fa3")`` (and fa2 with ``--peers``).
 
 Timing: median of ``triton.testing.do_bench`` (L2 flushed between repetitions) after warm-up, plain launches
 (no CUDA graphs: both libraries pay their Python launch cost, hidden behind the GPU time for these sizes).
 Bytes count each KV element read once (decode); TB/s = bytes / time; % is of the 4.28 TB/s copy ceiling.
-Prefill TFLOP/s counts 4*H*D per attended (query, key) pair. "FI/ours" > 1 means ours is faster.
+Prefill TFLOP/s counts 4*H*D per attended (query, key) pair. Each row names the best peer and "best/ours" (its
+time over ours: > 1 means ours is faster); the note has every peer's time, ratio and max |ours - peer|.
 benchmarks/NOTES-attention.md has the byte counts, floors and predictions.
 
 Run on the GPU machine from the repository root (pagedkv built, torch + triton, FlashInfer importable):
-    python benchmarks/bench_attention.py [--json out.json] [--cases decode,prefill,fp8,plugin]
+    python benchmarks/bench_attention.py [--json out.json] [--cases decode,prefill,fp8,plugin] [--peers ...]
+FlashInfer 0.7.2 compiles each kernel on first use (``.whl/flashinfer-env.sh`` sets its JIT up there).
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ from dataclasses import asdict, dataclass
 COPY_CEILING_TBS = 4.28
 H, KVH, D = 32, 8, 128
 DECODE_SHAPES = [(1, 32768), (1, 131072), (16, 8192), (64, 4096), (128, 2048), (256, 1024)]
-PREFILL = dict(num_seqs=4, chunk=2048, cached=8192)
+PREFILLS = [dict(num_seqs=4, chunk=2048, cached=8192), dict(num_seqs=1, chunk=8192, cached=0)]
+DEFAULT_PEERS = ("tc_fa2", "xqa", "fa3")
+PEERS = ("fa2", "tc_fa2", "xqa", "fa2_prefill", "fa3")  # fa2: CUDA-core decode; fa2_prefill / fa3: prefill backends
 
 
 @dataclass
@@ -42,8 +49,10 @@ class Result:
     tbs: float | None = None         # decode: KV bytes / time
     pct_ceiling: float | None = None
     tflops: float | None = None      # prefill
-    flashinfer_us: float | None = None
-    fi_over_ours: float | None = None  # FlashInfer time / our time: > 1 -> ours faster
+    best_peer: str | None = None     # the fastest FlashInfer path on this row
+    best_peer_us: float | None = None
+    best_over_ours: float | None = None  # best peer time / our time: > 1 -> ours faster
+    peers_us: dict | None = None     # every peer timed on this row
     note: str = ""
 
 
@@ -127,36 +136,55 @@ class Step:
         return kv, indptr, indices, last
 
 
-def flashinfer_decode(step: Step, flashinfer):
-    torch = step.torch
-    kv, indptr, indices, last = step.flashinfer_layout()
-    workspace = torch.empty(256 << 20, device="cuda", dtype=torch.uint8)
-    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=False)
-    wrapper.plan(indptr, indices, last, H, KVH, D, step.page_size, q_data_type=torch.bfloat16,
-                 kv_data_type=kv.dtype)
-    q = step.q.view(step.tokens, H, D)
+class Peers:
+    """FlashInfer's paged decode and prefill paths on a step's own K/V values (its NHD copy), one launcher each."""
 
-    def launch():
-        return wrapper.run(q, kv)
+    def __init__(self, torch, flashinfer):
+        import flashinfer.decode  # noqa: F401 - trtllm_batch_decode_with_kv_cache (xqa) lives there
 
-    launch.keep = (kv, indptr, indices, last, workspace, wrapper)
-    return launch
+        self.torch, self.fi = torch, flashinfer
+        self.workspace = torch.empty(512 << 20, device="cuda", dtype=torch.uint8)  # fa2/fa3 wrappers
+        self.xqa_workspace = torch.zeros(256 << 20, device="cuda", dtype=torch.uint8)  # XQA: semaphores start zeroed
 
+    def decode(self, step: Step, peer: str):
+        torch, fi = self.torch, self.fi
+        kv, indptr, indices, last = step.flashinfer_layout()
+        q = step.q.view(step.tokens, H, D)
+        out = torch.empty_like(q)
+        if peer == "xqa":
+            block_tables = step.block_table
+            seq_lens = torch.full((step.num_seqs,), step.kv_len, device="cuda", dtype=torch.int32)
 
-def flashinfer_prefill(step: Step, flashinfer, backend: str):
-    torch = step.torch
-    kv, indptr, indices, last = step.flashinfer_layout()
-    workspace = torch.empty(256 << 20, device="cuda", dtype=torch.uint8)
-    wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=backend)
-    wrapper.plan(step.cu_q_lens, indptr, indices, last, H, KVH, D, step.page_size, causal=True,
-                 q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
-    q = step.q.view(step.tokens, H, D)
+            def launch():
+                return fi.decode.trtllm_batch_decode_with_kv_cache(
+                    query=q, kv_cache=kv, workspace_buffer=self.xqa_workspace, block_tables=block_tables,
+                    seq_lens=seq_lens, max_seq_len=step.kv_len, bmm1_scale=1.0 / math.sqrt(D), bmm2_scale=1.0,
+                    out=out, kv_layout="NHD", backend="xqa")
+            launch.keep = (kv, block_tables, seq_lens, out)
+            return launch
+        wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=(peer == "tc_fa2"),
+                                                        backend="fa2")
+        wrapper.plan(indptr, indices, last, H, KVH, D, step.page_size, q_data_type=torch.bfloat16,
+                     kv_data_type=kv.dtype, o_data_type=torch.bfloat16)
 
-    def launch():
-        return wrapper.run(q, kv)
+        def launch():
+            return wrapper.run(q, kv, out=out)
+        launch.keep = (kv, indptr, indices, last, wrapper, out)
+        return launch
 
-    launch.keep = (kv, indptr, indices, last, workspace, wrapper)
-    return launch
+    def prefill(self, step: Step, peer: str):
+        torch = self.torch
+        kv, indptr, indices, last = step.flashinfer_layout()
+        backend = {"fa2_prefill": "fa2", "fa3": "fa3"}[peer]
+        wrapper = self.fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=backend)
+        wrapper.plan(step.cu_q_lens, indptr, indices, last, H, KVH, D, step.page_size, causal=True,
+                     q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+        q = step.q.view(step.tokens, H, D)
+
+        def launch():
+            return wrapper.run(q, kv)
+        launch.keep = (kv, indptr, indices, last, wrapper)
+        return launch
 
 
 def time_us(fn, torch, triton) -> float:
@@ -165,30 +193,47 @@ def time_us(fn, torch, triton) -> float:
     return 1000.0 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def compare(ours_out, theirs_out) -> str:
-    diff = (ours_out.float().view(-1) - theirs_out.float().reshape(-1)).abs().max().item()
-    return f"max|ours - FI| = {diff:.4f}"
+def max_diff(ours_out, theirs_out) -> float:
+    return (ours_out.float().view(-1) - theirs_out.float().reshape(-1)).abs().max().item()
 
 
-def run(which: set[str]) -> list[Result]:
+def run(which: set[str], peers: tuple[str, ...]) -> list[Result]:
     import torch
     import triton
 
     from _bench_common import import_flashinfer
 
     flashinfer, fi_error = import_flashinfer()
-
+    lib = Peers(torch, flashinfer) if flashinfer is not None else None
     results: list[Result] = []
 
-    def fi_time(make, *a):
-        if flashinfer is None:
-            return None, None, f"FlashInfer unavailable: {fi_error}"
-        try:
-            fn = make(*a)
-            return time_us(fn, torch, triton), fn, ""
-        except Exception as exc:  # noqa: BLE001 - one failing FlashInfer config must not stop the benchmark
-            return None, None, f"FlashInfer failed: {type(exc).__name__}: {str(exc)[:120]}"
+    def time_peers(step: Step, ours, kind: str, names, flops=None):
+        """Each peer's median time and a note with its ratio to ours, its max |ours - peer| (and TFLOP/s)."""
+        times, notes = {}, []
+        for peer in names:
+            if lib is None:
+                notes.append(f"{peer}: FlashInfer unavailable ({fi_error})")
+                continue
+            try:
+                fn = getattr(lib, kind)(step, peer)
+                peer_us = time_us(fn, torch, triton)
+                ours()
+                diff = max_diff(step.out, fn())
+            except Exception as exc:  # noqa: BLE001 - one failing peer config must not stop the benchmark
+                notes.append(f"{peer} failed: {type(exc).__name__}: {str(exc)[:100]}")
+                continue
+            times[peer] = peer_us
+            rate = f", {flops / (peer_us * 1e-6) / 1e12:.0f} TFLOP/s" if flops else ""
+            notes.append(f"{peer} {peer_us:.1f} us{rate} (x{peer_us / ours.us:.2f}, max|diff| {diff:.4f})")
+        return times, notes
 
+    def row(case, impl, step, ours, us, times, notes, *, tbs=None, tflops=None, extra=""):
+        best = min(times, key=times.get) if times else None
+        results.append(Result(case, impl, us, tbs, 100 * tbs / COPY_CEILING_TBS if tbs else None, tflops, best,
+                              times[best] if best else None, times[best] / us if best else None, times or None,
+                              "; ".join(notes + ([extra] if extra else []))))
+
+    decode_peers = [p for p in peers if p in ("fa2", "tc_fa2", "xqa")]
     if "decode" in which or "fp8" in which or "plugin" in which:
         for page in (16, 64):
             for batch, length in DECODE_SHAPES:
@@ -199,62 +244,49 @@ def run(which: set[str]) -> list[Result]:
                     continue
                 step = Step(torch, num_seqs=batch, q_len=1, past_len=length - 1, page_size=page, seed=batch + page)
                 ours = step.our_launcher()
-                us = time_us(ours, torch, triton)
-                fi_us, fi_fn, note = fi_time(flashinfer_decode, step, flashinfer)
-                if fi_fn is not None:
-                    ours()
-                    note = compare(step.out, fi_fn())
-                plan = ours.plan
-                note += f"  [split {plan['decode_grid'][2]}]"
+                us = ours.us = time_us(ours, torch, triton)
+                times, notes = time_peers(step, ours, "decode", decode_peers)
                 tbs = step.kv_bytes / (us * 1e-6) / 1e12
-                results.append(Result(name, "pagedkv bf16", us, tbs, 100 * tbs / COPY_CEILING_TBS, None, fi_us,
-                                      fi_us / us if fi_us else None, note.strip()))
+                row(name, "pagedkv bf16", step, ours, us, times, notes, tbs=tbs,
+                    extra=f"[split {ours.plan['decode_grid'][2]}]")
                 bf16_us = us
                 if "plugin" in which and (batch, length) in ((64, 4096), (256, 1024)) and page == 16:
                     loose = step.our_launcher(plugin_bounds=True)
                     us = time_us(loose, torch, triton)
-                    tbs = step.kv_bytes / (us * 1e-6) / 1e12
-                    results.append(Result(name, "pagedkv bf16, plugin bounds", us, tbs,
-                                          100 * tbs / COPY_CEILING_TBS, None, fi_us, fi_us / us if fi_us else None,
-                                          f"runs multi-token kernel too: {bool(loose.plan['run_multi'])}"))
+                    row(name, "pagedkv bf16, plugin bounds", step, loose, us, times, [],
+                        tbs=step.kv_bytes / (us * 1e-6) / 1e12,
+                        extra=f"runs multi-token kernel too: {bool(loose.plan['run_multi'])}")
                 del step
                 if "fp8" in which and (batch, length) == (64, 4096):
                     step = Step(torch, num_seqs=batch, q_len=1, past_len=length - 1, page_size=page, cache="fp8")
                     ours = step.our_launcher()
-                    us = time_us(ours, torch, triton)
-                    tbs = step.kv_bytes / (us * 1e-6) / 1e12
-                    results.append(Result(name, "pagedkv fp8 e4m3 cache", us, tbs, 100 * tbs / COPY_CEILING_TBS,
-                                          note=f"{bf16_us / us:.2f}x faster than our bf16 (goal >= 1.8x)"))
+                    us = ours.us = time_us(ours, torch, triton)
+                    times, notes = time_peers(step, ours, "decode", [p for p in decode_peers if p == "xqa"])
+                    row(name, "pagedkv fp8 e4m3 cache", step, ours, us, times, notes,
+                        tbs=step.kv_bytes / (us * 1e-6) / 1e12, extra=f"{bf16_us / us:.2f}x faster than our bf16")
                     del step
                 torch.cuda.empty_cache()
 
     if "prefill" in which:
-        for page in (16, 64):
-            step = Step(torch, num_seqs=PREFILL["num_seqs"], q_len=PREFILL["chunk"], past_len=PREFILL["cached"],
-                        page_size=page, seed=7)
-            name = f"prefill P{page} {PREFILL['num_seqs']}x{PREFILL['chunk']} over {PREFILL['cached']}"
-            flops = 4 * H * D * step.attended_pairs
-            ours = step.our_launcher()
-            us = time_us(ours, torch, triton)
-            notes, best = [], None
-            for backend in ("fa2", "fa3"):
-                fi_us, fi_fn, note = fi_time(flashinfer_prefill, step, flashinfer, backend)
-                if fi_fn is not None:
-                    ours()
-                    note = f"{backend}: {fi_us:.0f} us ({flops / (fi_us * 1e-6) / 1e12:.0f} TFLOP/s), " + \
-                           compare(step.out, fi_fn())
-                    best = fi_us if best is None else min(best, fi_us)
-                notes.append(note)
-            results.append(Result(name, "pagedkv bf16", us, None, None, flops / (us * 1e-6) / 1e12, best,
-                                  best / us if best else None, "; ".join(notes)))
-            del step
-            torch.cuda.empty_cache()
+        prefill_peers = [p for p in peers if p in ("fa2_prefill", "fa3")]
+        for shape in PREFILLS:
+            for page in (16, 64):
+                step = Step(torch, num_seqs=shape["num_seqs"], q_len=shape["chunk"], past_len=shape["cached"],
+                            page_size=page, seed=7)
+                name = f"prefill P{page} {shape['num_seqs']}x{shape['chunk']} over {shape['cached']}"
+                flops = 4 * H * D * step.attended_pairs
+                ours = step.our_launcher()
+                us = ours.us = time_us(ours, torch, triton)
+                times, notes = time_peers(step, ours, "prefill", prefill_peers, flops)
+                row(name, "pagedkv bf16", step, ours, us, times, notes, tflops=flops / (us * 1e-6) / 1e12)
+                del step
+                torch.cuda.empty_cache()
     return results
 
 
 def print_table(results: list[Result]) -> None:
     header = (f"{'case':<34} {'implementation':<30} {'us':>9} {'TB/s':>6} {'%4.28':>6} {'TFLOP/s':>8} "
-              f"{'FI us':>9} {'FI/ours':>7}  note")
+              f"{'best peer':>9} {'peer us':>9} {'best/ours':>9}  note")
     print(header)
     print("-" * len(header))
 
@@ -263,7 +295,8 @@ def print_table(results: list[Result]) -> None:
 
     for r in results:
         print(f"{r.case:<34} {r.impl:<30} {r.us:9.1f} {f(r.tbs, '6.2f'):>6} {f(r.pct_ceiling, '6.1f'):>6} "
-              f"{f(r.tflops, '8.0f'):>8} {f(r.flashinfer_us, '9.1f'):>9} {f(r.fi_over_ours, '7.2f'):>7}  {r.note}")
+              f"{f(r.tflops, '8.0f'):>8} {r.best_peer or '-':>9} {f(r.best_peer_us, '9.1f'):>9} "
+              f"{f(r.best_over_ours, '9.2f'):>9}  {r.note}")
 
 
 def main() -> int:
@@ -271,16 +304,21 @@ def main() -> int:
     ap.add_argument("--json", help="write the results to this file")
     ap.add_argument("--cases", default="decode,fp8,plugin,prefill",
                     help="comma-separated subset of: decode, fp8, plugin, prefill")
+    ap.add_argument("--peers", default=",".join(DEFAULT_PEERS),
+                    help=f"comma-separated FlashInfer paths to time, of: {', '.join(PEERS)} (default %(default)s)")
     args = ap.parse_args()
     which = set(args.cases.split(","))
     unknown = which - {"decode", "fp8", "plugin", "prefill"}
     if unknown:
         ap.error(f"--cases: unknown {sorted(unknown)}")
+    peers = tuple(p for p in args.peers.split(",") if p)
+    if set(peers) - set(PEERS):
+        ap.error(f"--peers: unknown {sorted(set(peers) - set(PEERS))}")
     t0 = time.time()
-    results = run(which)
+    results = run(which, peers)
     print_table(results)
     print(f"\n{len(results)} rows in {time.time() - t0:.0f} s; reproduce: python benchmarks/bench_attention.py "
-          f"--cases {args.cases}")
+          f"--cases {args.cases} --peers {args.peers}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump([asdict(r) for r in results], f, indent=1)
