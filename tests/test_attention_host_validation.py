@@ -72,7 +72,7 @@ BAD_FIELDS = [
     (dict(page_size=0), "page_size=0"),
     (dict(page_layout=2), "page_layout=2"),
     (dict(cyclic_len=40), "cyclic_len=40"),
-    (dict(cyclic_sink_tokens=-3), "cyclic_sink_tokens=-3"),
+    (dict(ring_sink_tokens=-3), "ring_sink_tokens=-3"),
     (dict(num_layers=0), "num_layers=0"),
     (dict(max_q_len=0), "maxQLen=0"),
     (dict(max_q_len=5), "maxQLen=5"),
@@ -264,7 +264,7 @@ def _build(case: Case):
     rng = np.random.default_rng(case.seed)
     pool = PoolConfig(num_kv_heads=case.num_kv_heads, head_dim=case.head_dim, page_size=case.page_size,
                       num_layers=1, layer_index=0, cache_dtype=CacheDType.FP16,
-                      page_layout=PageLayout(case.seed % 2), sink_tokens=case.sinks if case.cyclic_pages else 0,
+                      page_layout=PageLayout(case.seed % 2), ring_sink_tokens=case.sinks if case.cyclic_pages else 0,
                       cyclic_len=case.cyclic_pages * case.page_size)
     cfg = AttentionConfig(num_q_heads=case.num_kv_heads * case.group, pool=pool, window=case.window,
                           attention_sinks=case.sinks)

@@ -93,7 +93,7 @@ BAD_ARGS = [
     ({"layer_index": -1}, "layer_index=-1"),
     ({"page_size": 0}, "page_size=0"),
     ({"page_layout": 2}, "page_layout=2"),
-    ({"sink_tokens": -1}, "sink_tokens=-1"),
+    ({"ring_sink_tokens": -1}, "ring_sink_tokens=-1"),
     ({"cyclic_len": 20}, "cyclic_len=20"),
     ({"cyclic_len": -16}, "cyclic_len=-16"),
     ({"struct_size": 8}, "struct_size=8"),
@@ -153,7 +153,7 @@ def test_build_args_carries_every_attribute():
                                       factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                       original_max_positions=4096),
                       pool=PoolConfig(num_kv_heads=4, head_dim=64, page_size=24, num_layers=3, layer_index=2,
-                                      pool_index=1, cache_dtype=CacheDType.INT8, page_layout=1, sink_tokens=5,
+                                      pool_index=1, cache_dtype=CacheDType.INT8, page_layout=1, ring_sink_tokens=5,
                                       cyclic_len=48, k_scale=0.25, v_scale=0.125))
     meta = write.StepPointers(1, 2, 3, 4, num_seqs=5, num_tokens=6, max_blocks=7, position_ids=8)
     a = write.build_args(cfg, write.IODType.FP16, qkv=9, q_out=10, status=11, meta=meta, bias=12)
@@ -161,7 +161,7 @@ def test_build_args_carries_every_attribute():
     assert got == {
         "struct_size": ctypes.sizeof(write.QKVWriteArgs), "num_q_heads": 16, "num_kv_heads": 4, "head_dim": 64,
         "io_dtype": 0, "num_tokens": 6, "num_seqs": 5, "max_blocks": 7, "pool_index": 1, "num_layers": 3,
-        "layer_index": 2, "page_size": 24, "page_layout": 1, "sink_tokens": 5, "cyclic_len": 48, "cache_dtype": 3,
+        "layer_index": 2, "page_size": 24, "page_layout": 1, "ring_sink_tokens": 5, "cyclic_len": 48, "cache_dtype": 3,
         "k_scale": 0.25, "v_scale": 0.125, "rope_style": 2, "rope_rotary_dim": 32, "rope_theta": 5e5,
         "rope_scaling": 2, "rope_factor": 8.0, "rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0,
         "rope_original_max_positions": 4096, "q_out_fp8": 1, "q_scale": 0.5, "zero_v_tail": 0, "reserved0": 0,

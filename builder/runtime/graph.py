@@ -138,14 +138,14 @@ class RewrittenGraph:
                 raise GraphError(f"pool group {g}: layer_index values {[p.layer_index for p in pools]} do not "
                                  f"cover 0..{first.num_layers - 1} exactly once")
             geometry = {(p.num_kv_heads, p.head_dim, p.page_size, p.num_layers, int(p.cache_dtype), int(p.page_layout),
-                         p.sink_tokens, p.cyclic_len) for p in pools}
+                         p.ring_sink_tokens, p.cyclic_len) for p in pools}
             windows = {(m.attention.window, m.attention.attention_sinks) for m in members}
             if len(geometry) != 1 or len(windows) != 1:
                 raise GraphError(f"pool group {g}: its layers {[m.index for m in members]} disagree on geometry "
                                  f"{sorted(geometry)} or window {sorted(windows)}")
             window, sinks = windows.pop()
             layout = KVLayout(first.num_layers, first.num_kv_heads, first.page_size, first.head_dim,
-                              first.page_layout, first.sink_tokens, first.cyclic_len)
+                              first.page_layout, first.ring_sink_tokens, first.cyclic_len)
             groups.append(PoolGroupSpec(f"group{g}", layout, first.cache_dtype, window=max(window, 0),
                                         attention_sinks=sinks if window > 0 else 0,
                                         k_scales=tuple(p.k_scale for p in pools),

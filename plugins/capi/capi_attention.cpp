@@ -28,14 +28,14 @@ cudaError_t toParams(PagedKVAttentionArgs const* a, AttentionParams& p) {
     PKV_REQUIRE(a->head_dim > 0, "head_dim", a->head_dim, "one of 64, 128, 256");
     PKV_REQUIRE(a->page_size > 0, "page_size", a->page_size, "> 0");
     PKV_REQUIRE(a->page_layout == 0 || a->page_layout == 1, "page_layout", a->page_layout, "0 (HND) or 1 (NHD)");
-    PKV_REQUIRE(a->cyclic_sink_tokens >= 0, "cyclic_sink_tokens", a->cyclic_sink_tokens, ">= 0");
+    PKV_REQUIRE(a->ring_sink_tokens >= 0, "ring_sink_tokens", a->ring_sink_tokens, ">= 0");
     PKV_REQUIRE(a->cyclic_len >= 0 && a->cyclic_len % a->page_size == 0, "cyclic_len", a->cyclic_len,
                 "0 or a multiple of page_size=" + std::to_string(a->page_size));
     PKV_REQUIRE(a->workspace_bytes >= 0, "workspace_bytes", a->workspace_bytes, ">= 0");
     PKV_REQUIRE(a->io_dtype == 0 || a->io_dtype == 1, "io_dtype", a->io_dtype, "0 (fp16) or 1 (bf16)");
     KVLayout layout;
     PKV_REQUIRE(makeKVLayout(a->num_layers, a->num_kv_heads, a->page_size, a->head_dim,
-                             static_cast<PageLayout>(a->page_layout), a->cyclic_sink_tokens, a->cyclic_len, layout),
+                             static_cast<PageLayout>(a->page_layout), a->ring_sink_tokens, a->cyclic_len, layout),
                 "page_size", a->page_size, "a valid KV layout geometry");
     p = AttentionParams{};
     p.numQHeads = a->num_q_heads;
@@ -61,7 +61,7 @@ cudaError_t toParams(PagedKVAttentionArgs const* a, AttentionParams& p) {
     p.kScale = a->k_scale;
     p.vScale = a->v_scale;
     p.window = a->window;
-    p.sinkTokens = a->attention_sinks;
+    p.attentionSinks = a->attention_sinks;
     p.softmaxScale = a->softmax_scale;
     p.logitSoftcap = a->logit_softcap;
     p.out = a->out;
@@ -94,7 +94,7 @@ int32_t pagedkv_attention_args_layout(int64_t* offsets, int32_t n) {
         PKV_FIELD(max_blocks), PKV_FIELD(pool_index), PKV_FIELD(max_q_len), PKV_FIELD(max_kv_len),
         PKV_FIELD(reserved0), PKV_FIELD(pool_descs), PKV_FIELD(block_table), PKV_FIELD(cu_q_lens),
         PKV_FIELD(past_lens), PKV_FIELD(q), PKV_FIELD(num_layers), PKV_FIELD(page_size), PKV_FIELD(page_layout),
-        PKV_FIELD(cyclic_sink_tokens), PKV_FIELD(cyclic_len), PKV_FIELD(layer), PKV_FIELD(cache_dtype),
+        PKV_FIELD(ring_sink_tokens), PKV_FIELD(cyclic_len), PKV_FIELD(layer), PKV_FIELD(cache_dtype),
         PKV_FIELD(k_scale), PKV_FIELD(v_scale), PKV_FIELD(window), PKV_FIELD(attention_sinks),
         PKV_FIELD(softmax_scale), PKV_FIELD(logit_softcap), PKV_FIELD(reserved1), PKV_FIELD(out),
         PKV_FIELD(workspace), PKV_FIELD(workspace_bytes)};

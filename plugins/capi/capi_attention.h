@@ -40,7 +40,7 @@ typedef struct PagedKVAttentionArgs {
     int32_t num_layers;
     int32_t page_size;
     int32_t page_layout;      /* 0 HND, 1 NHD */
-    int32_t cyclic_sink_tokens; /* sinks kept by a cyclic cache (KVLayout::sinkTokens) */
+    int32_t ring_sink_tokens; /* sinks kept by a cyclic cache (KVLayout::sinkTokens) */
     int32_t cyclic_len;       /* 0: linear cache */
     int32_t layer;
     int32_t cache_dtype;      /* 0 fp16, 1 bf16, 2 fp8 e4m3, 3 int8 */

@@ -21,14 +21,14 @@ const char* pagedkv_build_info(void) {
 const char* pagedkv_last_error(void) { return pagedkv::lastErrorMessage(); }
 
 int32_t pagedkv_layout_locate(int32_t num_layers, int32_t num_kv_heads, int32_t page_size, int32_t head_dim,
-                              int32_t page_layout, int32_t sink_tokens, int32_t cyclic_len,
+                              int32_t page_layout, int32_t ring_sink_tokens, int32_t cyclic_len,
                               const int32_t* block_row, int32_t max_blocks, int64_t num_blocks, int32_t layer,
                               int32_t kv, int32_t head, const int32_t* positions, int32_t n,
                               int64_t* out_block, int32_t* out_offset, int64_t* out_elem) {
     using namespace pagedkv;
     KVLayout layout;
     if (!makeKVLayout(num_layers, num_kv_heads, page_size, head_dim, static_cast<PageLayout>(page_layout),
-                      sink_tokens, cyclic_len, layout))
+                      ring_sink_tokens, cyclic_len, layout))
         return cudaErrorInvalidValue;
     BlockTableRow row{block_row, max_blocks, num_blocks};
     for (int32_t i = 0; i < n; ++i) {

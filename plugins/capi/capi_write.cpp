@@ -25,11 +25,11 @@ cudaError_t buildLayout(PagedKVQKVWriteArgs const& a, KVLayout& out) {
     PKV_REQUIRE(a.page_size > 0, "page_size", a.page_size, "> 0");
     PKV_REQUIRE(a.head_dim > 0, "head_dim", a.head_dim, "one of 64, 128, 256");
     PKV_REQUIRE(a.page_layout == 0 || a.page_layout == 1, "page_layout", a.page_layout, "0 (HND) or 1 (NHD)");
-    PKV_REQUIRE(a.sink_tokens >= 0, "sink_tokens", a.sink_tokens, ">= 0");
+    PKV_REQUIRE(a.ring_sink_tokens >= 0, "ring_sink_tokens", a.ring_sink_tokens, ">= 0");
     PKV_REQUIRE(a.cyclic_len >= 0 && a.cyclic_len % a.page_size == 0, "cyclic_len", a.cyclic_len,
                 "0 or a positive multiple of page_size=" + str(a.page_size));
     PKV_REQUIRE(makeKVLayout(a.num_layers, a.num_kv_heads, a.page_size, a.head_dim,
-                             static_cast<PageLayout>(a.page_layout), a.sink_tokens, a.cyclic_len, out),
+                             static_cast<PageLayout>(a.page_layout), a.ring_sink_tokens, a.cyclic_len, out),
                 "page_size", a.page_size, "a pool geometry makeKVLayout accepts");
     return cudaSuccess;
 }
@@ -101,7 +101,7 @@ int32_t pagedkv_qkv_write_args_offsets(int64_t* out, int32_t n) {
         PKV_FIELD_OFFSET(num_seqs),        PKV_FIELD_OFFSET(max_blocks),
         PKV_FIELD_OFFSET(pool_index),      PKV_FIELD_OFFSET(num_layers),
         PKV_FIELD_OFFSET(layer_index),     PKV_FIELD_OFFSET(page_size),
-        PKV_FIELD_OFFSET(page_layout),     PKV_FIELD_OFFSET(sink_tokens),
+        PKV_FIELD_OFFSET(page_layout),     PKV_FIELD_OFFSET(ring_sink_tokens),
         PKV_FIELD_OFFSET(cyclic_len),      PKV_FIELD_OFFSET(cache_dtype),
         PKV_FIELD_OFFSET(k_scale),         PKV_FIELD_OFFSET(v_scale),
         PKV_FIELD_OFFSET(rope_style),      PKV_FIELD_OFFSET(rope_rotary_dim),

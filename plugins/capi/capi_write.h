@@ -33,7 +33,7 @@ typedef struct PagedKVQKVWriteArgs {
     int32_t layer_index;
     int32_t page_size;
     int32_t page_layout; /* 0 HND, 1 NHD */
-    int32_t sink_tokens; /* cyclic cache only */
+    int32_t ring_sink_tokens; /* cyclic cache only */
     int32_t cyclic_len;  /* 0: linear cache */
     int32_t cache_dtype; /* 0 fp16, 1 bf16, 2 fp8_e4m3, 3 int8 */
     float k_scale;       /* quantized caches: x ~= stored * k_scale */

@@ -19,7 +19,7 @@ PAGEDKV_EXPORT const char* pagedkv_last_error(void);
 // Contract cross-check for tests/test_layout.py: locate `n` cache positions of one sequence through the C++
 // KV-layout helpers (host side). out_block/out_offset/out_elem: [n]; out_elem is -1 for invalid blocks.
 PAGEDKV_EXPORT int32_t pagedkv_layout_locate(int32_t num_layers, int32_t num_kv_heads, int32_t page_size,
-                                             int32_t head_dim, int32_t page_layout, int32_t sink_tokens,
+                                             int32_t head_dim, int32_t page_layout, int32_t ring_sink_tokens,
                                              int32_t cyclic_len, const int32_t* block_row, int32_t max_blocks,
                                              int64_t num_blocks, int32_t layer, int32_t kv, int32_t head,
                                              const int32_t* positions, int32_t n, int64_t* out_block,

@@ -1,5 +1,5 @@
 // Internal interface between the attention launcher (attention_launch.cpp) and the kernel files
-// (attention_decode.cu, attention_prefill.cu, attention_merge.cu): the kernels' parameter struct, built once
+// (attention_decode.cu, attention_multi.cu, attention_merge.cu): the kernels' parameter struct, built once
 // per launch from AttentionParams and the plan, and one launch function per kernel family.
 //
 // Legend: T tokens, B sequences, H query heads, KVH KV heads, G = H / KVH, D head dim,
@@ -39,7 +39,7 @@ struct AttentionKernelParams {
     // ---- attention. raw = q_stored . k_stored in the compute type; the true logit is raw * qScale * kScale *
     // softmaxScale. Logits live in the log2 domain (times log2 e) so that exp is one ex2.
     int32_t window;
-    int32_t sinkTokens;
+    int32_t attentionSinks;
     int32_t useSoftcap;
     float scoreScaleLog2;   // no soft-cap: logit2 = raw * scoreScaleLog2
     float capInScale;       // soft-cap: logit2 = tanh(raw * capInScale) * capOutScaleLog2
@@ -53,7 +53,7 @@ struct AttentionKernelParams {
     float* partialLse;      // [Z, T, H] chunk log2-sum-exp of the logits (-inf: the chunk saw nothing)
 
     PKV_HD StepView stepView() const {
-        return StepView{cuQLens, pastLens, numSeqs, groupSize, window, sinkTokens};
+        return StepView{cuQLens, pastLens, numSeqs, groupSize, window, attentionSinks};
     }
 };
 

@@ -36,7 +36,7 @@ AttentionKernelParams makeKernelParams(AttentionParams const& p, AttentionPlan c
     k.layer = p.layer;
     k.cacheIsFp8 = p.cacheDType == CacheDType::kFP8E4M3 ? 1 : 0;
     k.window = p.window;
-    k.sinkTokens = p.sinkTokens;
+    k.attentionSinks = p.attentionSinks;
     // The kernels multiply stored values as they are; every scale is folded here:
     // logit = (q_stored . k_stored) * qScale * kScale * softmaxScale, out = (P . v_stored) * vScale.
     bool const quantized = p.cacheDType == CacheDType::kFP8E4M3 || p.cacheDType == CacheDType::kINT8;

@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32) attentionMergeKernel(__grid_
     int32_t const token = int32_t(rowIndex / p.numQHeads);
     int32_t const head = int32_t(rowIndex % p.numQHeads);
     SeqInfo const s = makeSeqInfo(p.cuQLens, p.pastLens, seqOfToken(p.cuQLens, p.numSeqs, token));
-    int32_t const n = seqChunks(p.split, s, p.groupSize, p.window, p.sinkTokens);
+    int32_t const n = seqChunks(p.split, s, p.groupSize, p.window, p.attentionSinks);
     if (n <= 1) return;  // uniform per CTA; exiting before the wait reads nothing the attention kernel writes
 
     gridDependencyWait();  // the partials are complete and visible from here on

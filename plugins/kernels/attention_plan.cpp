@@ -25,9 +25,9 @@ constexpr int64_t kDecodeMaxWaves = 4;
 // The layout must be exactly what makeKVLayout builds from its own fields (kernels trust its strides).
 bool layoutIsCanonical(KVLayout const& l) {
     KVLayout ref;
-    if (!makeKVLayout(l.numLayers, l.numKVHeads, l.pageSize, l.headDim, l.pageLayout, l.sinkTokens, l.cyclicLen, ref))
+    if (!makeKVLayout(l.numLayers, l.numKVHeads, l.pageSize, l.headDim, l.pageLayout, l.ringSinkTokens, l.cyclicLen, ref))
         return false;
-    return ref.pageShift == l.pageShift && ref.bubbleLen == l.bubbleLen && ref.sinkTokens == l.sinkTokens &&
+    return ref.pageShift == l.pageShift && ref.bubbleLen == l.bubbleLen && ref.ringSinkTokens == l.ringSinkTokens &&
            ref.strideBlock == l.strideBlock && ref.strideLayer == l.strideLayer && ref.strideKV == l.strideKV &&
            ref.strideHead == l.strideHead && ref.strideToken == l.strideToken;
 }
@@ -60,7 +60,7 @@ cudaError_t validate(AttentionParams const& p) {
                 "finite and >= 0 (0 means 1/sqrt(headDim))");
     PKV_REQUIRE(std::isfinite(p.logitSoftcap) && p.logitSoftcap >= 0.f, "logitSoftcap", p.logitSoftcap,
                 "finite and >= 0 (0: no soft-cap)");
-    PKV_REQUIRE(p.sinkTokens >= 0, "sinkTokens", p.sinkTokens, ">= 0");
+    PKV_REQUIRE(p.attentionSinks >= 0, "sinkTokens", p.attentionSinks, ">= 0");
 
     KVLayout const& l = p.layout;
     PKV_REQUIRE(l.numKVHeads == p.numKVHeads, "layout.numKVHeads", l.numKVHeads,
@@ -124,7 +124,7 @@ AttentionPlan planAttention(AttentionParams const& p, DeviceFacts const& facts) 
     // Bound on any sequence's KV span: the cache length, or with a window the window of the first query
     // plus the step's other queries plus the sinks. Only sizes the split; the kernels never rely on it.
     int64_t maxSpan = std::max<int64_t>(p.maxKVLen, 1);
-    if (p.window > 0) maxSpan = std::min<int64_t>(maxSpan, int64_t(p.window) + p.maxQLen - 1 + p.sinkTokens);
+    if (p.window > 0) maxSpan = std::min<int64_t>(maxSpan, int64_t(p.window) + p.maxQLen - 1 + p.attentionSinks);
     maxSpan = std::min<int64_t>(maxSpan, INT32_MAX - kChunkAlign);
     plan.maxSpan = int32_t(maxSpan);
 

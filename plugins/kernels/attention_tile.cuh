@@ -410,7 +410,7 @@ __device__ __forceinline__ void softmaxStepImpl(AttentionKernelParams const& p, 
             float x = capped ? cappedLogitLog2(p, s[nt][e], capIn) : s[nt][e];
             if (masked) {
                 int32_t const kvPos = sPos[nt * 8 + 2 * c + (e & 1)];
-                if (!kvVisible(e < 2 ? qPos0 : qPos1, kvPos, p.window, p.sinkTokens)) x = negInf();
+                if (!kvVisible(e < 2 ? qPos0 : qPos1, kvPos, p.window, p.attentionSinks)) x = negInf();
             }
             s[nt][e] = x;
             rowMax[e >> 1] = fmaxf(rowMax[e >> 1], x);

@@ -30,19 +30,19 @@ cudaError_t validateLayout(QKVWriteParams const& p) {
     PKV_REQUIRE(l.pageSize > 0, "page_size", l.pageSize, "> 0");
     PKV_REQUIRE(l.pageLayout == PageLayout::kHND || l.pageLayout == PageLayout::kNHD, "page_layout",
                 static_cast<int32_t>(l.pageLayout), "0 (HND) or 1 (NHD)");
-    PKV_REQUIRE(l.sinkTokens >= 0, "sink_tokens", l.sinkTokens, ">= 0");
+    PKV_REQUIRE(l.ringSinkTokens >= 0, "sink_tokens", l.ringSinkTokens, ">= 0");
     PKV_REQUIRE(l.cyclicLen >= 0 && l.cyclicLen % l.pageSize == 0, "cyclic_len", l.cyclicLen,
                 "0 or a positive multiple of page_size=" + str(l.pageSize));
     PKV_REQUIRE(l.numKVHeads == p.numKVHeads, "layout.numKVHeads", l.numKVHeads,
                 "equal to num_kv_heads=" + str(p.numKVHeads));
     PKV_REQUIRE(l.headDim == p.headDim, "layout.headDim", l.headDim, "equal to head_dim=" + str(p.headDim));
     KVLayout e;
-    PKV_REQUIRE(makeKVLayout(l.numLayers, l.numKVHeads, l.pageSize, l.headDim, l.pageLayout, l.sinkTokens,
+    PKV_REQUIRE(makeKVLayout(l.numLayers, l.numKVHeads, l.pageSize, l.headDim, l.pageLayout, l.ringSinkTokens,
                              l.cyclicLen, e),
                 "layout", 0, "a geometry makeKVLayout accepts");
     auto const asBuilt = [](int64_t v) { return str(v) + " (as makeKVLayout computes it)"; };
     PKV_REQUIRE(l.pageShift == e.pageShift, "layout.pageShift", l.pageShift, asBuilt(e.pageShift));
-    PKV_REQUIRE(l.sinkTokens == e.sinkTokens, "layout.sinkTokens", l.sinkTokens, asBuilt(e.sinkTokens));
+    PKV_REQUIRE(l.ringSinkTokens == e.ringSinkTokens, "layout.ringSinkTokens", l.ringSinkTokens, asBuilt(e.ringSinkTokens));
     PKV_REQUIRE(l.bubbleLen == e.bubbleLen, "layout.bubbleLen", l.bubbleLen, asBuilt(e.bubbleLen));
     PKV_REQUIRE(l.strideBlock == e.strideBlock, "layout.strideBlock", l.strideBlock, asBuilt(e.strideBlock));
     PKV_REQUIRE(l.strideLayer == e.strideLayer, "layout.strideLayer", l.strideLayer, asBuilt(e.strideLayer));

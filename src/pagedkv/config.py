@@ -86,14 +86,14 @@ class PoolConfig:
     pool_index: int = 0  # row of the `kv_pools` engine input
     cache_dtype: CacheDType = CacheDType.FP16
     page_layout: PageLayout = PageLayout.HND
-    sink_tokens: int = 0  # cyclic cache only
+    ring_sink_tokens: int = 0  # cyclic cache only
     cyclic_len: int = 0  # 0: linear cache
     k_scale: float = 1.0  # quantized caches: x ~= stored * k_scale
     v_scale: float = 1.0
 
     def layout(self) -> KVLayout:
         return KVLayout(self.num_layers, self.num_kv_heads, self.page_size, self.head_dim,
-                        PageLayout(self.page_layout), self.sink_tokens, self.cyclic_len)
+                        PageLayout(self.page_layout), self.ring_sink_tokens, self.cyclic_len)
 
 
 def _check_common(num_q_heads: int, pool: PoolConfig) -> None:

@@ -4,7 +4,7 @@
 //   q    [T, H * D]  fp16|bf16 (or fp8 e4m3 with qScale), as written by the QKV-write kernel
 //   out  [T, H * D]  fp16|bf16 (ioDType)
 //   Sequence b's queries are tokens [cuQLens[b], cuQLens[b+1]); query i sits at cache position
-//   pastLens[b] + i and sees the cache positions attends(qPos, kvPos, window, sinkTokens) allows
+//   pastLens[b] + i and sees the cache positions attends(qPos, kvPos, window, attentionSinks) allows
 //   (kv_layout.h), reading them in place through the block table: never a gathered copy.
 #pragma once
 
@@ -42,7 +42,7 @@ struct AttentionParams {
     float vScale;
     // ---- attention
     int32_t window;      // <= 0: full causal
-    int32_t sinkTokens;  // always-visible first positions (with window > 0)
+    int32_t attentionSinks;  // always-visible first positions (with window > 0)
     float softmaxScale;  // usually 1/sqrt(D)
     float logitSoftcap;  // > 0: logits = cap * tanh(logits / cap)
     // ---- outputs

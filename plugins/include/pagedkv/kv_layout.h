@@ -75,9 +75,9 @@ struct KVLayout {
     int32_t pageShift;  // log2(pageSize) for power-of-two pages (shift + mask), -1 -> divmod
     PageLayout pageLayout;
     // Cyclic window (the seed's getKVTokenIdx). cyclicLen == 0: linear cache, slot == position.
-    // Otherwise positions < sinkTokens keep their slot; later positions wrap in a ring of cyclicLen slots
+    // Otherwise positions < ringSinkTokens keep their slot; later positions wrap in a ring of cyclicLen slots
     // that starts after the sinks plus a bubble that aligns the ring to a page boundary.
-    int32_t sinkTokens;
+    int32_t ringSinkTokens;
     int32_t cyclicLen;
     int32_t bubbleLen;
     int64_t strideBlock;
@@ -88,15 +88,15 @@ struct KVLayout {
 
     // Logical cache position -> logical slot in the sequence's block list (TensorRT-LLM getKVTokenIdx).
     PKV_HD int32_t tokenSlot(int32_t pos) const {
-        if (cyclicLen == 0 || pos < sinkTokens) return pos;
-        return sinkTokens + bubbleLen + (pos - sinkTokens) % cyclicLen;
+        if (cyclicLen == 0 || pos < ringSinkTokens) return pos;
+        return ringSinkTokens + bubbleLen + (pos - ringSinkTokens) % cyclicLen;
     }
 
     // Slots a sequence of `length` tokens occupies (the block list must cover ceilDiv(slots, P) pages).
     PKV_HD int32_t slotsUsed(int32_t length) const {
-        if (cyclicLen == 0 || length <= sinkTokens) return length;
-        int32_t ring = length - sinkTokens;
-        return sinkTokens + bubbleLen + (ring < cyclicLen ? ring : cyclicLen);
+        if (cyclicLen == 0 || length <= ringSinkTokens) return length;
+        int32_t ring = length - ringSinkTokens;
+        return ringSinkTokens + bubbleLen + (ring < cyclicLen ? ring : cyclicLen);
     }
 
     // Slot -> (page index within the sequence, offset within the page): shift and mask or divmod.
@@ -119,9 +119,9 @@ struct KVLayout {
 
 // Host: fill a KVLayout. Returns false (and leaves `out` untouched) for invalid geometry.
 inline bool makeKVLayout(int32_t numLayers, int32_t numKVHeads, int32_t pageSize, int32_t headDim,
-                         PageLayout pageLayout, int32_t sinkTokens, int32_t cyclicLen, KVLayout& out) {
+                         PageLayout pageLayout, int32_t ringSinkTokens, int32_t cyclicLen, KVLayout& out) {
     if (numLayers <= 0 || numKVHeads <= 0 || pageSize <= 0 || headDim <= 0) return false;
-    if (sinkTokens < 0 || cyclicLen < 0) return false;
+    if (ringSinkTokens < 0 || cyclicLen < 0) return false;
     if (cyclicLen > 0 && cyclicLen % pageSize != 0) return false;  // the ring is made of whole pages
     KVLayout l{};
     l.numLayers = numLayers;
@@ -130,9 +130,9 @@ inline bool makeKVLayout(int32_t numLayers, int32_t numKVHeads, int32_t pageSize
     l.headDim = headDim;
     l.pageShift = log2IfPow2(pageSize);
     l.pageLayout = pageLayout;
-    l.sinkTokens = cyclicLen > 0 ? sinkTokens : 0;
+    l.ringSinkTokens = cyclicLen > 0 ? ringSinkTokens : 0;
     l.cyclicLen = cyclicLen;
-    int32_t sinkInLastPage = l.sinkTokens % pageSize;
+    int32_t sinkInLastPage = l.ringSinkTokens % pageSize;
     l.bubbleLen = (cyclicLen == 0 || sinkInLastPage == 0) ? 0 : pageSize - sinkInLastPage;
     int64_t slab = int64_t(numKVHeads) * pageSize * headDim;
     if (pageLayout == PageLayout::kHND) {
@@ -196,11 +196,11 @@ PKV_HD KVLocation locateToken(KVLayout const& layout, BlockTableRow const& row, 
 
 // Attention visibility shared by the reference and the kernels: query at cache position qPos sees kvPos
 // when it is causal and either inside the window of the `window` most recent positions (qPos included)
-// or one of the `sinkTokens` first positions. window <= 0: full causal attention.
-PKV_HD bool attends(int32_t qPos, int32_t kvPos, int32_t window, int32_t sinkTokens) {
+// or one of the `attentionSinks` first positions. window <= 0: full causal attention.
+PKV_HD bool attends(int32_t qPos, int32_t kvPos, int32_t window, int32_t attentionSinks) {
     if (kvPos > qPos) return false;
     if (window <= 0) return true;
-    return (qPos - kvPos < window) || (kvPos < sinkTokens);
+    return (qPos - kvPos < window) || (kvPos < attentionSinks);
 }
 
 }  // namespace pagedkv

@@ -23,7 +23,7 @@ std::vector<FieldSpec> poolFieldSpecs() {
         FieldSpec::intOneOf("cache_dtype", static_cast<int32_t>(CacheDType::kFP16), {0, 1, 2, 3},
                             "0 fp16, 1 bf16, 2 fp8 e4m3, 3 int8; 4 = NVFP4 is reserved, not implemented"),
         FieldSpec::intOneOf("page_layout", static_cast<int32_t>(PageLayout::kHND), {0, 1}, "0 HND, 1 NHD"),
-        FieldSpec::optionalInt("sink_tokens", 0, 0, kInt32Max),
+        FieldSpec::optionalInt("ring_sink_tokens", 0, 0, kInt32Max),
         FieldSpec::optionalInt("cyclic_len", 0, 0, kInt32Max),
         FieldSpec::positiveFloat("k_scale", 1.f),
         FieldSpec::positiveFloat("v_scale", 1.f),
@@ -49,7 +49,7 @@ PoolAttributes readPoolAttributes(FieldValues const& values, int32_t numQHeads) 
     p.poolIndex = values.getInt("pool_index");
     p.cacheDType = static_cast<CacheDType>(values.getInt("cache_dtype"));
     p.pageLayout = static_cast<PageLayout>(values.getInt("page_layout"));
-    p.sinkTokens = values.getInt("sink_tokens");
+    p.ringSinkTokens = values.getInt("ring_sink_tokens");
     p.cyclicLen = values.getInt("cyclic_len");
     p.kScale = values.getFloat("k_scale");
     p.vScale = values.getFloat("v_scale");
@@ -67,12 +67,12 @@ PoolAttributes readPoolAttributes(FieldValues const& values, int32_t numQHeads) 
                           ": must be 0 or a multiple of page_size=" + std::to_string(p.pageSize) +
                           " (the ring is made of whole pages)");
     }
-    if (!makeKVLayout(p.numLayers, p.numKVHeads, p.pageSize, p.headDim, p.pageLayout, p.sinkTokens, p.cyclicLen,
+    if (!makeKVLayout(p.numLayers, p.numKVHeads, p.pageSize, p.headDim, p.pageLayout, p.ringSinkTokens, p.cyclicLen,
                       p.layout)) {
         throw PluginError("makeKVLayout rejected the pool geometry (num_layers=" + std::to_string(p.numLayers) +
                           ", num_kv_heads=" + std::to_string(p.numKVHeads) + ", page_size=" +
                           std::to_string(p.pageSize) + ", head_dim=" + std::to_string(p.headDim) +
-                          ", sink_tokens=" + std::to_string(p.sinkTokens) + ", cyclic_len=" +
+                          ", ring_sink_tokens=" + std::to_string(p.ringSinkTokens) + ", cyclic_len=" +
                           std::to_string(p.cyclicLen) + ")");
     }
     return p;

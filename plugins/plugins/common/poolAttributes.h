@@ -26,7 +26,7 @@ struct PoolAttributes {
     int32_t poolIndex;   // row of the kv_pools engine input
     CacheDType cacheDType;
     PageLayout pageLayout;
-    int32_t sinkTokens;  // cyclic cache only
+    int32_t ringSinkTokens;  // cyclic cache only
     int32_t cyclicLen;   // 0: linear cache
     float kScale;        // quantized caches: x ~= stored * kScale
     float vScale;

@@ -74,7 +74,7 @@ class PagedKVAttentionArgs(ctypes.Structure):
         ("num_layers", ctypes.c_int32),
         ("page_size", ctypes.c_int32),
         ("page_layout", ctypes.c_int32),
-        ("cyclic_sink_tokens", ctypes.c_int32),
+        ("ring_sink_tokens", ctypes.c_int32),
         ("cyclic_len", ctypes.c_int32),
         ("layer", ctypes.c_int32),
         ("cache_dtype", ctypes.c_int32),
@@ -147,7 +147,7 @@ def make_attention_args(cfg: AttentionConfig, *, io_dtype: IODType, num_tokens: 
     a.max_q_len, a.max_kv_len = int(max_q_len), int(max_kv_len)
     a.pool_descs, a.block_table, a.cu_q_lens, a.past_lens, a.q = pool_descs, block_table, cu_q_lens, past_lens, q
     a.num_layers, a.page_size, a.page_layout = pool.num_layers, pool.page_size, int(pool.page_layout)
-    a.cyclic_sink_tokens, a.cyclic_len, a.layer = pool.sink_tokens, pool.cyclic_len, pool.layer_index
+    a.ring_sink_tokens, a.cyclic_len, a.layer = pool.ring_sink_tokens, pool.cyclic_len, pool.layer_index
     a.cache_dtype = int(pool.cache_dtype)
     a.k_scale, a.v_scale = float(pool.k_scale), float(pool.v_scale)
     a.window, a.attention_sinks = int(cfg.window), int(cfg.attention_sinks)

@@ -32,7 +32,7 @@ class PoolGroupSpec:
     ``window`` is the attention window of the group's layers (``AttentionConfig.window``, 0: full causal)
     and ``attention_sinks`` the always-visible first positions. The window mode follows from the layout:
     ``layout.cyclic_len > 0`` -> CYCLIC (the ring must hold the window; sinks are the layout's
-    ``sink_tokens``), else ``window > 0`` -> RELEASE, else FULL.
+    ``ring_sink_tokens``), else ``window > 0`` -> RELEASE, else FULL.
     ``k_scales`` / ``v_scales``: one per layer of the group, for quantized caches (x ~= stored * scale).
     """
 
@@ -65,9 +65,9 @@ class PoolGroupSpec:
             if lay.cyclic_len < self.window:
                 raise ValueError(f"cyclic_len={lay.cyclic_len} < window={self.window}: the ring must hold the "
                                  f"window (group {self.name!r})")
-            if self.attention_sinks != lay.sink_tokens:
-                raise ValueError(f"attention_sinks={self.attention_sinks} must equal the layout's sink_tokens="
-                                 f"{lay.sink_tokens}: sink positions outside the ring's sinks would be "
+            if self.attention_sinks != lay.ring_sink_tokens:
+                raise ValueError(f"attention_sinks={self.attention_sinks} must equal the layout's ring_sink_tokens="
+                                 f"{lay.ring_sink_tokens}: sink positions outside the ring's sinks would be "
                                  f"overwritten (group {self.name!r})")
         for name in ("k_scales", "v_scales"):
             scales = getattr(self, name)
@@ -111,7 +111,7 @@ class PoolGroupSpec:
         if not self.layout.cyclic_len:
             return 0
         lay = self.layout
-        return -(-(lay.sink_tokens + lay.bubble_len + lay.cyclic_len) // lay.page_size)
+        return -(-(lay.ring_sink_tokens + lay.bubble_len + lay.cyclic_len) // lay.page_size)
 
     def pool_shape(self, num_blocks: int) -> tuple[int, ...]:
         return self.layout.pool_shape(num_blocks)
@@ -124,7 +124,7 @@ class PoolGroupSpec:
         return PoolConfig(num_kv_heads=lay.num_kv_heads, head_dim=lay.head_dim, page_size=lay.page_size,
                           num_layers=lay.num_layers, layer_index=layer_in_group, pool_index=pool_index,
                           cache_dtype=self.cache_dtype, page_layout=lay.page_layout,
-                          sink_tokens=lay.sink_tokens, cyclic_len=lay.cyclic_len,
+                          ring_sink_tokens=lay.ring_sink_tokens, cyclic_len=lay.cyclic_len,
                           k_scale=self.k_scales[layer_in_group], v_scale=self.v_scales[layer_in_group])
 
 
