@@ -284,7 +284,8 @@ PKV_HD CtaWork decodeCtaWork(SplitPlan const& plan, StepView const& v, int32_t b
     w.nChunks = numChunks(w.span.size(), plan.decodeChunkLen, plan.decodeGridChunks);
     if (z >= w.nChunks) return w;
     w.chunk = chunkRange(z, w.nChunks, w.span.size(), plan.decodeChunkLen);
-    w.tiles = kvTilesFor(w.span, w.seq.pastLen, w.seq.kvLen - 1, v.window, v.attentionSinks, w.chunk, kDecodeTileTokens);
+    w.tiles =
+        kvTilesFor(w.span, w.seq.pastLen, w.seq.kvLen - 1, v.window, v.attentionSinks, w.chunk, kDecodeTileTokens);
     w.active = true;
     return w;
 }

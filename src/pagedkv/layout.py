@@ -110,6 +110,8 @@ class KVLayout:
         if self.cyclic_len < 0 or (self.cyclic_len and self.cyclic_len % self.page_size):
             raise ValueError(f"cyclic_len: must be 0 or a positive multiple of page_size={self.page_size}, "
                              f"got {self.cyclic_len}")
+        if self.page_layout not in tuple(PageLayout):
+            raise ValueError(f"page_layout: expected 0 (HND) or 1 (NHD), got {self.page_layout}")
         object.__setattr__(self, "page_layout", PageLayout(self.page_layout))
         if not self.cyclic_len:
             object.__setattr__(self, "ring_sink_tokens", 0)

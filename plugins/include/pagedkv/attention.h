@@ -13,8 +13,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "pagedkv/capabilities.h"  // IODType, the supported head dims
 #include "pagedkv/kv_layout.h"
-#include "pagedkv/qkv_write.h"  // IODType
+#include "pagedkv/last_error.h"
 #include "pagedkv/step_metadata.h"
 
 namespace pagedkv {
@@ -23,7 +24,7 @@ struct AttentionParams {
     // ---- shapes
     int32_t numQHeads;   // H
     int32_t numKVHeads;  // KVH
-    int32_t headDim;     // D in {64, 128, 256}
+    int32_t headDim;     // D, one of kSupportedHeadDims (capabilities.h)
     IODType ioDType;     // dtype of out (and of q unless qFP8)
     bool qFP8;
     float qScale;
