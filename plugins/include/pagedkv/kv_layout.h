@@ -1,8 +1,9 @@
 // pagedkv KV-layout contract: the ONE place where token -> (block, offset) -> address is computed.
 //
-// Every kernel that touches a KV pool (the QKV-write kernel, the attention kernels, the block copy kernels)
-// and the host-side code that validates launches go through the helpers below. The Python twin is
-// `src/pagedkv/layout.py`; `tests/test_layout.py` checks that both compute the same addresses.
+// Every kernel that touches a KV pool (the QKV-write kernel, the attention kernels) and the host-side code that
+// builds and validates launches (makeKVLayout here, its named checks in kv_layout_check.h) go through the
+// helpers below. The Python twin is `src/pagedkv/layout.py` (the references, the KV manager and its block
+// copies use it); `tests/test_layout.py` checks that both compute the same layouts and addresses.
 // The seed's main lesson: the write side and the read side must call the same mapping function.
 // docs/kv_layout.md explains the choices.
 //
@@ -43,10 +44,6 @@ enum class PageLayout : int32_t {
 
 constexpr int32_t kInvalidBlock = -1;  // block-table sentinel: no page here (evicted / not allocated)
 
-PKV_HD int32_t cacheDTypeBytes(CacheDType t) {
-    return (t == CacheDType::kFP16 || t == CacheDType::kBF16) ? 2 : 1;
-}
-
 // log2(x) when x is a power of two, else -1. Host-side helper; the device reads the cached value.
 PKV_HD int32_t log2IfPow2(int32_t x) {
     if (x <= 0 || (x & (x - 1)) != 0) return -1;
@@ -56,14 +53,6 @@ PKV_HD int32_t log2IfPow2(int32_t x) {
 }
 
 PKV_HD int32_t ceilDiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
-
-// Length formula shared by the KV manager and the read side: (pages - 1) * P + last_page_len.
-PKV_HD int32_t lengthFromPages(int32_t numPages, int32_t lastPageLen, int32_t pageSize) {
-    return numPages == 0 ? 0 : (numPages - 1) * pageSize + lastPageLen;
-}
-PKV_HD int32_t lastPageLen(int32_t length, int32_t pageSize) {
-    return length == 0 ? 0 : (length - 1) % pageSize + 1;
-}
 
 // Geometry of one pool group plus its cyclic-window parameters. Build it with makeKVLayout (host).
 // All strides are in elements of the cache dtype.
@@ -90,13 +79,6 @@ struct KVLayout {
     PKV_HD int32_t tokenSlot(int32_t pos) const {
         if (cyclicLen == 0 || pos < ringSinkTokens) return pos;
         return ringSinkTokens + bubbleLen + (pos - ringSinkTokens) % cyclicLen;
-    }
-
-    // Slots a sequence of `length` tokens occupies (the block list must cover ceilDiv(slots, P) pages).
-    PKV_HD int32_t slotsUsed(int32_t length) const {
-        if (cyclicLen == 0 || length <= ringSinkTokens) return length;
-        int32_t ring = length - ringSinkTokens;
-        return ringSinkTokens + bubbleLen + (ring < cyclicLen ? ring : cyclicLen);
     }
 
     // Slot -> (page index within the sequence, offset within the page): shift and mask or divmod.
