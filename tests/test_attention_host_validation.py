@@ -27,6 +27,7 @@ if _lib.find_file(_lib.CAPI_NAME) is None:
     pytest.skip(f"{_lib.CAPI_NAME} not built (searched {[str(d) for d in _lib.lib_dirs()]}; "
                 "build it or set PAGEDKV_LIB_DIR)", allow_module_level=True)
 
+from pagedkv.kernels import _structs  # noqa: E402
 from pagedkv.kernels import attention as A  # noqa: E402
 
 ALIGNED = 1 << 20  # any 16-byte aligned non-null address: validation fails before anything is dereferenced
@@ -39,22 +40,12 @@ def _cfg(**pool_overrides) -> AttentionConfig:
     return AttentionConfig(num_q_heads=32, pool=PoolConfig(**pool))
 
 
-def _set_fields(struct, overrides: dict) -> None:
-    """Override members of a ctypes mirror by C++ path: {"headDim": 96, "layout.pageSize": 0}."""
-    for path, value in overrides.items():
-        *outer, name = path.split(".")
-        target = struct
-        for part in outer:
-            target = getattr(target, part)
-        setattr(target, name, value)
-
-
 def _good_params(**over):
     """A launch that passes validation (so that the only error is the one a test injects)."""
     params = A.attention_params(_cfg(), io_dtype=A.IODType.BF16, num_tokens=4, num_seqs=2, max_blocks=8, max_q_len=3,
                                 max_kv_len=100, q=ALIGNED, out=ALIGNED, pool_descs=ALIGNED, block_table=ALIGNED,
                                 cu_q_lens=ALIGNED, past_lens=ALIGNED)
-    _set_fields(params, over)
+    _structs.set_fields(params, over)
     return params
 
 

@@ -57,3 +57,12 @@ def test_a_layout_ctypes_would_not_reproduce_is_refused(doctor):
         fields[-1]["type"] = "i32"  # strideToken is int64 in the library
     with pytest.raises(RuntimeError, match="KVLayout: ctypes lays it out as"):
         _structs.build_struct("KVLayout", desc)
+
+
+def test_set_fields_reaches_nested_members_and_refuses_unknown_ones():
+    params = _structs.struct("AttentionParams")()
+    _structs.set_fields(params, {"headDim": 96, "layout.pageSize": 24, "meta.numTokens": 7})
+    assert (params.headDim, params.layout.pageSize, params.meta.numTokens) == (96, 24, 7)
+    # ctypes would quietly add a Python attribute for a misspelt member; a launch test would then test nothing
+    with pytest.raises(AttributeError, match="KVLayout has no member 'page_size'"):
+        _structs.set_fields(params, {"layout.page_size": 0})

@@ -19,7 +19,7 @@ import pytest
 
 from pagedkv import _lib
 from pagedkv.config import PoolConfig, RopeConfig, RopeScaling, RopeStyle, WriteConfig
-from pagedkv.kernels import write
+from pagedkv.kernels import _structs, write
 from pagedkv.layout import CacheDType
 from pagedkv.reference.rope import rope_inv_freq as reference_inv_freq
 
@@ -34,22 +34,12 @@ def make_cfg(**pool_kwargs) -> WriteConfig:
     return WriteConfig(num_q_heads=32, pool=PoolConfig(**pool))
 
 
-def set_fields(struct, overrides: dict) -> None:
-    """Override members of a ctypes mirror by C++ path: {"headDim": 96, "layout.pageSize": 0}."""
-    for path, value in overrides.items():
-        *outer, name = path.split(".")
-        target = struct
-        for part in outer:
-            target = getattr(target, part)
-        setattr(target, name, value)
-
-
 def valid_params(**overrides):
     meta = write.StepPointers(FAKE["pool_descs"], FAKE["block_table"], FAKE["cu_q_lens"], FAKE["past_lens"],
                               num_seqs=2, num_tokens=5, max_blocks=3)
     params = write.write_params(make_cfg(), write.IODType.BF16, qkv=FAKE["qkv"], q_out=FAKE["q_out"],
                                 status=FAKE["status"], meta=meta)
-    set_fields(params, overrides)
+    _structs.set_fields(params, overrides)
     return params
 
 
@@ -219,7 +209,7 @@ BAD_ROPE = [
 @pytest.mark.parametrize("overrides,expected", BAD_ROPE, ids=[e for _, e in BAD_ROPE])
 def test_bad_rope_attribute_is_rejected_naming_field_and_value(overrides, expected):
     config = write.rope_config(RopeConfig())
-    set_fields(config, overrides)
+    _structs.set_fields(config, overrides)
     with pytest.raises(_lib.CapiError, match="CUDA error 1:") as err:
         write.compute_rope_params(config, 128)
     assert expected in str(err.value) and "expected" in str(err.value), str(err.value)

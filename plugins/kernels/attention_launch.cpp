@@ -3,13 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <string>
 
 #include "attention_kernels.h"
 #include "attention_plan.h"
 #include "launch_common.h"
 #include "pagedkv/attention.h"
-#include "pagedkv/last_error.h"
 
 namespace pagedkv {
 namespace attn {

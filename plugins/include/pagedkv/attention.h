@@ -20,6 +20,8 @@
 
 namespace pagedkv {
 
+// The C API takes this struct as it is (plugins/capi): it stays a standard-layout POD, and a member added here
+// needs its entry in capi/capi_structs.cpp (the build fails until it has one).
 struct AttentionParams {
     // ---- shapes
     int32_t numQHeads;   // H
@@ -43,7 +45,7 @@ struct AttentionParams {
     float vScale;
     // ---- attention
     int32_t window;      // <= 0: full causal
-    int32_t attentionSinks;  // always-visible first positions (with window > 0)
+    int32_t attentionSinks;  // always-visible first positions (with window > 0); not layout.ringSinkTokens
     float softmaxScale;  // usually 1/sqrt(D)
     float logitSoftcap;  // > 0: logits = cap * tanh(logits / cap)
     // ---- outputs

@@ -56,6 +56,8 @@ PKV_HD int32_t ceilDiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
 
 // Geometry of one pool group plus its cyclic-window parameters. Build it with makeKVLayout (host).
 // All strides are in elements of the cache dtype.
+// The C API takes this struct as it is (plugins/capi): it stays a standard-layout POD, and a member added here
+// needs its entry in capi/capi_structs.cpp (the build fails until it has one).
 struct KVLayout {
     int32_t numLayers;
     int32_t numKVHeads;

@@ -56,6 +56,8 @@ struct RopeConfig {  // the user-facing description (plugin attributes), turned 
 // reason in lastErrorMessage().
 bool computeRopeParams(RopeConfig const& cfg, int32_t headDim, RopeParams& out);
 
+// The C API takes this struct as it is (plugins/capi): it stays a standard-layout POD, and a member added here
+// needs its entry in capi/capi_structs.cpp (the build fails until it has one).
 struct QKVWriteParams {
     // ---- shapes
     int32_t numQHeads;   // H

@@ -59,6 +59,19 @@ def struct(name: str) -> type[ctypes.Structure]:
     return build_struct(name, _descriptions(), _built)
 
 
+def set_fields(struct: ctypes.Structure, overrides: dict) -> None:
+    """Set members of a mirror by C++ path, e.g. ``{"headDim": 96, "layout.pageSize": 0}`` (to patch one field of
+    an otherwise valid launch: the tests of the launchers' validation do)."""
+    for path, value in overrides.items():
+        *outer, name = path.split(".")
+        target = struct
+        for part in outer:
+            target = getattr(target, part)
+        if not any(field == name for field, _ in type(target)._fields_):
+            raise AttributeError(f"{type(target).__name__} has no member {name!r} (path {path!r})")
+        setattr(target, name, value)
+
+
 def kv_layout(layout: KVLayout) -> ctypes.Structure:
     """``pagedkv::KVLayout`` of a pool group, built by the library's ``makeKVLayout`` (``pagedkv_kv_layout``).
     Raises ``pagedkv._lib.CapiError`` naming the first bad geometry field."""

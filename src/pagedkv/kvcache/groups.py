@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pagedkv.capabilities import capabilities
 from pagedkv.config import PoolConfig
 from pagedkv.layout import CacheDType, KVLayout
 
@@ -48,8 +49,9 @@ class PoolGroupSpec:
         object.__setattr__(self, "cache_dtype", CacheDType.parse(self.cache_dtype))
         if not self.name:
             raise ValueError("name: a pool group needs a non-empty name")
-        if self.cache_dtype == CacheDType.NVFP4:
-            raise ValueError(f"cache_dtype: NVFP4 is reserved in the layout but not implemented (group {self.name!r})")
+        if self.cache_dtype not in capabilities().cache_dtypes:
+            raise ValueError(f"cache_dtype: {self.cache_dtype.name} is reserved in the layout but not implemented "
+                             f"(group {self.name!r})")
         if self.window < 0:
             raise ValueError(f"window: must be >= 0 (0: full causal), got {self.window} (group {self.name!r})")
         if self.attention_sinks < 0:
