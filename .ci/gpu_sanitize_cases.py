@@ -36,7 +36,7 @@ def run_case(rng, heads, kv_heads, head_dim, page, cache, page_layout, window, s
     past = np.array([0, 40, 77, 20])
     kv_lens = past + q_lens
     pool_cfg = PoolConfig(num_kv_heads=kv_heads, head_dim=head_dim, page_size=page, num_layers=2, layer_index=1,
-                          cache_dtype=cache, page_layout=page_layout, sink_tokens=sinks, cyclic_len=cyclic,
+                          cache_dtype=cache, page_layout=page_layout, ring_sink_tokens=sinks, cyclic_len=cyclic,
                           k_scale=0.05, v_scale=0.04)
     layout = pool_cfg.layout()
     pages = [int(layout.pages_needed(n)) for n in kv_lens]

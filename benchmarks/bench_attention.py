@@ -107,7 +107,7 @@ class Step:
         max_kv = self.pages * self.page_size if plugin_bounds else self.kv_len
         ws_bytes = A.attention_workspace_bytes(self.tokens, self.num_seqs, H, D, max_kv, self.page_size)
         ws = torch.empty(max(ws_bytes, 16), device="cuda", dtype=torch.uint8)
-        args = A.make_attention_args(
+        args = A.attention_params(
             self.cfg, io_dtype=A.IODType.BF16, num_tokens=self.tokens, num_seqs=self.num_seqs, max_blocks=self.pages,
             max_q_len=max_q, max_kv_len=max_kv, q=self.q.data_ptr(), out=self.out.data_ptr(),
             pool_descs=self.descs.data_ptr(), block_table=self.block_table.data_ptr(),

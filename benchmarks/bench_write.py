@@ -116,8 +116,8 @@ def our_launcher(step: Step, torch, cache: str, layout: str):
     meta = write.StepPointers(descs.data_ptr(), step.block_table.data_ptr(), step.cu_q_lens.data_ptr(),
                               step.past_lens.data_ptr(), num_seqs=shape.num_seqs, num_tokens=shape.tokens,
                               max_blocks=step.pages_per_seq)
-    args = write.build_args(cfg, write.IODType.BF16, qkv=step.qkv.data_ptr(), q_out=step.q_out.data_ptr(),
-                            status=step.status.data_ptr(), meta=meta)
+    args = write.write_params(cfg, write.IODType.BF16, qkv=step.qkv.data_ptr(), q_out=step.q_out.data_ptr(),
+                              status=step.status.data_ptr(), meta=meta)
     lib = write._capi()
     keep = (pool, descs, args)
 

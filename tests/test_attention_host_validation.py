@@ -27,6 +27,7 @@ if _lib.find_file(_lib.CAPI_NAME) is None:
     pytest.skip(f"{_lib.CAPI_NAME} not built (searched {[str(d) for d in _lib.lib_dirs()]}; "
                 "build it or set PAGEDKV_LIB_DIR)", allow_module_level=True)
 
+from pagedkv.kernels import _structs  # noqa: E402
 from pagedkv.kernels import attention as A  # noqa: E402
 
 ALIGNED = 1 << 20  # any 16-byte aligned non-null address: validation fails before anything is dereferenced
@@ -39,67 +40,69 @@ def _cfg(**pool_overrides) -> AttentionConfig:
     return AttentionConfig(num_q_heads=32, pool=PoolConfig(**pool))
 
 
-def _good_args(**over) -> A.PagedKVAttentionArgs:
+def _good_params(**over):
     """A launch that passes validation (so that the only error is the one a test injects)."""
-    args = A.make_attention_args(_cfg(), io_dtype=A.IODType.BF16, num_tokens=4, num_seqs=2, max_blocks=8, max_q_len=3,
-                                 max_kv_len=100, q=ALIGNED, out=ALIGNED, pool_descs=ALIGNED, block_table=ALIGNED,
-                                 cu_q_lens=ALIGNED, past_lens=ALIGNED)
-    for k, v in over.items():
-        setattr(args, k, v)
-    return args
+    params = A.attention_params(_cfg(), io_dtype=A.IODType.BF16, num_tokens=4, num_seqs=2, max_blocks=8, max_q_len=3,
+                                max_kv_len=100, q=ALIGNED, out=ALIGNED, pool_descs=ALIGNED, block_table=ALIGNED,
+                                cu_q_lens=ALIGNED, past_lens=ALIGNED)
+    _structs.set_fields(params, over)
+    return params
 
 
 BAD_FIELDS = [
-    # (override, text the message must contain)
-    (dict(head_dim=96), "headDim=96"),
-    (dict(num_q_heads=30), "numQHeads=30"),
-    (dict(num_q_heads=0), "numQHeads=0"),
-    (dict(num_kv_heads=0), "num_kv_heads=0"),
-    (dict(io_dtype=2), "io_dtype=2"),
-    (dict(cache_dtype=4), "cacheDType=4"),
-    (dict(cache_dtype=7), "cacheDType=7"),
-    (dict(cache_dtype=0), "cacheDType=0"),  # fp16 cache with bf16 queries
-    (dict(cache_dtype=2, k_scale=0.0), "kScale=0"),
-    (dict(cache_dtype=3, v_scale=float("nan")), "vScale=nan"),
-    (dict(cache_dtype=2, k_scale=float("inf")), "kScale=inf"),
-    (dict(q_fp8=1, q_scale=0.0), "qScale=0"),
-    (dict(softmax_scale=-1.0), "softmaxScale=-1"),
-    (dict(logit_softcap=-2.0), "logitSoftcap=-2"),
-    (dict(logit_softcap=float("inf")), "logitSoftcap=inf"),
-    (dict(attention_sinks=-1), "sinkTokens=-1"),
-    (dict(layer=2), "layer=2"),
-    (dict(layer=-1), "layer=-1"),
-    (dict(page_size=0), "page_size=0"),
-    (dict(page_layout=2), "page_layout=2"),
-    (dict(cyclic_len=40), "cyclic_len=40"),
-    (dict(cyclic_sink_tokens=-3), "cyclic_sink_tokens=-3"),
-    (dict(num_layers=0), "num_layers=0"),
-    (dict(max_q_len=0), "maxQLen=0"),
-    (dict(max_q_len=5), "maxQLen=5"),
-    (dict(max_kv_len=-1), "maxKVLen=-1"),
-    (dict(num_seqs=0), "meta.numTokens=4"),
-    (dict(num_tokens=-1), "meta.numTokens=-1"),
-    (dict(max_blocks=-1), "meta.maxBlocks=-1"),
-    (dict(pool_index=-1), "meta.poolIndex=-1"),
-    (dict(q=None), "q=0"),
-    (dict(q=ALIGNED + 8), f"q={ALIGNED + 8}"),
-    (dict(out=None), "out=0"),
-    (dict(out=ALIGNED + 2), f"out={ALIGNED + 2}"),
-    (dict(pool_descs=None), "meta.poolDescs=0"),
-    (dict(cu_q_lens=None), "meta.cuQLens=0"),
-    (dict(past_lens=None), "meta.pastLens=0"),
-    (dict(block_table=None), "meta.blockTable=0"),
-    (dict(workspace_bytes=4096), "workspace=0"),
-    (dict(workspace=ALIGNED + 4, workspace_bytes=4096), f"workspace={ALIGNED + 4}"),
-    (dict(workspace_bytes=-5), "workspace_bytes=-5"),
-    (dict(struct_size=8), "struct_size=8"),
+    # (override by AttentionParams member, text the message must contain: the field named as the plugin
+    # attribute / C API parameter is, snake_case)
+    ({"headDim": 96}, "head_dim=96"),
+    ({"numQHeads": 30}, "num_q_heads=30"),
+    ({"numQHeads": 0}, "num_q_heads=0"),
+    ({"numKVHeads": 0}, "num_kv_heads=0"),
+    ({"numKVHeads": 70000}, "num_kv_heads=70000"),
+    ({"ioDType": 2}, "io_dtype=2"),
+    ({"cacheDType": 4}, "cache_dtype=4"),
+    ({"cacheDType": 7}, "cache_dtype=7"),
+    ({"cacheDType": 0}, "cache_dtype=0"),  # fp16 cache with bf16 queries
+    ({"cacheDType": 2, "kScale": 0.0}, "k_scale=0"),
+    ({"cacheDType": 3, "vScale": float("nan")}, "v_scale=nan"),
+    ({"cacheDType": 2, "kScale": float("inf")}, "k_scale=inf"),
+    ({"qFP8": True, "qScale": 0.0}, "q_scale=0"),
+    ({"softmaxScale": -1.0}, "softmax_scale=-1"),
+    ({"logitSoftcap": -2.0}, "logit_softcap=-2"),
+    ({"logitSoftcap": float("inf")}, "logit_softcap=inf"),
+    ({"attentionSinks": -1}, "attention_sinks=-1"),
+    ({"layer": 2}, "layer_index=2"),
+    ({"layer": -1}, "layer_index=-1"),
+    ({"layout.pageSize": 0}, "page_size=0"),
+    ({"layout.pageLayout": 2}, "page_layout=2"),
+    ({"layout.cyclicLen": 40}, "cyclic_len=40"),
+    ({"layout.ringSinkTokens": -3}, "ring_sink_tokens=-3"),
+    ({"layout.numLayers": 0}, "num_layers=0"),
+    ({"layout.numKVHeads": 4}, "layout.num_kv_heads=4"),
+    ({"layout.strideHead": 3}, "layout.stride_head=3"),
+    ({"layout.bubbleLen": 5}, "layout.bubble_len=5"),
+    ({"maxQLen": 0}, "max_q_len=0"),
+    ({"maxQLen": 5}, "max_q_len=5"),
+    ({"maxKVLen": -1}, "max_kv_len=-1"),
+    ({"meta.numSeqs": 0}, "num_tokens=4"),
+    ({"meta.numTokens": -1}, "num_tokens=-1"),
+    ({"meta.maxBlocks": -1}, "max_blocks=-1"),
+    ({"meta.poolIndex": -1}, "pool_index=-1"),
+    ({"q": None}, "q=0"),
+    ({"q": ALIGNED + 8}, f"q={ALIGNED + 8}"),
+    ({"out": None}, "out=0"),
+    ({"out": ALIGNED + 2}, f"out={ALIGNED + 2}"),
+    ({"meta.poolDescs": None}, "pool_descs=0"),
+    ({"meta.cuQLens": None}, "cu_q_lens=0"),
+    ({"meta.pastLens": None}, "past_lens=0"),
+    ({"meta.blockTable": None}, "block_table=0"),
+    ({"workspaceBytes": 4096}, "workspace=0"),
+    ({"workspace": ALIGNED + 4, "workspaceBytes": 4096}, f"workspace={ALIGNED + 4}"),
 ]
 
 
 @pytest.mark.parametrize("override,needle", BAD_FIELDS, ids=[n for _, n in BAD_FIELDS])
 def test_bad_parameters_name_field_and_value(override, needle):
     with pytest.raises(_lib.CapiError) as err:
-        A.launch_attention(_good_args(**override))
+        A.launch_attention(_good_params(**override))
     assert needle in str(err.value), str(err.value)
     assert "expected" in str(err.value)
 
@@ -111,20 +114,21 @@ def test_good_parameters_reach_the_gpu_only_after_validation():
     if cuda.why_no_gpu() is None:
         pytest.skip("a GPU is present: launching with fake pointers would fault (covered by the GPU tests)")
     with pytest.raises(_lib.CapiError) as err:
-        A.launch_attention(_good_args())
+        A.launch_attention(_good_params())
     msg = str(err.value)
     assert "launchAttention: cuda" in msg, msg  # the CUDA failure, not a stale validation message
 
 
 def test_empty_step_is_a_no_op_without_any_cuda_call():
     # T = 0: nothing to compute, nothing dereferenced, no GPU needed.
-    A.launch_attention(_good_args(num_tokens=0, num_seqs=0, max_q_len=0, q=None, out=None, pool_descs=None,
-                                  block_table=None, cu_q_lens=None, past_lens=None))
+    A.launch_attention(_good_params(**{"meta.numTokens": 0, "meta.numSeqs": 0, "maxQLen": 0, "q": None, "out": None,
+                                       "meta.poolDescs": None, "meta.blockTable": None, "meta.cuQLens": None,
+                                       "meta.pastLens": None}))
 
 
-def test_null_args_and_wrong_struct_size():
+def test_null_params():
     rc = A._capi().pagedkv_attention(None, None)
-    assert rc != 0 and "args=NULL" in _lib.capi().pagedkv_last_error().decode()
+    assert rc != 0 and "params=NULL" in _lib.capi().pagedkv_last_error().decode()
 
 
 @pytest.mark.parametrize("bad,needle", [((-1, 1, 32, 128, 100, 16), "num_tokens=-1"),
@@ -154,9 +158,9 @@ def test_workspace_bytes_shape():
 def _plan(cfg, *, io=A.IODType.BF16, T, B, MB, max_q, max_kv, ws=None, sm=132, dec=2, multi=2):
     if ws is None:
         ws = A.attention_workspace_bytes(T, B, cfg.num_q_heads, cfg.pool.head_dim, max_kv, cfg.pool.page_size)
-    args = A.make_attention_args(cfg, io_dtype=io, num_tokens=T, num_seqs=B, max_blocks=MB, max_q_len=max_q,
-                                 max_kv_len=max_kv, workspace_bytes=ws)
-    return A.attention_plan(args, sm_count=sm, decode_ctas_per_sm=dec, multi_ctas_per_sm=multi), ws
+    params = A.attention_params(cfg, io_dtype=io, num_tokens=T, num_seqs=B, max_blocks=MB, max_q_len=max_q,
+                                max_kv_len=max_kv, workspace_bytes=ws)
+    return A.attention_plan(params, sm_count=sm, decode_ctas_per_sm=dec, multi_ctas_per_sm=multi), ws
 
 
 def test_plan_kernel_choice_and_split():
@@ -264,7 +268,7 @@ def _build(case: Case):
     rng = np.random.default_rng(case.seed)
     pool = PoolConfig(num_kv_heads=case.num_kv_heads, head_dim=case.head_dim, page_size=case.page_size,
                       num_layers=1, layer_index=0, cache_dtype=CacheDType.FP16,
-                      page_layout=PageLayout(case.seed % 2), sink_tokens=case.sinks if case.cyclic_pages else 0,
+                      page_layout=PageLayout(case.seed % 2), ring_sink_tokens=case.sinks if case.cyclic_pages else 0,
                       cyclic_len=case.cyclic_pages * case.page_size)
     cfg = AttentionConfig(num_q_heads=case.num_kv_heads * case.group, pool=pool, window=case.window,
                           attention_sinks=case.sinks)
@@ -391,12 +395,3 @@ def test_wrong_max_q_len_poisons_instead_of_leaving_stale_rows():
     res = A.schedule_check(cfg, meta, num_blocks, max_q_len=1)
     assert np.all(res["poisoned"][1:] == 1) and np.all(res["poisoned"][0] == 0)
     assert np.all(res["direct_writes"][1:] == 0) and np.all(res["direct_writes"][0] == 1)
-
-
-def test_args_struct_matches_the_library():
-    # The ctypes mirror's field offsets equal the C struct's (the binding also checks this when it loads).
-    n = len(A.PagedKVAttentionArgs._fields_)
-    offsets = (ctypes.c_int64 * n)()
-    assert A._capi().pagedkv_attention_args_layout(offsets, n) == n
-    assert list(offsets) == [getattr(A.PagedKVAttentionArgs, f).offset for f, _ in A.PagedKVAttentionArgs._fields_]
-    assert A._capi().pagedkv_attention_args_layout(offsets, n - 1) == -1

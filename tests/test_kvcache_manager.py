@@ -198,7 +198,7 @@ def test_released_window_frees_pages_and_keeps_sinks():
 
 
 def test_cyclic_ring_wraps_in_place_and_validates_the_step_size():
-    ring = PoolGroup("ring", KVLayout(1, 1, 4, 2, sink_tokens=2, cyclic_len=8), window=5, attention_sinks=2)
+    ring = PoolGroup("ring", KVLayout(1, 1, 4, 2, ring_sink_tokens=2, cyclic_len=8), window=5, attention_sinks=2)
     mgr = KVCacheManager([ring], 8, storage="numpy", debug_validate=True)
     assert ring.ring_pages == 3  # sinks 2 + bubble 2 + ring 8 = 12 slots
     toks = list(np.arange(1, 31))

@@ -47,7 +47,7 @@ CONFIGS = {
                 [20, 24], [10, 10], False),
     # full group + cyclic ring with sinks and a bubble: sinks 2, bubble 2, ring 8 -> 3 pages
     "cyclic": ([PoolGroup("full", KVLayout(1, 2, 4, 1, PageLayout.NHD)),
-                PoolGroup("ring", KVLayout(1, 1, 4, 2, sink_tokens=2, cyclic_len=8), window=5,
+                PoolGroup("ring", KVLayout(1, 1, 4, 2, ring_sink_tokens=2, cyclic_len=8), window=5,
                           attention_sinks=2)], [20, 14], [8, 6], False),
 }
 

@@ -156,7 +156,7 @@ def test_write_step_touches_exactly_the_located_slots(page_layout):
 def test_expected_live_positions_by_mode():
     full = PoolGroup("f", KVLayout(1, 1, 4, 1))
     release = PoolGroup("r", KVLayout(1, 1, 4, 1), window=5, attention_sinks=2)
-    ring = PoolGroup("c", KVLayout(1, 1, 4, 1, sink_tokens=2, cyclic_len=8), window=5, attention_sinks=2)
+    ring = PoolGroup("c", KVLayout(1, 1, 4, 1, ring_sink_tokens=2, cyclic_len=8), window=5, attention_sinks=2)
     assert expected_live_positions(full, 5).tolist() == [0, 1, 2, 3, 4]
     assert expected_live_positions(release, 12).tolist() == [0, 1, 8, 9, 10, 11]
     assert expected_live_positions(ring, 14).tolist() == [0, 1, 6, 7, 8, 9, 10, 11, 12, 13]

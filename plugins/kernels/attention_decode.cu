@@ -67,13 +67,13 @@ template <typename CT, int kD>
 __device__ void poisonRows(AttentionKernelParams const& p, CtaWork const& w, int32_t kvHead, int32_t tid,
                            int32_t threads) {
     uint16_t const nan = quietNaNBits<CT>();
-    uint16_t* out = static_cast<uint16_t*>(p.out);
+    uint16_t* out = static_cast<uint16_t*>(p.params.out);
     int64_t const rows = w.rowEnd - w.rowBegin;
     for (int64_t i = tid; i < rows * kD; i += threads) {
         int32_t const row = w.rowBegin + int32_t(i / kD);
         int32_t const token = row / p.groupSize;
         int32_t const head = kvHead * p.groupSize + row % p.groupSize;
-        out[(int64_t(token) * p.numQHeads + head) * kD + i % kD] = nan;
+        out[(int64_t(token) * p.params.numQHeads + head) * kD + i % kD] = nan;
     }
 }
 
@@ -313,7 +313,7 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
         // list order). Padding rows (qPos -1) then see it too, harmlessly: their Q is zero and they are never
         // written.
         bool const holdsAll = __all_sync(0xffffffffu, tilePos[lane & (kStep - 1)] >= 0);
-        bool const needMask = tileNeedsMask(holdsAll, tilePos[0], tilePos[kStep - 1], qFirst, qLast, p.window);
+        bool const needMask = tileNeedsMask(holdsAll, tilePos[0], tilePos[kStep - 1], qFirst, qLast, p.params.window);
         if constexpr (k8Bit) {
             decodeTile8<CT, kD, kStep / 8, kFp8, Cfg::kQInRegs>(p, kTileAddr, vTileAddr, tilePos, qFrag, sQAddr, offA,
                                                                 qUnscale, needMask, qPos0, qPos1, lane, o, m, l);
@@ -416,7 +416,7 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
         int32_t const token = grow / p.groupSize;
         int32_t const head = kvHead * p.groupSize + grow % p.groupSize;
         if (w.nChunks == 1) {
-            CT* const dst = static_cast<CT*>(p.out) + (int64_t(token) * p.numQHeads + head) * kD + d0;
+            CT* const dst = static_cast<CT*>(p.params.out) + (int64_t(token) * p.params.numQHeads + head) * kD + d0;
 #pragma unroll
             for (int d = 0; d < kDimsPerThread; d += 8) {
                 uint4 v;

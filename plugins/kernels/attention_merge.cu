@@ -58,11 +58,12 @@ __global__ void __launch_bounds__(kMergeWarps * 32) attentionMergeKernel(__grid_
     int32_t const lane = tid & 31;
     int32_t const warp = tid >> 5;
     int64_t const rowIndex = blockIdx.x;
-    if (rowIndex >= int64_t(p.numTokens) * p.numQHeads) return;  // uniform per CTA
-    int32_t const token = int32_t(rowIndex / p.numQHeads);
-    int32_t const head = int32_t(rowIndex % p.numQHeads);
-    SeqInfo const s = makeSeqInfo(p.cuQLens, p.pastLens, seqOfToken(p.cuQLens, p.numSeqs, token));
-    int32_t const n = seqChunks(p.split, s, p.groupSize, p.window, p.sinkTokens);
+    if (rowIndex >= int64_t(p.params.meta.numTokens) * p.params.numQHeads) return;  // uniform per CTA
+    int32_t const token = int32_t(rowIndex / p.params.numQHeads);
+    int32_t const head = int32_t(rowIndex % p.params.numQHeads);
+    StepMetadata const& meta = p.params.meta;
+    SeqInfo const s = makeSeqInfo(meta.cuQLens, meta.pastLens, seqOfToken(meta.cuQLens, meta.numSeqs, token));
+    int32_t const n = seqChunks(p.split, s, p.groupSize, p.params.window, p.params.attentionSinks);
     if (n <= 1) return;  // uniform per CTA; exiting before the wait reads nothing the attention kernel writes
 
     gridDependencyWait();  // the partials are complete and visible from here on
@@ -125,7 +126,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32) attentionMergeKernel(__grid_
         total += f[w] * sSum[w];
     }
     float const inv = total > 0.f ? 1.f / total : 0.f;  // every chunk saw nothing: 0, never 0/0
-    CT* const dst = static_cast<CT*>(p.out) + (int64_t(token) * p.numQHeads + head) * kD;
+    CT* const dst = static_cast<CT*>(p.params.out) + (int64_t(token) * p.params.numQHeads + head) * kD;
     for (int32_t i = tid; i < kD / 2; i += kMergeWarps * 32) {
         float x0 = 0.f, x1 = 0.f;
 #pragma unroll

@@ -28,7 +28,7 @@ struct PoolView {
 };
 
 __device__ __forceinline__ PoolView loadPool(AttentionKernelParams const& p) {
-    int64_t const* desc = p.poolDescs + int64_t(p.poolIndex) * kPoolDescFields;
+    int64_t const* desc = p.params.meta.poolDescs + int64_t(p.params.meta.poolIndex) * kPoolDescFields;
     PoolView v;
     v.base = reinterpret_cast<unsigned char const*>(__ldg(desc + kPoolDescAddress));
     v.numBlocks = __ldg(desc + kPoolDescNumBlocks);
@@ -55,12 +55,13 @@ __device__ __forceinline__ KVSource makeKVSourceFromPool(PoolView const& pool, A
                                                          CtaWork const& w, int32_t kvHead, int32_t elemBytes) {
     KVSource s;
     s.pool = pool.base;
-    s.table = BlockTableRow{p.blockTable + int64_t(w.seqIndex) * p.maxBlocks, p.maxBlocks, pool.numBlocks};
+    StepMetadata const& meta = p.params.meta;
+    s.table = BlockTableRow{meta.blockTable + int64_t(w.seqIndex) * meta.maxBlocks, meta.maxBlocks, pool.numBlocks};
     s.span = w.span;
     s.chunk = w.chunk;
-    s.kBase = p.layout.elemOffset(0, p.layer, 0, kvHead, 0) * elemBytes;
-    s.vDelta = p.layout.elemOffset(0, p.layer, 1, kvHead, 0) * elemBytes - s.kBase;
-    s.rowStride = p.layout.strideToken * elemBytes;
+    s.kBase = p.params.layout.elemOffset(0, p.params.layer, 0, kvHead, 0) * elemBytes;
+    s.vDelta = p.params.layout.elemOffset(0, p.params.layer, 1, kvHead, 0) * elemBytes - s.kBase;
+    s.rowStride = p.params.layout.strideToken * elemBytes;
     return s;
 }
 
@@ -131,7 +132,7 @@ __device__ __forceinline__ KVRow locateKVRowPair(AttentionKernelParams const& p,
     bool const second = lane >= kRows;
     bool const valid = lane < 2 * kRows && (second ? valid1 : valid0);
     // v = -1 lies outside every chunk: pos -1, nothing loaded
-    return kvRowEntryAt(p.layout, src.table, src.span, src.chunk,
+    return kvRowEntryAt(p.params.layout, src.table, src.span, src.chunk,
                         valid ? (second ? v1 + lane - kRows : v0 + lane) : -1);
 }
 
@@ -149,7 +150,7 @@ __device__ __forceinline__ KVRowOffset resolveKVRowOffset(AttentionKernelParams 
     resolveKVRow(src.table, row);
     KVRowOffset r;
     r.pos = row.pos;
-    r.kOff = row.pos >= 0 ? src.kBase + p.layout.elemOffset(row.loc.block, 0, 0, 0, row.loc.offset) * elemBytes
+    r.kOff = row.pos >= 0 ? src.kBase + p.params.layout.elemOffset(row.loc.block, 0, 0, 0, row.loc.offset) * elemBytes
                           : kNothing;
     return r;
 }
@@ -230,12 +231,12 @@ __device__ __forceinline__ void loadQRows(AttentionKernelParams const& p, unsign
         if (row < rowEnd) {
             int32_t const token = row / p.groupSize;
             int32_t const head = kvHead * p.groupSize + row % p.groupSize;
-            int64_t const elem = (int64_t(token) * p.numQHeads + head) * kD + ch * 8;
-            if (p.qFP8) {
-                uint2 raw = __ldg(reinterpret_cast<uint2 const*>(static_cast<unsigned char const*>(p.q) + elem));
+            int64_t const elem = (int64_t(token) * p.params.numQHeads + head) * kD + ch * 8;
+            if (p.params.qFP8) {
+                uint2 raw = __ldg(reinterpret_cast<uint2 const*>(static_cast<unsigned char const*>(p.params.q) + elem));
                 val = dequant8x8<CT>(raw, true);
             } else {
-                val = __ldg(reinterpret_cast<uint4 const*>(static_cast<CT const*>(p.q) + elem));
+                val = __ldg(reinterpret_cast<uint4 const*>(static_cast<CT const*>(p.params.q) + elem));
             }
         }
         *reinterpret_cast<uint4*>(sQ + swizzledChunk(r, ch, kD * 2)) = val;
@@ -270,17 +271,18 @@ __device__ __forceinline__ float loadQRowsK8(AttentionKernelParams const& p, uns
         if (row < rowEnd) {
             int32_t const token = row / p.groupSize;
             int32_t const head = kvHead * p.groupSize + row % p.groupSize;
-            int64_t const rowElem = (int64_t(token) * p.numQHeads + head) * kD;
+            int64_t const rowElem = (int64_t(token) * p.params.numQHeads + head) * kD;
 #pragma unroll
             for (int t = 0; t < 4; ++t) {
                 int64_t const elem = rowElem + Frag8<kD>::physDimK(ch * 8 + 2 * t);  // even: pair-aligned
-                if (p.qFP8) {
+                if (p.params.qFP8) {
                     uint32_t const raw =
-                        __ldg(reinterpret_cast<unsigned short const*>(static_cast<unsigned char const*>(p.q) + elem));
+                        __ldg(reinterpret_cast<unsigned short const*>(static_cast<unsigned char const*>(p.params.q) +
+                                                                      elem));
                     uint32_t hi;
                     e4m3x4ToHalfPairs(raw, pairs[i][t], hi);
                 } else {
-                    pairs[i][t] = __ldg(reinterpret_cast<uint32_t const*>(static_cast<CT const*>(p.q) + elem));
+                    pairs[i][t] = __ldg(reinterpret_cast<uint32_t const*>(static_cast<CT const*>(p.params.q) + elem));
                     if constexpr (kBf16) {
                         float2 const f = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 const*>(&pairs[i][t]));
                         maxAbs = fmaxf(maxAbs, fmaxf(fabsf(f.x), fabsf(f.y)));
@@ -291,7 +293,7 @@ __device__ __forceinline__ float loadQRowsK8(AttentionKernelParams const& p, uns
     }
     float qScale = 1.f, qUnscale = 1.f;
     if constexpr (kBf16) {
-        if (!p.qFP8) {  // uniform
+        if (!p.params.qFP8) {  // uniform
 #pragma unroll
             for (int off = 16; off > 0; off >>= 1) maxAbs = fmaxf(maxAbs, __shfl_xor_sync(0xffffffffu, maxAbs, off));
             if ((tid & 31) == 0) sWarpMax[tid >> 5] = maxAbs;
@@ -314,7 +316,7 @@ __device__ __forceinline__ float loadQRowsK8(AttentionKernelParams const& p, uns
         uint32_t h[4];
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
-            if (kBf16 && !p.qFP8) {
+            if (kBf16 && !p.params.qFP8) {
                 float2 const f = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 const*>(&pairs[i][t]));
                 h[t] = Mma<__half>::pack(f.x * qScale, f.y * qScale);  // exact power-of-two scaling, then RN
             } else {
@@ -410,7 +412,7 @@ __device__ __forceinline__ void softmaxStepImpl(AttentionKernelParams const& p, 
             float x = capped ? cappedLogitLog2(p, s[nt][e], capIn) : s[nt][e];
             if (masked) {
                 int32_t const kvPos = sPos[nt * 8 + 2 * c + (e & 1)];
-                if (!kvVisible(e < 2 ? qPos0 : qPos1, kvPos, p.window, p.sinkTokens)) x = negInf();
+                if (!kvVisible(e < 2 ? qPos0 : qPos1, kvPos, p.params.window, p.params.attentionSinks)) x = negInf();
             }
             s[nt][e] = x;
             rowMax[e >> 1] = fmaxf(rowMax[e >> 1], x);
@@ -505,7 +507,7 @@ __device__ __forceinline__ uint16_t quietNaNBits<__nv_bfloat16>() {
 // Index of (chunk z, token t, head h) in the partial arrays.
 __device__ __forceinline__ int64_t partialRow(AttentionKernelParams const& p, int32_t z, int32_t token,
                                               int32_t head) {
-    return (int64_t(z) * p.numTokens + token) * p.numQHeads + head;
+    return (int64_t(z) * p.params.meta.numTokens + token) * p.params.numQHeads + head;
 }
 
 }  // namespace attn

@@ -346,14 +346,14 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
                 bool const valid = block != kInvalidBlock;
                 // Cyclic ring: when a later token of this same step maps to the same slot, only that one writes
                 // (the result of writing in token order, with exactly one writer per slot).
-                bool const superseded = layout.cyclicLen > 0 && cachePos >= layout.sinkTokens &&
+                bool const superseded = layout.cyclicLen > 0 && cachePos >= layout.ringSinkTokens &&
                                         static_cast<int64_t>(cachePos) + layout.cyclicLen < kvLen;
                 writeKV = valid && !superseded;
                 // After a prefill chunk, the last token's writer of each V row also zeroes the rows past it in
                 // the sequence's last page (attention loads whole pages; 0 * NaN = NaN). Not in a wrapped ring:
                 // those rows hold live older tokens. Decode tokens (q_len 1) never take this branch.
                 bool const wrapped =
-                    layout.cyclicLen > 0 && static_cast<int64_t>(kvLen) - layout.sinkTokens > layout.cyclicLen;
+                    layout.cyclicLen > 0 && static_cast<int64_t>(kvLen) - layout.ringSinkTokens > layout.cyclicLen;
                 zeroTail = p.zeroVTail && valid && t == span.end - 1 && span.end - span.begin > 1 && !wrapped;
             }
 

@@ -60,6 +60,8 @@ def capi() -> ctypes.CDLL:
     lib.pagedkv_capi_version.restype = ctypes.c_int32
     lib.pagedkv_build_info.restype = ctypes.c_char_p
     lib.pagedkv_last_error.restype = ctypes.c_char_p
+    lib.pagedkv_capabilities.restype = ctypes.c_char_p
+    lib.pagedkv_struct_layouts.restype = ctypes.c_char_p
     return lib
 
 

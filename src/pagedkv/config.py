@@ -14,6 +14,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+from pagedkv.capabilities import capabilities
 from pagedkv.layout import CacheDType, KVLayout, PageLayout
 
 PLUGIN_NAMESPACE = "pagedkv"
@@ -21,8 +22,6 @@ ONNX_DOMAIN = "pagedkv"  # custom domain: the ONNX parser ignores it, ONNX tools
 WRITE_PLUGIN_NAME = "PagedKVQKVWrite"  # never an ONNX/TensorRT op name (built-in importers win)
 ATTENTION_PLUGIN_NAME = "PagedKVAttention"
 PLUGIN_VERSION = "1"
-
-SUPPORTED_HEAD_DIMS = (64, 128, 256)
 
 
 class RopeStyle(enum.IntEnum):
@@ -87,25 +86,27 @@ class PoolConfig:
     pool_index: int = 0  # row of the `kv_pools` engine input
     cache_dtype: CacheDType = CacheDType.FP16
     page_layout: PageLayout = PageLayout.HND
-    sink_tokens: int = 0  # cyclic cache only
+    ring_sink_tokens: int = 0  # cyclic cache: first positions kept outside the ring (not attention_sinks)
     cyclic_len: int = 0  # 0: linear cache
     k_scale: float = 1.0  # quantized caches: x ~= stored * k_scale
     v_scale: float = 1.0
 
     def layout(self) -> KVLayout:
         return KVLayout(self.num_layers, self.num_kv_heads, self.page_size, self.head_dim,
-                        PageLayout(self.page_layout), self.sink_tokens, self.cyclic_len)
+                        PageLayout(self.page_layout), self.ring_sink_tokens, self.cyclic_len)
 
 
 def _check_common(num_q_heads: int, pool: PoolConfig) -> None:
-    if pool.head_dim not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"head_dim: expected one of {SUPPORTED_HEAD_DIMS}, got {pool.head_dim}")
+    supported = capabilities()
+    if pool.head_dim not in supported.head_dims:
+        raise ValueError(f"head_dim: expected one of {supported.head_dims}, got {pool.head_dim}")
     if num_q_heads <= 0 or pool.num_kv_heads <= 0 or num_q_heads % pool.num_kv_heads:
         raise ValueError(f"num_q_heads={num_q_heads}: must be a positive multiple of num_kv_heads={pool.num_kv_heads}")
     if not 0 <= pool.layer_index < pool.num_layers:
         raise ValueError(f"layer_index: expected in [0, num_layers={pool.num_layers}), got {pool.layer_index}")
-    if CacheDType(pool.cache_dtype) == CacheDType.NVFP4:
-        raise ValueError("cache_dtype: NVFP4 (4) is reserved in the layout but not implemented yet")
+    if CacheDType(pool.cache_dtype) not in supported.cache_dtypes:
+        raise ValueError(f"cache_dtype: {CacheDType(pool.cache_dtype).name} ({int(pool.cache_dtype)}) is reserved in "
+                         f"the layout but has no kernel; expected one of {[c.name for c in supported.cache_dtypes]}")
     for name in ("k_scale", "v_scale"):
         v = getattr(pool, name)
         if not (math.isfinite(v) and v > 0):
@@ -152,7 +153,7 @@ class AttentionConfig(_PluginAttributes):
     num_q_heads: int
     pool: PoolConfig
     window: int = 0  # <= 0: full causal
-    attention_sinks: int = 0  # with window > 0: the first positions stay visible
+    attention_sinks: int = 0  # with window > 0: the first positions stay visible (not the pool's ring_sink_tokens)
     softmax_scale: float = 0.0  # 0 -> 1/sqrt(head_dim)
     logit_softcap: float = 0.0  # > 0: cap * tanh(logits / cap)
     q_fp8: bool = False

@@ -84,7 +84,7 @@ def build(case: Case):
     pool_cfg = PoolConfig(num_kv_heads=case.num_kv_heads, head_dim=case.head_dim, page_size=case.page_size,
                           num_layers=case.num_layers, layer_index=case.layer, pool_index=case.pool_index,
                           cache_dtype=case.cache, page_layout=case.layout,
-                          sink_tokens=case.sinks if case.cyclic_pages else 0,
+                          ring_sink_tokens=case.sinks if case.cyclic_pages else 0,
                           cyclic_len=case.cyclic_pages * case.page_size,
                           k_scale=0.05 if quantized else 1.0, v_scale=0.04 if quantized else 1.0)
     cfg = AttentionConfig(num_q_heads=case.num_q_heads, pool=pool_cfg, window=case.window, attention_sinks=case.sinks,
@@ -115,7 +115,7 @@ def build(case: Case):
         # positions whose slot still holds them (a ring keeps the sinks and the last cyclic_len positions)
         pos = np.arange(n)
         if layout.cyclic_len:
-            pos = pos[(pos < layout.sink_tokens) | (pos >= n - layout.cyclic_len)]
+            pos = pos[(pos < layout.ring_sink_tokens) | (pos >= n - layout.cyclic_len)]
         block, offset, _ = layout.locate(table[b], pos, num_blocks)
         assert np.all(block != INVALID_BLOCK)
         for kv in (0, 1):

@@ -312,7 +312,7 @@ WRITE_CASES = [
                                                  rope=RopeConfig(scaling=RopeScaling.LINEAR, factor=4.0)),
               "fp16", Batch((0,) * 4, (0, 37, 16, 5)), MIXED),
     # Ring of 32 slots after 3 sinks + a 5-slot bubble: sequence 0's step wraps onto positions 3.. (overwrite).
-    WriteCase("fp16-cyclic-sinks", wcfg(page_size=8, sink_tokens=3, cyclic_len=32, rope=RopeConfig(rotary_dim=32)),
+    WriteCase("fp16-cyclic-sinks", wcfg(page_size=8, ring_sink_tokens=3, cyclic_len=32, rope=RopeConfig(rotary_dim=32)),
               "fp16", Batch((0, 0), (30, 2)), Batch((30, 2), (8, 6))),
     WriteCase("fp16-no-rope-no-tail", wcfg(rope=RopeConfig(style=RopeStyle.NONE), zero_v_tail=False), "fp16",
               Batch((0, 0), (5, 0)), Batch((5, 0), (9, 17))),

@@ -72,7 +72,7 @@ class Case:
         k_scale, v_scale = QUANT_SCALES.get(self.cache, (1.0, 1.0))
         pool = PoolConfig(num_kv_heads=self.kv_heads, head_dim=self.head_dim, page_size=self.page_size,
                           num_layers=self.num_layers, layer_index=self.layer, pool_index=self.pool_index,
-                          cache_dtype=self.cache, page_layout=self.page_layout, sink_tokens=self.sinks,
+                          cache_dtype=self.cache, page_layout=self.page_layout, ring_sink_tokens=self.sinks,
                           cyclic_len=self.cyclic, k_scale=k_scale, v_scale=v_scale)
         return WriteConfig(num_q_heads=self.heads, pool=pool, rope=self.rope, has_bias=self.bias,
                            explicit_positions=self.explicit_positions, zero_v_tail=self.zero_v_tail,

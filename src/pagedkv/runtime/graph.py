@@ -142,7 +142,7 @@ class RewrittenGraph:
                 raise GraphError(f"pool group {g}: layer_index values {[p.layer_index for p in pools]} do not "
                                  f"cover 0..{first.num_layers - 1} exactly once")
             geometry = {(p.num_kv_heads, p.head_dim, p.page_size, p.num_layers, int(p.cache_dtype), int(p.page_layout),
-                         p.sink_tokens, p.cyclic_len) for p in pools}
+                         p.ring_sink_tokens, p.cyclic_len) for p in pools}
             windows = {(m.attention.window, m.attention.attention_sinks) for m in members}
             if len(geometry) != 1 or len(windows) != 1:
                 raise GraphError(f"pool group {g}: its layers {[m.index for m in members]} disagree on geometry "

@@ -184,7 +184,8 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
                 // position all the CTA's queries see? Then skip the per-element mask.
                 bool const anyRow = __any_sync(0xffffffffu, subPos[lane] >= 0);
                 bool const holdsAll = __all_sync(0xffffffffu, subPos[lane] >= 0);
-                bool const needMask = tileNeedsMask(holdsAll, subPos[0], subPos[Cfg::kSub - 1], qa, qb, p.window);
+                bool const needMask =
+                    tileNeedsMask(holdsAll, subPos[0], subPos[Cfg::kSub - 1], qa, qb, p.params.window);
 
                 // S = Q K^T: kMT m16 tiles x kSub tokens; each K fragment feeds kMT MMAs
                 float s[kMT][kNT][4];
@@ -286,7 +287,8 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
             int32_t const head = kvHead * p.groupSize + row % p.groupSize;
             float const scale = sum > 0.f ? p.outScale / sum : 0.f;  // nothing seen -> 0, never 0/0
             if (w.nChunks == 1) {
-                CT* const dst = static_cast<CT*>(p.out) + (int64_t(token) * p.numQHeads + head) * kD + 2 * c;
+                CT* const dst =
+                    static_cast<CT*>(p.params.out) + (int64_t(token) * p.params.numQHeads + head) * kD + 2 * c;
 #pragma unroll
                 for (int dn = 0; dn < kD / 8; ++dn)
                     *reinterpret_cast<uint32_t*>(dst + dn * 8) =
