@@ -76,6 +76,50 @@ def _gemma():
                 max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=True, pad_token_id=0)
 
 
+def _gpt2():
+    # Conv1D projections (x @ W + b: addmm, a Gemm in the legacy export), one fused c_attn with bias, learned
+    # absolute position embeddings (wpe) gathered by position_ids, no RoPE.
+    return dict(vocab_size=VOCAB, n_embd=128, n_inner=256, n_layer=LAYERS, n_head=2, n_positions=MAX_POSITIONS,
+                tie_word_embeddings=True, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+
+
+# LongRoPE's switch point, tiny so that the test prompts (5, 17, 33 tokens) sit on both sides of it.
+PHI3_ORIGINAL_MAX_POSITIONS = 12
+
+
+def _phi3():
+    # Per-dimension short/long factors of unit order and visibly different, so that using the wrong table (or
+    # switching at the wrong length) shows in the logits. factor = 512 / 12 gives HF's default attention factor
+    # sqrt(1 + ln(factor) / ln(12)) = 1.48.
+    rotary_pairs = 32  # head_dim 64
+    short = [round(1.0 + 0.05 * i, 4) for i in range(rotary_pairs)]
+    long = [round(1.5 + 0.4 * i, 4) for i in range(rotary_pairs)]
+    return dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=LAYERS,
+                num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=MAX_POSITIONS,
+                original_max_position_embeddings=PHI3_ORIGINAL_MAX_POSITIONS, tie_word_embeddings=False,
+                sliding_window=None, pad_token_id=0,
+                rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": short,
+                                 "long_factor": long,
+                                 "original_max_position_embeddings": PHI3_ORIGINAL_MAX_POSITIONS})
+
+
+def _qwen2_yarn():
+    # Qwen2.5's long-context recipe (rope_scaling yarn, factor 4 over the original context), on a small original
+    # context so that the ramp between the extrapolated and the interpolated dims falls inside head_dim 64.
+    return dict(_qwen2(), rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                           "original_max_position_embeddings": 64, "beta_fast": 32.0,
+                                           "beta_slow": 1.0})
+
+
+def _gemma2():
+    # Alternating sliding/full layers (window 8, shorter than the prompts), attention logit soft-cap 50 and a
+    # query_pre_attn_scalar other than head_dim (softmax scale 1/sqrt(128) for head_dim 256).
+    return dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS,
+                num_attention_heads=2, num_key_value_heads=1, head_dim=256, max_position_embeddings=MAX_POSITIONS,
+                sliding_window=8, layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=128,
+                attn_logit_softcapping=50.0, final_logit_softcapping=30.0, tie_word_embeddings=True, pad_token_id=0)
+
+
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("llama", "LlamaConfig", _llama, "GQA 4/2, rotate-half RoPE, separate q/k/v"),
     Family("mistral", "MistralConfig", _mistral, "GQA, sliding window 8"),
@@ -85,6 +129,10 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("gptj", "GPTJConfig", _gptj, "interleaved rotary on 32 of 64 dims, position-indexed sin/cos table"),
     Family("phi", "PhiConfig", _phi, "partial rotary 50%, QKV bias, parallel attention/MLP"),
     Family("gemma", "GemmaConfig", _gemma, "MQA, head_dim 256, tied embeddings"),
+    Family("gpt2", "GPT2Config", _gpt2, "Conv1D (Gemm) fused c_attn with bias, learned absolute positions, no RoPE"),
+    Family("phi3", "Phi3Config", _phi3, "fused qkv_proj, GQA, LongRoPE short/long factors switching at 12 tokens"),
+    Family("qwen2_yarn", "Qwen2Config", _qwen2_yarn, "YaRN scaling (factor 4, beta 32/1) with its attention factor"),
+    Family("gemma2", "Gemma2Config", _gemma2, "attention logit soft-cap, alternating sliding-window layers"),
 )}
 
 

@@ -2,7 +2,8 @@
 
 Each dataclass here is one plugin's attributes as an ONNX node carries them (``to_attributes`` /
 ``from_attributes``) and as the C++ plugin reads them as fields (same names, INT -> kINT32,
-FLOAT -> kFLOAT32, per the TensorRT ONNX parser). The builder writes nodes from them, the references and the
+FLOAT -> kFLOAT32, FLOATS -> kFLOAT32 of its length, per the TensorRT ONNX parser; a FLOATS attribute that
+is empty is left out, as ONNX cannot type an empty list). The builder writes nodes from them, the references and the
 kernel bindings take them as parameters. ``docs/plugin_io.md`` is the human-readable contract; the C++
 creators list the same names in ``getFieldNames``.
 """
@@ -31,13 +32,25 @@ class RopeStyle(enum.IntEnum):
 
 
 class RopeScaling(enum.IntEnum):
+    """How the inverse frequencies are scaled (``pagedkv::RopeScaling``; formulas in ``pagedkv.reference.rope``)."""
+
     NONE = 0
     LINEAR = 1
     LLAMA3 = 2
+    YARN = 3  # Hugging Face rope_type "yarn" (Qwen2.5, DeepSeek): ramp between kept and interpolated dims
+    LONGROPE = 4  # "longrope" (Phi-3): short factors, long factors past original_max_positions
 
 
 @dataclass(frozen=True)
 class RopeConfig:
+    """The ``rope_*`` attributes of the write plugin (``pagedkv::RopeConfig``). Which fields a scaling reads:
+
+    linear: factor; llama3: factor, low/high_freq_factor, original_max_positions; yarn: factor, beta_fast,
+    beta_slow, truncate, original_max_positions, attention_factor; longrope: short_factors and long_factors (R/2
+    each), original_max_positions (a sequence whose kv length after the step exceeds it uses the long factors),
+    attention_factor, and factor (only for the default attention factor).
+    """
+
     style: RopeStyle = RopeStyle.NEOX
     rotary_dim: int = 0  # 0 -> head_dim
     theta: float = 10000.0
@@ -46,6 +59,16 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_positions: int = 8192
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float = 0.0  # multiplies cos and sin (yarn, longrope); 0: Hugging Face's default from factor
+    short_factors: tuple[float, ...] = ()
+    long_factors: tuple[float, ...] = ()
+
+    def __post_init__(self):
+        for name in ("short_factors", "long_factors"):  # attribute lists and numpy arrays become tuples
+            object.__setattr__(self, name, tuple(float(v) for v in getattr(self, name)))
 
     def resolved_rotary_dim(self, head_dim: int) -> int:
         r = self.rotary_dim or head_dim
@@ -61,7 +84,11 @@ def _attrs(obj) -> dict:
         if isinstance(v, RopeConfig):
             for rf in dataclasses.fields(v):
                 rv = getattr(v, rf.name)
-                out[f"rope_{rf.name}"] = float(rv) if isinstance(rv, float) else int(rv)
+                if isinstance(rv, tuple):
+                    if rv:  # FLOATS; an empty list has no ONNX type and stays out (the plugin reads it as empty)
+                        out[f"rope_{rf.name}"] = [float(x) for x in rv]
+                else:
+                    out[f"rope_{rf.name}"] = float(rv) if isinstance(rv, float) else int(rv)
         elif isinstance(v, bool):
             out[f.name] = int(v)
         elif isinstance(v, enum.IntEnum):
@@ -121,6 +148,18 @@ class _PluginAttributes:
         attrs = _attrs(self)
         attrs.update(_attrs(self.pool))
         return attrs
+
+    @classmethod
+    def attribute_names(cls) -> list[str]:
+        """Every attribute name in ``to_attributes`` order, the FLOATS an instance may leave out included: the
+        plugin's field table (``getFieldNames``) lists them all."""
+        names = []
+        for f in dataclasses.fields(cls):
+            if f.name == "rope":
+                names += [f"rope_{rf.name}" for rf in dataclasses.fields(RopeConfig)]
+            elif f.name != "pool":
+                names.append(f.name)
+        return names + [f.name for f in dataclasses.fields(PoolConfig)]
 
     @classmethod
     def from_attributes(cls, attrs: dict):
@@ -198,5 +237,7 @@ def _split_pool(cls, attrs: dict):
             rope_kwargs["style"] = RopeStyle(rope_kwargs["style"])
         if "scaling" in rope_kwargs:
             rope_kwargs["scaling"] = RopeScaling(rope_kwargs["scaling"])
+        if "truncate" in rope_kwargs:
+            rope_kwargs["truncate"] = bool(rope_kwargs["truncate"])
         kwargs["rope"] = RopeConfig(**rope_kwargs)
     return cls(pool=pool, **kwargs)
