@@ -80,7 +80,8 @@ def _gpt2():
     # Conv1D projections (x @ W + b: addmm, a Gemm in the legacy export), one fused c_attn with bias, learned
     # absolute position embeddings (wpe) gathered by position_ids, no RoPE.
     return dict(vocab_size=VOCAB, n_embd=128, n_inner=256, n_layer=LAYERS, n_head=2, n_positions=MAX_POSITIONS,
-                tie_word_embeddings=True, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                tie_word_embeddings=True, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
+                eos_token_id=0)
 
 
 # LongRoPE's switch point, tiny so that the test prompts (5, 17, 33 tokens) sit on both sides of it.
@@ -112,12 +113,13 @@ def _qwen2_yarn():
 
 
 def _gemma2():
-    # Alternating sliding/full layers (window 8, shorter than the prompts), attention logit soft-cap 50 and a
+    # Alternating sliding/full layers (window 8, shorter than the prompts), an attention logit soft-cap of 3 (scores
+    # here have unit-order spread, so the cap bends them visibly; Gemma-2 ships 50) and a
     # query_pre_attn_scalar other than head_dim (softmax scale 1/sqrt(128) for head_dim 256).
     return dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS,
                 num_attention_heads=2, num_key_value_heads=1, head_dim=256, max_position_embeddings=MAX_POSITIONS,
                 sliding_window=8, layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=128,
-                attn_logit_softcapping=50.0, final_logit_softcapping=30.0, tie_word_embeddings=True, pad_token_id=0)
+                attn_logit_softcapping=3.0, final_logit_softcapping=30.0, tie_word_embeddings=True, pad_token_id=0)
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (

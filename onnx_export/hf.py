@@ -171,7 +171,7 @@ def export_model(model, path: str | os.PathLike, *, exporter: str = "legacy", op
                  verify: bool = True, source: str = "model") -> ExportResult:
     """Export an eval-mode transformers causal LM; see the module docstring for the graph I/O."""
     torch, _ = require_export_deps()
-    from pagedkv.onnx_export._hf_wrapper import DecoderWithPast
+    from pagedkv.onnx_export._hf_wrapper import DecoderWithPast, traceable_rope
 
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter: expected one of {EXPORTERS}, got {exporter!r}")
@@ -187,7 +187,7 @@ def export_model(model, path: str | os.PathLike, *, exporter: str = "legacy", op
 
     start = time.perf_counter()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), traceable_rope(model):
             if exporter == "legacy":
                 dyn = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "total"},
                        "position_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}}

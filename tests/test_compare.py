@@ -36,7 +36,16 @@ CASES = {
     "contrib-rotary": BASE.replace(attention_form="contrib_rotary"),
     "contrib-gqa": BASE.replace(attention_form="contrib_gqa"),
     "onnx23": BASE.replace(attention_form="onnx23"),
+    "d128-yarn-bias": BASE.replace(head_dim=128, qkv_bias=True, rope=RopeConfig(
+        scaling=RopeScaling.YARN, factor=4.0, original_max_positions=64, beta_fast=16.0)),
+    "onnx23-yarn-given-factor": BASE.replace(attention_form="onnx23", rope=RopeConfig(
+        scaling=RopeScaling.YARN, factor=8.0, original_max_positions=256, attention_factor=1.5)),
 }
+# LongRoPE switching past kv length 12: the prompts (5, 17, 33) start on both sides of it, and the 5-token one
+# crosses it while decoding.
+LONGROPE = BASE.replace(num_kv_heads=1, fused_qkv=True, rope=RopeConfig(
+    scaling=RopeScaling.LONGROPE, rotary_dim=48, original_max_positions=12, factor=16.0,
+    short_factors=tuple(1.0 + 0.03 * i for i in range(24)), long_factors=tuple(1.2 + 0.8 * i for i in range(24))))
 
 
 def _run(original, rewritten, **kw):
@@ -68,6 +77,25 @@ def test_synthetic_structures_match(name):
     assert {"prefill", "decode"} in kinds
     # both schedules feed the original's greedy tokens; the model is the same, so the tokens are too
     assert whole.greedy_tokens == chunked.greedy_tokens
+
+
+def test_longrope_switches_per_sequence_like_the_original():
+    """Each step of each sequence takes the table of its kv length (the original graph runs one sequence per step
+    with its dense past, as transformers' longrope update does): whole and chunked prefill both match. (Chunking
+    changes which steps are long, so unlike the other structures their greedy tokens may differ.)"""
+    model = make_synthetic_model(LONGROPE)
+    result = rewrite_model(model, RewriteOptions())
+    rope = result.report.layers[0].rope
+    assert (rope.scaling, rope.original_max_positions, rope.rotary_dim) == (RopeScaling.LONGROPE, 12, 48)
+    for chunk in (0, 8):
+        report = _run(model, result.model, chunk_size=chunk)
+        _assert_passed(report)
+    # the switch is load-bearing: one kv length later, compare fails
+    for node in result.model.graph.node:
+        for attr in node.attribute:
+            if attr.name == "rope_original_max_positions":
+                attr.i = 13
+    assert not _run(model, result.model, chunk_size=8).logits_passed
 
 
 def test_windowed_pool_releases_pages_and_still_matches():
