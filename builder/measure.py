@@ -64,11 +64,11 @@ def measure_rope(view: GraphView, region: Region, step: ProbeStep, heads_map: np
     too, so that a Shape read inside the region (the sin/cos or the reshape taking the batch from q) stops at
     this layer's input instead of pulling in every layer before it (ORT's graph optimizations share such reads;
     the earlier layers would then run at the ladder's long positions on past caches of that length)."""
-    layout = region.layout
+    layout, out_layout = region.layout, region.output_layout or region.layout
     heads, D = heads_map.shape
     feat_shape = layout.colmap.shape
-    perm_to_tokens = layout.tokens_first()
-    inverse = np.argsort(perm_to_tokens)
+    inverse = np.argsort(layout.tokens_first())
+    out_to_tokens = out_layout.tokens_first()
     weight = chain.weight_matrix(view) if chain is not None else None
     dtype = _np_dtype(view.elem_type(region.input))
 
@@ -78,7 +78,7 @@ def measure_rope(view: GraphView, region: Region, step: ProbeStep, heads_map: np
         if weight is not None:
             feeds[chain.hidden] = np.zeros((batch, seq, weight.shape[0]), dtype=weight.dtype)
         (y,) = view.evaluate([region.output], feeds, probe)
-        return np.asarray(y, dtype=np.float64).transpose(perm_to_tokens).reshape(batch, seq, -1)
+        return np.asarray(y, dtype=np.float64).transpose(out_to_tokens).reshape(batch, seq, -1)
 
     def run(position: int) -> np.ndarray:  # -> M [D out, D in] per head: [heads, D, D]
         x = np.zeros((D, 1, int(np.prod(feat_shape))), dtype=np.float32)  # [basis, seq, features]

@@ -186,7 +186,8 @@ class Region:
     input: str
     output: str
     nodes: list[onnx.NodeProto]
-    layout: Layout | None = None  # at ``input`` (same at ``output``)
+    layout: Layout | None = None  # at ``input``
+    output_layout: Layout | None = None  # at ``output``: the same, or its axes moved by Transposes inside the region
 
 
 @dataclass
@@ -374,8 +375,40 @@ def layout_chain(view: GraphView, chain: ProjectionChain) -> Layout:
             layout = apply_layout(view, s[1], layout, s[2])
         elif s[0] == "region":
             s[1].layout = layout.copy()
+            layout = s[1].output_layout = _region_output_layout(view, s[1])
     chain.end_layout = layout
     return layout
+
+
+def _region_output_layout(view: GraphView, region: Region) -> Layout:
+    """The layout at a region's output. Elementwise regions keep their input's; ORT's transpose optimizer can
+    leave Transposes inside one (RoPE applied in [B, H, S, D] to an input in [B, S, H, D]): their perms are
+    composed along every data path from the input to the output (which must agree), and the result moves the
+    input's axes like a Transpose of the whole region."""
+    layout = region.layout
+    if not any(n.op_type == "Transpose" for n in region.nodes):
+        return layout.copy()
+    rank = len(layout.labels)
+    perms = {region.input: list(range(rank))}  # tensor -> output axis i holds input axis perm[i]
+    for node in region.nodes:  # in graph order
+        found = [perms[i] for i in view.data_inputs(node) if i in perms]
+        if not found:
+            continue
+        if any(p != found[0] for p in found):
+            raise RewriteError(f"{describe(node)}: the {region.kind} region from {region.input!r} reaches it with "
+                               f"its axes in different orders {found}")
+        perm = found[0]
+        if node.op_type == "Transpose":
+            perm = [perm[a] for a in (view.attr(node, "perm") or list(reversed(range(rank))))]
+        elif node.op_type in ("Reshape", "Unsqueeze", "Squeeze", "Flatten") and perm != list(range(rank)):
+            raise RewriteError(f"{describe(node)}: expected no reshape after a Transpose inside the {region.kind} "
+                               f"region from {region.input!r}")
+        for out in node.output:
+            perms[out] = perm
+    perm = perms[region.output]
+    feature_pos = {axis: k for k, axis in enumerate(layout.feature_axes)}
+    return Layout([layout.labels[p] for p in perm],
+                  layout.colmap.transpose([feature_pos[p] for p in perm if layout.labels[p] == "F"]))
 
 
 def heads_colmap(chain: ProjectionChain, heads: int, head_dim: int, where: onnx.NodeProto) -> np.ndarray:

@@ -4,7 +4,9 @@ Each is a real decoder of its family (same modules, same attention code path), s
 hidden size of 64-128 and a 128-token vocabulary so that export and ONNX Runtime take seconds on a CPU.
 Head dims stay within the kernels' set (``pagedkv.capabilities``: 64, 128, 256 today); families whose head
 dim is ``hidden / heads`` use hidden 128 with 2 heads. Parameters that matter for the attention rewrite are deliberately
-non-default: GQA, partial rotary, QKV bias, a short sliding window, q/k norms, head dim 256.
+non-default: GQA, partial rotary, QKV bias, a short sliding window, q/k norms, head dim 256, RoPE scalings
+whose switch or ramp falls inside the test's lengths (LongRoPE past 12 tokens, YaRN over an original context
+of 64), a soft-cap small enough to bend the scores, learned absolute positions.
 
 ``randomize_weights`` replaces the transformers initialisation (std 0.02, zero biases, unit norms), under
 which attention is nearly uniform and biases are zero, so that a wrong RoPE, a dropped bias or a wrong
@@ -91,7 +93,7 @@ PHI3_ORIGINAL_MAX_POSITIONS = 12
 def _phi3():
     # Per-dimension short/long factors of unit order and visibly different, so that using the wrong table (or
     # switching at the wrong length) shows in the logits. factor = 512 / 12 gives HF's default attention factor
-    # sqrt(1 + ln(factor) / ln(12)) = 1.48.
+    # sqrt(1 + ln(factor) / ln(12)) = 1.58.
     rotary_pairs = 32  # head_dim 64
     short = [round(1.0 + 0.05 * i, 4) for i in range(rotary_pairs)]
     long = [round(1.5 + 0.4 * i, 4) for i in range(rotary_pairs)]
@@ -159,23 +161,26 @@ def _is_norm(name: str) -> bool:
 def randomize_weights(model, seed: int) -> None:
     """Deterministic weights with unit-order attention scores (see the module docstring).
 
-    Linear/embedding weights ~ N(0, 1/fan_in) scaled so that q.k/sqrt(D) has a spread of about 1-2;
+    Linear weights ~ N(0, 1/fan_in) scaled so that q.k/sqrt(D) has a spread of about 1-2 (GPT-2's Conv1D
+    keeps its weight as [in, out]: its fan-in is the first axis); token and position embeddings ~ N(0, 1);
     biases ~ N(0, 0.1); norm weights ~ 1 + N(0, 0.1) (Gemma's (1 + w) norms get w ~ N(0, 0.1)).
     Buffers (inv_freq, masks) are left as the model built them.
     """
     import torch
 
     gen = torch.Generator().manual_seed(int(seed))
+    modules = dict(model.named_modules())
     with torch.no_grad():
         for name, param in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            owner = modules.get(name.rpartition(".")[0])
             if _is_norm(name):
                 base = 0.0 if "gemma" in type(model).__name__.lower() else 1.0
                 noise = torch.randn(param.shape, generator=gen) * 0.1
                 param.copy_(base + noise if name.endswith("weight") else noise)
             elif param.ndim == 1:  # bias
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.1)
-            elif "embed" in name or "wte" in name:
+            elif "embed" in name or "wte" in name or "wpe" in name:
                 param.copy_(torch.randn(param.shape, generator=gen))
-            else:  # Linear [out, in]
-                fan_in = param.shape[-1]
+            else:  # Linear [out, in], Conv1D [in, out]
+                fan_in = param.shape[0 if type(owner).__name__ == "Conv1D" else -1]
                 param.copy_(torch.randn(param.shape, generator=gen) * (1.4 / math.sqrt(fan_in)))
