@@ -99,6 +99,12 @@ struct KVLayout {
         return sinkTokens + bubbleLen + (ring < cyclicLen ? ring : cyclicLen);
     }
 
+    // Block-list entries a sequence of `length` tokens needs (the Python twin's pages_needed). 64-bit
+    // rounding: the KV manager asks for lengths up to 2^31 - 1.
+    PKV_HD int32_t pagesNeeded(int32_t length) const {
+        return int32_t((int64_t(slotsUsed(length)) + pageSize - 1) / pageSize);
+    }
+
     // Slot -> (page index within the sequence, offset within the page): shift and mask or divmod.
     PKV_HD void slotToPage(int32_t slot, int32_t& pageInSeq, int32_t& offset) const {
         if (pageShift >= 0) {

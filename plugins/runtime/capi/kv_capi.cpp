@@ -1,0 +1,411 @@
+// extern "C" entries over KVManager (kv_capi.h): each catches the manager's exceptions and turns them into a
+// status code plus a thread-local error record.
+#include "pagedkv/runtime/kv_capi.h"
+
+#include <algorithm>
+#include <new>
+#include <string>
+
+#include "pagedkv/runtime/kv_manager.h"
+
+using namespace pagedkv;
+using namespace pagedkv::runtime;
+
+struct pagedkv_kv_manager {
+    KVManager manager;
+    StepPlan plan;
+};
+
+namespace {
+
+struct ErrorState {
+    pagedkv_kv_error record{};
+    std::string message, group, what, check, detail, expected, found;
+
+    void reset(int32_t code, std::string msg) {
+        record = pagedkv_kv_error{};
+        record.code = code;
+        message = std::move(msg);
+        group.clear();
+        what.clear();
+        check.clear();
+        detail.clear();
+        expected.clear();
+        found.clear();
+    }
+    void point() {
+        record.message = message.c_str();
+        record.group = group.c_str();
+        record.what = what.c_str();
+        record.check = check.c_str();
+        record.detail = detail.c_str();
+        record.expected = expected.c_str();
+        record.found = found.c_str();
+    }
+};
+
+thread_local ErrorState tlsError;
+
+void noteSeq(KVCacheError const& e) {
+    if (e.seq) {
+        tlsError.record.has_seq = 1;
+        tlsError.record.seq = *e.seq;
+    }
+}
+
+// Run `body`, mapping each exception type to its status (the most derived first).
+template <typename F>
+int32_t guarded(F&& body) {
+    try {
+        body();
+        return PAGEDKV_KV_OK;
+    } catch (KVCacheExhaustedError const& e) {
+        tlsError.reset(PAGEDKV_KV_EXHAUSTED, e.what());
+        noteSeq(e);
+        tlsError.record.needed = e.needed;
+        tlsError.record.free = e.free;
+        tlsError.record.tier = int32_t(e.tier);
+        tlsError.group = e.group;
+        tlsError.what = e.operation;
+    } catch (BlockRefcountError const& e) {
+        tlsError.reset(PAGEDKV_KV_REFCOUNT, e.what());
+        tlsError.record.has_block = 1;
+        tlsError.record.block = e.block;
+        tlsError.record.refcount = e.refcount;
+    } catch (KVInvariantError const& e) {
+        tlsError.reset(PAGEDKV_KV_INVARIANT, e.what());
+        noteSeq(e);
+        tlsError.group = e.group;
+        tlsError.check = e.check;
+        tlsError.detail = e.detail;
+        tlsError.expected = e.expected;
+        tlsError.found = e.found;
+        if (e.block) {
+            tlsError.record.has_block = 1;
+            tlsError.record.block = *e.block;
+        }
+        if (e.page) {
+            tlsError.record.has_page = 1;
+            tlsError.record.page = *e.page;
+        }
+    } catch (UnknownSequenceError const& e) {
+        tlsError.reset(PAGEDKV_KV_UNKNOWN_SEQUENCE, e.what());
+        noteSeq(e);
+    } catch (KVArgumentError const& e) {
+        tlsError.reset(PAGEDKV_KV_INVALID_ARGUMENT, e.what());
+        noteSeq(e);
+    } catch (std::bad_alloc const&) {
+        tlsError.reset(PAGEDKV_KV_INTERNAL, "out of host memory");
+    } catch (std::exception const& e) {
+        tlsError.reset(PAGEDKV_KV_INTERNAL, e.what());
+    } catch (...) {
+        tlsError.reset(PAGEDKV_KV_INTERNAL, "unknown C++ exception");
+    }
+    tlsError.point();
+    return tlsError.record.code;
+}
+
+void need(void const* p, char const* what) {
+    if (!p) throw KVArgumentError(std::string(what) + ": null pointer", std::nullopt);
+}
+
+// Copy `values` out under the capacity protocol: `count` always, the values when they fit.
+int32_t copyOut(std::vector<int32_t> const& values, int32_t* out, int32_t capacity, int32_t* count) {
+    return guarded([&] {
+        need(count, "count");
+        *count = int32_t(values.size());
+        if (capacity >= int32_t(values.size()) && !values.empty()) {
+            need(out, "out");
+            std::copy(values.begin(), values.end(), out);
+        }
+    });
+}
+
+}  // namespace
+
+extern "C" {
+
+int32_t pagedkv_kv_capi_version(void) { return PAGEDKV_KV_CAPI_VERSION; }
+
+const pagedkv_kv_error* pagedkv_kv_last_error(void) {
+    tlsError.point();
+    return &tlsError.record;
+}
+
+int32_t pagedkv_kv_create(const pagedkv_kv_group_desc* groups, int32_t num_groups, int32_t enable_prefix_reuse,
+                          pagedkv_kv_manager** out) {
+    return guarded([&] {
+        need(out, "out");
+        *out = nullptr;
+        if (num_groups > 0) need(groups, "groups");
+        std::vector<PoolGroupSpec> specs;
+        std::vector<int64_t> blocks, host;
+        for (int32_t g = 0; g < num_groups; ++g) {
+            pagedkv_kv_group_desc const& d = groups[g];
+            PoolGroupParams p;
+            p.name = d.name ? d.name : "";
+            p.numLayers = d.num_layers;
+            p.numKVHeads = d.num_kv_heads;
+            p.pageSize = d.page_size;
+            p.headDim = d.head_dim;
+            p.pageLayout = PageLayout(d.page_layout);
+            p.sinkTokens = d.sink_tokens;
+            p.cyclicLen = d.cyclic_len;
+            p.cacheDType = CacheDType(d.cache_dtype);
+            p.window = d.window;
+            p.attentionSinks = d.attention_sinks;
+            specs.push_back(makePoolGroupSpec(p));
+            blocks.push_back(d.num_blocks);
+            host.push_back(d.host_blocks);
+        }
+        *out = new pagedkv_kv_manager{KVManager(std::move(specs), blocks, host, enable_prefix_reuse != 0), {}};
+    });
+}
+
+void pagedkv_kv_destroy(pagedkv_kv_manager* mgr) { delete mgr; }
+
+int32_t pagedkv_kv_add_sequence(pagedkv_kv_manager* mgr, int64_t seq, const int32_t* prompt, int32_t prompt_len,
+                                const uint8_t* salt, size_t salt_len, int32_t* reused) {
+    return guarded([&] {
+        need(mgr, "manager");
+        std::string saltText = salt ? std::string(reinterpret_cast<char const*>(salt), salt_len) : std::string();
+        int32_t r = mgr->manager.addSequence(seq, prompt, prompt_len, saltText);
+        if (reused) *reused = r;
+    });
+}
+
+int32_t pagedkv_kv_reserve(pagedkv_kv_manager* mgr, int64_t seq, int32_t num_tokens) {
+    return guarded([&] {
+        need(mgr, "manager");
+        mgr->manager.reserve(seq, num_tokens);
+    });
+}
+
+int32_t pagedkv_kv_unreserve(pagedkv_kv_manager* mgr, int64_t seq) {
+    return guarded([&] {
+        need(mgr, "manager");
+        mgr->manager.unreserve(seq);
+    });
+}
+
+int32_t pagedkv_kv_commit(pagedkv_kv_manager* mgr, int64_t seq, int32_t num_tokens, const int32_t* token_ids) {
+    return guarded([&] {
+        need(mgr, "manager");
+        mgr->manager.commit(seq, num_tokens, token_ids);
+    });
+}
+
+int32_t pagedkv_kv_free(pagedkv_kv_manager* mgr, int64_t seq) {
+    return guarded([&] {
+        need(mgr, "manager");
+        mgr->manager.free(seq);
+    });
+}
+
+int32_t pagedkv_kv_fork(pagedkv_kv_manager* mgr, int64_t src, int64_t dst) {
+    return guarded([&] {
+        need(mgr, "manager");
+        mgr->manager.fork(src, dst);
+    });
+}
+
+int32_t pagedkv_kv_swap_out(pagedkv_kv_manager* mgr, int64_t seq) {
+    return guarded([&] {
+        need(mgr, "manager");
+        mgr->manager.swapOut(seq);
+    });
+}
+
+int32_t pagedkv_kv_swap_in(pagedkv_kv_manager* mgr, int64_t seq) {
+    return guarded([&] {
+        need(mgr, "manager");
+        mgr->manager.swapIn(seq);
+    });
+}
+
+int32_t pagedkv_kv_reserve_many(pagedkv_kv_manager* mgr, const int64_t* seqs, const int32_t* counts, int32_t n,
+                                int32_t* done) {
+    if (done) *done = 0;
+    return guarded([&] {
+        need(mgr, "manager");
+        if (n > 0) {
+            need(seqs, "seqs");
+            need(counts, "counts");
+        }
+        for (int32_t i = 0; i < n; ++i) {
+            mgr->manager.reserve(seqs[i], counts[i]);
+            if (done) *done = i + 1;
+        }
+    });
+}
+
+int32_t pagedkv_kv_commit_many(pagedkv_kv_manager* mgr, const int64_t* seqs, const int32_t* counts,
+                               const int32_t* token_ids, int32_t n, int32_t* done) {
+    if (done) *done = 0;
+    return guarded([&] {
+        need(mgr, "manager");
+        if (n > 0) {
+            need(seqs, "seqs");
+            need(counts, "counts");
+        }
+        int64_t offset = 0;
+        for (int32_t i = 0; i < n; ++i) {
+            mgr->manager.commit(seqs[i], counts[i], token_ids ? token_ids + offset : nullptr);
+            offset += counts[i];
+            if (done) *done = i + 1;
+        }
+    });
+}
+
+int32_t pagedkv_kv_num_groups(const pagedkv_kv_manager* mgr) { return mgr ? mgr->manager.numGroups() : 0; }
+int32_t pagedkv_kv_num_sequences(const pagedkv_kv_manager* mgr) { return mgr ? mgr->manager.numSequences() : 0; }
+int32_t pagedkv_kv_contains(const pagedkv_kv_manager* mgr, int64_t seq) {
+    return mgr && mgr->manager.contains(seq) ? 1 : 0;
+}
+
+int32_t pagedkv_kv_sequences(const pagedkv_kv_manager* mgr, int64_t* out, int32_t capacity, int32_t* count) {
+    return guarded([&] {
+        need(mgr, "manager");
+        need(count, "count");
+        std::vector<SeqId> ids = mgr->manager.sequences();
+        *count = int32_t(ids.size());
+        if (capacity >= int32_t(ids.size()) && !ids.empty()) {
+            need(out, "out");
+            std::copy(ids.begin(), ids.end(), out);
+        }
+    });
+}
+
+int32_t pagedkv_kv_sequence_info(const pagedkv_kv_manager* mgr, int64_t seq, pagedkv_kv_seq_info* out) {
+    return guarded([&] {
+        need(mgr, "manager");
+        need(out, "out");
+        KVManager const& m = mgr->manager;
+        *out = {m.length(seq), m.reserved(seq), m.promptLength(seq), m.prefillRemaining(seq), m.isSwapped(seq) ? 1 : 0};
+    });
+}
+
+int32_t pagedkv_kv_block_list(const pagedkv_kv_manager* mgr, int64_t seq, int32_t group, int32_t* out,
+                              int32_t capacity, int32_t* count) {
+    std::vector<int32_t> blocks;
+    int32_t rc = guarded([&] {
+        need(mgr, "manager");
+        if (group < 0 || group >= mgr->manager.numGroups())
+            throw KVArgumentError("group: " + std::to_string(group) + " is not a pool group index", seq);
+        blocks = mgr->manager.blockList(seq, group);
+    });
+    return rc != PAGEDKV_KV_OK ? rc : copyOut(blocks, out, capacity, count);
+}
+
+int32_t pagedkv_kv_stats(const pagedkv_kv_manager* mgr, int32_t group, pagedkv_kv_group_stats* out) {
+    return guarded([&] {
+        need(mgr, "manager");
+        need(out, "out");
+        if (group < 0 || group >= mgr->manager.numGroups())
+            throw KVArgumentError("group: " + std::to_string(group) + " is not a pool group index", std::nullopt);
+        GroupStats s = mgr->manager.stats(group);
+        *out = {s.numBlocks, s.numFree, s.hostBlocks, s.hostFree, s.numCached};
+    });
+}
+
+int32_t pagedkv_kv_free_list(const pagedkv_kv_manager* mgr, int32_t group, int32_t tier, int32_t* out,
+                             int32_t capacity, int32_t* count) {
+    std::vector<int32_t> blocks;
+    int32_t rc = guarded([&] {
+        need(mgr, "manager");
+        if (group < 0 || group >= mgr->manager.numGroups())
+            throw KVArgumentError("group: " + std::to_string(group) + " is not a pool group index", std::nullopt);
+        if (tier != 0 && tier != 1) throw KVArgumentError("tier: expected 0 or 1, got " + std::to_string(tier), std::nullopt);
+        blocks = mgr->manager.allocator(group, Tier(tier)).freeList();
+    });
+    return rc != PAGEDKV_KV_OK ? rc : copyOut(blocks, out, capacity, count);
+}
+
+int32_t pagedkv_kv_cached_blocks(const pagedkv_kv_manager* mgr, int32_t group, int32_t* out, int32_t capacity,
+                                 int32_t* count) {
+    std::vector<int32_t> blocks;
+    int32_t rc = guarded([&] {
+        need(mgr, "manager");
+        if (group < 0 || group >= mgr->manager.numGroups())
+            throw KVArgumentError("group: " + std::to_string(group) + " is not a pool group index", std::nullopt);
+        blocks = mgr->manager.cachedBlocks(group);
+    });
+    return rc != PAGEDKV_KV_OK ? rc : copyOut(blocks, out, capacity, count);
+}
+
+int32_t pagedkv_kv_drain_copies(pagedkv_kv_manager* mgr, pagedkv_kv_block_copy* out, int64_t capacity,
+                                int64_t* count) {
+    return guarded([&] {
+        need(mgr, "manager");
+        need(count, "count");
+        std::vector<BlockCopy> const& log = mgr->manager.copyLog();
+        *count = int64_t(log.size());
+        if (capacity < int64_t(log.size()) || log.empty()) return;
+        need(out, "out");
+        for (size_t i = 0; i < log.size(); ++i) {
+            BlockCopy const& c = log[i];
+            out[i] = {c.group, int32_t(c.srcTier), c.srcBlock, int32_t(c.dstTier), c.dstBlock, c.numTokens};
+        }
+        mgr->manager.drainCopies();
+    });
+}
+
+int32_t pagedkv_kv_plan_step(pagedkv_kv_manager* mgr, const int64_t* seqs, const int32_t* num_new, int32_t num_seqs,
+                             pagedkv_kv_step_shape* shape, int32_t* max_blocks, int32_t* num_indices) {
+    return guarded([&] {
+        need(mgr, "manager");
+        need(shape, "shape");
+        if (num_seqs > 0) need(seqs, "seqs");
+        std::vector<StepEntry> entries(std::max(0, num_seqs));
+        for (int32_t i = 0; i < num_seqs; ++i) entries[i] = {seqs[i], num_new ? num_new[i] : -1};
+        mgr->manager.planStep(entries.data(), num_seqs, mgr->plan);
+        StepPlan const& p = mgr->plan;
+        *shape = {p.numSeqs, p.numTokens, p.maxQLen, p.maxKVLen};
+        for (size_t g = 0; g < p.maxBlocks.size(); ++g) {
+            if (max_blocks) max_blocks[g] = p.maxBlocks[g];
+            if (num_indices) num_indices[g] = p.numIndices[g];
+        }
+    });
+}
+
+int32_t pagedkv_kv_write_step(pagedkv_kv_manager* mgr, const pagedkv_kv_step_buffers* shared,
+                              const pagedkv_kv_group_step_buffers* groups) {
+    return guarded([&] {
+        need(mgr, "manager");
+        StepBuffers out;
+        if (shared) {
+            out.cuQLens = shared->cu_q_lens;
+            out.pastLens = shared->past_lens;
+            out.qLens = shared->q_lens;
+            out.kvLens = shared->kv_lens;
+            out.tokenSeq = shared->token_seq;
+            out.positions = shared->positions;
+        }
+        std::vector<GroupStepBuffers> per;
+        if (groups) {
+            for (int32_t g = 0; g < mgr->manager.numGroups(); ++g)
+                per.push_back({groups[g].block_table, groups[g].num_pages, groups[g].last_page_lens,
+                               groups[g].kv_indptr, groups[g].kv_indices});
+            out.groups = per.data();
+        }
+        mgr->manager.writeStep(mgr->plan, out);
+    });
+}
+
+int32_t pagedkv_kv_pool_descriptors(const pagedkv_kv_manager* mgr, const uint64_t* addresses, int64_t* out) {
+    return guarded([&] {
+        need(mgr, "manager");
+        need(addresses, "addresses");
+        need(out, "out");
+        mgr->manager.writePoolDescriptors(addresses, out);
+    });
+}
+
+int32_t pagedkv_kv_validate(const pagedkv_kv_manager* mgr) {
+    return guarded([&] {
+        need(mgr, "manager");
+        mgr->manager.validate();
+    });
+}
+
+}  // extern "C"
