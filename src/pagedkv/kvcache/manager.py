@@ -222,12 +222,13 @@ class KVCacheManager:
         tokens, which is the sequence's committed length and the next chunk's past length."""
         if seq_id in self._seqs:
             raise ValueError(f"add_sequence: sequence {seq_id!r} exists already")
-        row = self._take_row()
-        st = SequenceState(seq_id, row, len(self.groups), salt=bytes(salt))
-        if prompt_tokens is not None:
+        if prompt_tokens is not None:  # checked before a table row is taken: a refused prompt leaks no row
             prompt = np.asarray(prompt_tokens, dtype=np.int64).ravel()
             if prompt.size and (prompt.min() < -2 ** 31 or prompt.max() >= 2 ** 31):
                 raise ValueError("prompt_tokens: token ids must fit int32")
+        row = self._take_row()
+        st = SequenceState(seq_id, row, len(self.groups), salt=bytes(salt))
+        if prompt_tokens is not None:
             st.append_tokens(prompt.astype(np.int32))
             st.prompt_len = int(prompt.size)
         self._seqs[seq_id] = st
@@ -356,6 +357,8 @@ class KVCacheManager:
             if ids.size != num_tokens:
                 raise ValueError(f"commit: token_ids has {ids.size} entries for {num_tokens} tokens "
                                  f"(sequence {seq_id!r})")
+            if ids.size and (ids.min() < -2 ** 31 or ids.max() >= 2 ** 31):  # (astype would wrap them)
+                raise ValueError(f"commit: token_ids of sequence {seq_id!r} must fit int32")
             known = st.tokens_known
             overlap = max(0, min(known, L + num_tokens) - L)
             if overlap and not np.array_equal(st.tokens[L:L + overlap], ids[:overlap]):
