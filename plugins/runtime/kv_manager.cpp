@@ -284,7 +284,7 @@ int32_t KVManager::addSequence(SeqId id, int32_t const* promptTokens, int32_t pr
     s.length = s.reserved = 0;
     s.promptLen = promptLen;
     s.tokens.assign(promptTokens, promptTokens + promptLen);
-    s.tokenGap = s.swapped = false;
+    s.swapped = false;
     s.salt = salt;
     m.index.emplace(id, slot);
     s.length = m.prefix.empty() ? 0 : m.adoptPrefix(s);
@@ -380,7 +380,7 @@ void KVManager::unreserve(SeqId id) {
     ++m.version;
 }
 
-void KVManager::commit(SeqId id, int32_t numTokens, int32_t const* tokenIds) {
+void KVManager::commit(SeqId id, int32_t numTokens, int32_t const* tokenIds, int64_t tokenCount) {
     Impl& m = *impl_;
     Sequence& s = m.live(id, "commit");
     int32_t const L = s.length, R = s.reserved;
@@ -388,17 +388,19 @@ void KVManager::commit(SeqId id, int32_t numTokens, int32_t const* tokenIds) {
         throw KVArgumentError(cat("commit: sequence ", id, " has ", R, " reserved slot(s), cannot commit ", numTokens),
                               id);
     if (tokenIds) {
+        if (tokenCount >= 0 && tokenCount != numTokens)
+            throw KVArgumentError(cat("commit: token_ids has ", tokenCount, " entries for ", numTokens,
+                                      " tokens (sequence ", id, ")"),
+                                  id);
         int32_t known = int32_t(s.tokens.size());
         int32_t overlap = std::max(0, std::min(known, L + numTokens) - L);
         if (overlap && std::memcmp(s.tokens.data() + L, tokenIds, sizeof(int32_t) * overlap) != 0)
             throw KVArgumentError(cat("commit: token_ids of sequence ", id, " differ from its known tokens at positions [",
                                       L, ", ", L + overlap, ")"),
                                   id);
-        if (known >= L && !s.tokenGap) s.tokens.insert(s.tokens.end(), tokenIds + overlap, tokenIds + numTokens);
+        if (known >= L) s.tokens.insert(s.tokens.end(), tokenIds + overlap, tokenIds + numTokens);
     }
-    int32_t const newLen = L + numTokens;
-    if (int32_t(s.tokens.size()) < newLen) s.tokenGap = true;
-    s.length = newLen;
+    s.length = L + numTokens;
     s.reserved = R - numTokens;
     for (size_t g = 0; g < m.groups.size(); ++g) {
         if (m.groups[g].mode == WindowMode::kRelease) m.releaseWindow(s, int32_t(g));
@@ -428,7 +430,7 @@ void KVManager::free(SeqId id) {
     s.tokens.clear();
     s.salt.clear();
     s.length = s.reserved = s.promptLen = 0;
-    s.swapped = s.tokenGap = false;
+    s.swapped = false;
     int32_t slot = m.index.at(id);
     m.index.erase(id);
     m.freeSlots.push_back(slot);

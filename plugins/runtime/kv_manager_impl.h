@@ -40,14 +40,15 @@ struct Sequence {
     int32_t length = 0;    // L: committed tokens
     int32_t reserved = 0;  // R: reserved slots after L
     int32_t promptLen = 0;
-    std::vector<int32_t> tokens;  // token ids known for positions [0, tokens.size())
-    bool tokenGap = false;        // a commit came without token ids: no later block is hashable
+    // Token ids known for positions [0, tokens.size()): the prompt, then committed ids. A commit without ids
+    // leaves tokens.size() < length for good (Python's token_gap), so no later block is hashed.
+    std::vector<int32_t> tokens;
     bool swapped = false;
     std::string salt;             // prefix chain root (e.g. an adapter id)
     std::vector<GroupSequence> groups;
     bool operator==(Sequence const& o) const {
         return id == o.id && order == o.order && length == o.length && reserved == o.reserved &&
-               promptLen == o.promptLen && tokens == o.tokens && tokenGap == o.tokenGap && swapped == o.swapped &&
+               promptLen == o.promptLen && tokens == o.tokens && swapped == o.swapped &&
                salt == o.salt && groups == o.groups;
     }
 };

@@ -3,6 +3,8 @@
 #include "pagedkv/runtime/kv_capi.h"
 
 #include <algorithm>
+#include <cstddef>
+#include <cstring>
 #include <new>
 #include <string>
 
@@ -127,6 +129,38 @@ extern "C" {
 
 int32_t pagedkv_kv_capi_version(void) { return PAGEDKV_KV_CAPI_VERSION; }
 
+int32_t pagedkv_kv_struct_layout(const char* name, int64_t* offsets, int32_t capacity, int64_t* size) {
+    if (!name) return -1;
+    std::vector<size_t> fields;
+    size_t bytes = 0;
+#define PKV_LAYOUT(type, ...)                      \
+    if (std::strcmp(name, #type) == 0) {           \
+        using T = type;                            \
+        fields = {__VA_ARGS__};                    \
+        bytes = sizeof(T);                         \
+    }
+#define F(field) offsetof(T, field)
+    PKV_LAYOUT(pagedkv_kv_error, F(code), F(has_seq), F(seq), F(message), F(needed), F(free), F(tier), F(group),
+               F(what), F(has_block), F(has_page), F(block), F(page), F(refcount), F(check), F(detail), F(expected),
+               F(found))
+    PKV_LAYOUT(pagedkv_kv_group_desc, F(name), F(num_layers), F(num_kv_heads), F(page_size), F(head_dim),
+               F(page_layout), F(sink_tokens), F(cyclic_len), F(cache_dtype), F(window), F(attention_sinks),
+               F(num_blocks), F(host_blocks))
+    PKV_LAYOUT(pagedkv_kv_group_stats, F(num_blocks), F(num_free), F(host_blocks), F(host_free), F(num_cached))
+    PKV_LAYOUT(pagedkv_kv_seq_info, F(length), F(reserved), F(prompt_len), F(prefill_remaining), F(swapped))
+    PKV_LAYOUT(pagedkv_kv_block_copy, F(group), F(src_tier), F(src_block), F(dst_tier), F(dst_block), F(num_tokens))
+    PKV_LAYOUT(pagedkv_kv_step_shape, F(num_seqs), F(num_tokens), F(max_q_len), F(max_kv_len))
+    PKV_LAYOUT(pagedkv_kv_step_buffers, F(cu_q_lens), F(past_lens), F(q_lens), F(kv_lens), F(token_seq), F(positions))
+    PKV_LAYOUT(pagedkv_kv_group_step_buffers, F(block_table), F(num_pages), F(last_page_lens), F(kv_indptr),
+               F(kv_indices))
+#undef F
+#undef PKV_LAYOUT
+    if (fields.empty()) return -1;
+    for (size_t i = 0; i < fields.size() && int32_t(i) < capacity && offsets; ++i) offsets[i] = int64_t(fields[i]);
+    if (size) *size = int64_t(bytes);
+    return int32_t(fields.size());
+}
+
 const pagedkv_kv_error* pagedkv_kv_last_error(void) {
     tlsError.point();
     return &tlsError.record;
@@ -188,10 +222,11 @@ int32_t pagedkv_kv_unreserve(pagedkv_kv_manager* mgr, int64_t seq) {
     });
 }
 
-int32_t pagedkv_kv_commit(pagedkv_kv_manager* mgr, int64_t seq, int32_t num_tokens, const int32_t* token_ids) {
+int32_t pagedkv_kv_commit(pagedkv_kv_manager* mgr, int64_t seq, int32_t num_tokens, const int32_t* token_ids,
+                          int64_t token_count) {
     return guarded([&] {
         need(mgr, "manager");
-        mgr->manager.commit(seq, num_tokens, token_ids);
+        mgr->manager.commit(seq, num_tokens, token_ids, token_count);
     });
 }
 

@@ -223,11 +223,12 @@ private:
     void add() {
         if (int32_t(model_.size()) >= kMaxSeqs) return;
         std::vector<int32_t> prompt;
-        int32_t source = pick(51), keep = pick(41), extra = 1 + pick(20);
+        int32_t source = pick(51), keep = pick(41), extra = pick(21);
         if (!prompts_.empty() && source % 3) {  // mostly: start like an earlier prompt (prefix hits)
             auto const& base = prompts_[source % prompts_.size()];
             prompt.assign(base.begin(), base.begin() + keep % (base.size() + 1));
         }
+        if (prompt.empty()) extra = std::max(extra, 1);  // extra 0: a prompt that may be all cached blocks
         for (int32_t i = 0; i < extra; ++i) prompt.push_back(token());
         SeqId id = nextId_++;
         int32_t reused = m_.addSequence(id, prompt.data(), int32_t(prompt.size()));

@@ -83,6 +83,11 @@ typedef struct pagedkv_kv_group_step_buffers {
 typedef struct pagedkv_kv_manager pagedkv_kv_manager;
 
 PAGEDKV_KV_EXPORT int32_t pagedkv_kv_capi_version(void);
+// ABI check of a binding's struct mirrors: the byte offset of each field of struct `name` (e.g.
+// "pagedkv_kv_error") in declaration order into offsets[0..capacity) and its sizeof into `size`; returns the
+// number of fields, or -1 for an unknown name.
+PAGEDKV_KV_EXPORT int32_t pagedkv_kv_struct_layout(const char* name, int64_t* offsets, int32_t capacity,
+                                                   int64_t* size);
 PAGEDKV_KV_EXPORT const pagedkv_kv_error* pagedkv_kv_last_error(void);
 
 PAGEDKV_KV_EXPORT int32_t pagedkv_kv_create(const pagedkv_kv_group_desc* groups, int32_t num_groups,
@@ -96,9 +101,10 @@ PAGEDKV_KV_EXPORT int32_t pagedkv_kv_add_sequence(pagedkv_kv_manager* mgr, int64
                                                   int32_t* reused);
 PAGEDKV_KV_EXPORT int32_t pagedkv_kv_reserve(pagedkv_kv_manager* mgr, int64_t seq, int32_t num_tokens);
 PAGEDKV_KV_EXPORT int32_t pagedkv_kv_unreserve(pagedkv_kv_manager* mgr, int64_t seq);
-// token_ids: [num_tokens] or NULL (unknown tokens: no prefix registration past them).
+// token_ids: [token_count] ids (token_count must equal num_tokens) or NULL (unknown tokens: no prefix
+// registration past them).
 PAGEDKV_KV_EXPORT int32_t pagedkv_kv_commit(pagedkv_kv_manager* mgr, int64_t seq, int32_t num_tokens,
-                                            const int32_t* token_ids);
+                                            const int32_t* token_ids, int64_t token_count);
 PAGEDKV_KV_EXPORT int32_t pagedkv_kv_free(pagedkv_kv_manager* mgr, int64_t seq);
 PAGEDKV_KV_EXPORT int32_t pagedkv_kv_fork(pagedkv_kv_manager* mgr, int64_t src, int64_t dst);
 PAGEDKV_KV_EXPORT int32_t pagedkv_kv_swap_out(pagedkv_kv_manager* mgr, int64_t seq);

@@ -111,8 +111,9 @@ public:
     void reserve(SeqId seq, int32_t numTokens);
     void unreserve(SeqId seq);
     // `numTokens` reserved tokens are in the cache now; `tokenIds` (null: unknown) extend the known tokens
-    // (prefix hashing only). RELEASE groups release pages that left the window; full blocks are registered.
-    void commit(SeqId seq, int32_t numTokens, int32_t const* tokenIds = nullptr);
+    // (prefix hashing only): `tokenCount` ids, which must be numTokens (-1: numTokens, unchecked). RELEASE
+    // groups release pages that left the window; full blocks are registered.
+    void commit(SeqId seq, int32_t numTokens, int32_t const* tokenIds = nullptr, int64_t tokenCount = -1);
     void free(SeqId seq);
     void fork(SeqId src, SeqId dst);
     void swapOut(SeqId seq);
