@@ -1,11 +1,14 @@
 """The C++ runtime's own checks (``pagedkv_runtime_check``, plugins/runtime/tests), run from pytest so that CI
 runs them: the unit tests, the stateful random test (10^5 operations) and the per-step benchmark with a loose
-time guard. The library must export its C entries and C++ API only and link neither CUDA nor TensorRT."""
+time guard. The library must export its C entries and C++ API only and link neither CUDA nor TensorRT; the
+examples of docs/runtime-cpp.md compile (against the installed headers when there are) and print what it says."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -75,3 +78,28 @@ def test_runtime_library_exports_and_links_nothing_of_cuda_or_tensorrt():
                                                      "typeinfo name for pagedkv::", "vtable for pagedkv::"))
                                        or n in ("PAGEDKV_KV",))]
     assert not leaked, leaked[:10]
+
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "runtime-cpp.md"
+
+
+def test_doc_cpp_example_compiles_runs_and_prints_what_the_doc_says(tmp_path):
+    text = DOC.read_text()
+    code, printed = re.search(r"```cpp\n(.*?)```\n\nprints\n\n```\n(.*?)```", text, re.S).groups()
+    lib = _lib.find_file(_lib.RUNTIME_NAME)
+    assert lib is not None, f"{_lib.RUNTIME_NAME} not found in {[str(d) for d in _lib.lib_dirs()]}"
+    installed = lib.parent.parent / "include"  # the wheel's pagedkv/include, next to pagedkv/lib
+    include = installed if (installed / "pagedkv" / "runtime" / "kv_manager.h").is_file() else DOC.parents[1] / \
+        "plugins" / "include"
+    (tmp_path / "example.cpp").write_text(code)
+    compiler = os.environ.get("CXX", "c++")
+    subprocess.run([compiler, "-std=c++17", "-Wall", "-Werror", "-I", str(include), str(tmp_path / "example.cpp"),
+                    "-L", str(lib.parent), "-lpagedkv_runtime", f"-Wl,-rpath,{lib.parent}", "-o",
+                    str(tmp_path / "example")], check=True, capture_output=True, text=True)
+    out = subprocess.run([str(tmp_path / "example")], check=True, capture_output=True, text=True, timeout=60)
+    assert out.stdout == printed
+
+
+def test_doc_python_example_runs():
+    code = re.search(r"```python\n(.*?)```", DOC.read_text(), re.S).group(1)
+    exec(compile(code, str(DOC), "exec"), {})
