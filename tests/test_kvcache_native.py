@@ -15,9 +15,10 @@ agree on:
   block copies; both doctors clean;
 * every step's metadata, byte for byte (every array's dtype, shape and bytes).
 
-``hypothesis`` drives a state machine over five configurations (FULL groups with prefix reuse and a host
-tier, RELEASE and CYCLIC windows, a tiny pool that exhausts, three groups with a non-power-of-two page); a long
-seeded run covers 10^4 operations per configuration more.
+``hypothesis`` drives a state machine over six configurations (the property test's three: FULL groups of two
+page sizes with prefix reuse, RELEASE and CYCLIC windows with sinks; the first with larger pools; a tiny pool
+that keeps running out; three groups with a non-power-of-two page); a long seeded run covers 10^4 operations
+per configuration more.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from pagedkv import _lib
 from pagedkv.kvcache import KVCacheError, KVCacheManager, PoolGroupSpec, Tier, pool_descriptors
 from pagedkv.kvcache.native import NativeKVManager
-from pagedkv.layout import KVLayout, PageLayout
+from pagedkv.layout import KVLayout
+
+from test_kvcache_support import CONFIGS as PROPERTY_CONFIGS
 
 
 
@@ -42,16 +45,11 @@ def runtime_library():
         pytest.fail(f"{_lib.RUNTIME_NAME} not found in {[str(d) for d in _lib.lib_dirs()]}: install pagedkv "
                     "(`pip install .`) or set PAGEDKV_LIB_DIR to a build tree")
 
-# name -> (groups, primary blocks, host blocks, prefix reuse)
+# The property test's configurations, and: the first with room enough to keep prefixes cached, a pool that
+# keeps running out, three groups with a non-power-of-two page.
 CONFIGS = {
-    "prefix": ([PoolGroupSpec("p4", KVLayout(2, 1, 4, 2)), PoolGroupSpec("p8", KVLayout(1, 2, 8, 1, PageLayout.NHD))],
-               [40, 24], [10, 6], True),
-    "release": ([PoolGroupSpec("full", KVLayout(1, 1, 4, 2)),
-                 PoolGroupSpec("win", KVLayout(2, 1, 3, 1, PageLayout.NHD), window=5, attention_sinks=2)],
-                [20, 24], [10, 10], False),
-    "cyclic": ([PoolGroupSpec("full", KVLayout(1, 2, 4, 1, PageLayout.NHD)),
-                PoolGroupSpec("ring", KVLayout(1, 1, 4, 2, sink_tokens=2, cyclic_len=8), window=5,
-                              attention_sinks=2)], [20, 14], [8, 6], False),
+    **PROPERTY_CONFIGS,
+    "roomy": (PROPERTY_CONFIGS["prefix"][0], [40, 24], [10, 6], True),
     "tiny": ([PoolGroupSpec("t2", KVLayout(1, 1, 2, 1))], [7], [3], True),
     "three": ([PoolGroupSpec("a4", KVLayout(1, 1, 4, 1)),
                PoolGroupSpec("w5", KVLayout(1, 1, 5, 1), window=6, attention_sinks=1),

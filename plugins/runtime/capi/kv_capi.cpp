@@ -111,14 +111,33 @@ void need(void const* p, char const* what) {
     if (!p) throw KVArgumentError(std::string(what) + ": null pointer", std::nullopt);
 }
 
-// Copy `values` out under the capacity protocol: `count` always, the values when they fit.
-int32_t copyOut(std::vector<int32_t> const& values, int32_t* out, int32_t capacity, int32_t* count) {
+// `body(manager)` under guarded(), after checking the handle.
+template <typename Handle, typename F>
+int32_t onManager(Handle* mgr, F&& body) {
     return guarded([&] {
+        need(mgr, "manager");
+        body(mgr->manager);
+    });
+}
+
+void checkGroup(KVManager const& m, int32_t group) {
+    if (group < 0 || group >= m.numGroups())
+        throw KVArgumentError("group: " + std::to_string(group) + " is not a pool group index (0.." +
+                                  std::to_string(m.numGroups() - 1) + ")",
+                              std::nullopt);
+}
+
+// The capacity protocol of the list queries: `count` always gets the number of values, `out` the values
+// when they fit. `values(manager)` computes them.
+template <typename T, typename F>
+int32_t listOut(pagedkv_kv_manager const* mgr, T* out, int32_t capacity, int32_t* count, F&& values) {
+    return onManager(mgr, [&](KVManager const& m) {
         need(count, "count");
-        *count = int32_t(values.size());
-        if (capacity >= int32_t(values.size()) && !values.empty()) {
+        std::vector<T> v = values(m);
+        *count = int32_t(v.size());
+        if (capacity >= int32_t(v.size()) && !v.empty()) {
             need(out, "out");
-            std::copy(values.begin(), values.end(), out);
+            std::copy(v.begin(), v.end(), out);
         }
     });
 }
@@ -200,75 +219,52 @@ void pagedkv_kv_destroy(pagedkv_kv_manager* mgr) { delete mgr; }
 
 int32_t pagedkv_kv_add_sequence(pagedkv_kv_manager* mgr, int64_t seq, const int32_t* prompt, int32_t prompt_len,
                                 const uint8_t* salt, size_t salt_len, int32_t* reused) {
-    return guarded([&] {
-        need(mgr, "manager");
+    return onManager(mgr, [&](auto& m) {
         std::string saltText = salt ? std::string(reinterpret_cast<char const*>(salt), salt_len) : std::string();
-        int32_t r = mgr->manager.addSequence(seq, prompt, prompt_len, saltText);
+        int32_t r = m.addSequence(seq, prompt, prompt_len, saltText);
         if (reused) *reused = r;
     });
 }
 
 int32_t pagedkv_kv_reserve(pagedkv_kv_manager* mgr, int64_t seq, int32_t num_tokens) {
-    return guarded([&] {
-        need(mgr, "manager");
-        mgr->manager.reserve(seq, num_tokens);
-    });
+    return onManager(mgr, [&](KVManager& m) { m.reserve(seq, num_tokens); });
 }
 
 int32_t pagedkv_kv_unreserve(pagedkv_kv_manager* mgr, int64_t seq) {
-    return guarded([&] {
-        need(mgr, "manager");
-        mgr->manager.unreserve(seq);
-    });
+    return onManager(mgr, [&](KVManager& m) { m.unreserve(seq); });
 }
 
 int32_t pagedkv_kv_commit(pagedkv_kv_manager* mgr, int64_t seq, int32_t num_tokens, const int32_t* token_ids,
                           int64_t token_count) {
-    return guarded([&] {
-        need(mgr, "manager");
-        mgr->manager.commit(seq, num_tokens, token_ids, token_count);
-    });
+    return onManager(mgr, [&](KVManager& m) { m.commit(seq, num_tokens, token_ids, token_count); });
 }
 
 int32_t pagedkv_kv_free(pagedkv_kv_manager* mgr, int64_t seq) {
-    return guarded([&] {
-        need(mgr, "manager");
-        mgr->manager.free(seq);
-    });
+    return onManager(mgr, [&](KVManager& m) { m.free(seq); });
 }
 
 int32_t pagedkv_kv_fork(pagedkv_kv_manager* mgr, int64_t src, int64_t dst) {
-    return guarded([&] {
-        need(mgr, "manager");
-        mgr->manager.fork(src, dst);
-    });
+    return onManager(mgr, [&](KVManager& m) { m.fork(src, dst); });
 }
 
 int32_t pagedkv_kv_swap_out(pagedkv_kv_manager* mgr, int64_t seq) {
-    return guarded([&] {
-        need(mgr, "manager");
-        mgr->manager.swapOut(seq);
-    });
+    return onManager(mgr, [&](KVManager& m) { m.swapOut(seq); });
 }
 
 int32_t pagedkv_kv_swap_in(pagedkv_kv_manager* mgr, int64_t seq) {
-    return guarded([&] {
-        need(mgr, "manager");
-        mgr->manager.swapIn(seq);
-    });
+    return onManager(mgr, [&](KVManager& m) { m.swapIn(seq); });
 }
 
 int32_t pagedkv_kv_reserve_many(pagedkv_kv_manager* mgr, const int64_t* seqs, const int32_t* counts, int32_t n,
                                 int32_t* done) {
     if (done) *done = 0;
-    return guarded([&] {
-        need(mgr, "manager");
+    return onManager(mgr, [&](auto& m) {
         if (n > 0) {
             need(seqs, "seqs");
             need(counts, "counts");
         }
         for (int32_t i = 0; i < n; ++i) {
-            mgr->manager.reserve(seqs[i], counts[i]);
+            m.reserve(seqs[i], counts[i]);
             if (done) *done = i + 1;
         }
     });
@@ -277,15 +273,14 @@ int32_t pagedkv_kv_reserve_many(pagedkv_kv_manager* mgr, const int64_t* seqs, co
 int32_t pagedkv_kv_commit_many(pagedkv_kv_manager* mgr, const int64_t* seqs, const int32_t* counts,
                                const int32_t* token_ids, int32_t n, int32_t* done) {
     if (done) *done = 0;
-    return guarded([&] {
-        need(mgr, "manager");
+    return onManager(mgr, [&](auto& m) {
         if (n > 0) {
             need(seqs, "seqs");
             need(counts, "counts");
         }
         int64_t offset = 0;
         for (int32_t i = 0; i < n; ++i) {
-            mgr->manager.commit(seqs[i], counts[i], token_ids ? token_ids + offset : nullptr);
+            m.commit(seqs[i], counts[i], token_ids ? token_ids + offset : nullptr, token_ids ? counts[i] : -1);
             offset += counts[i];
             if (done) *done = i + 1;
         }
@@ -299,81 +294,57 @@ int32_t pagedkv_kv_contains(const pagedkv_kv_manager* mgr, int64_t seq) {
 }
 
 int32_t pagedkv_kv_sequences(const pagedkv_kv_manager* mgr, int64_t* out, int32_t capacity, int32_t* count) {
-    return guarded([&] {
-        need(mgr, "manager");
-        need(count, "count");
-        std::vector<SeqId> ids = mgr->manager.sequences();
-        *count = int32_t(ids.size());
-        if (capacity >= int32_t(ids.size()) && !ids.empty()) {
-            need(out, "out");
-            std::copy(ids.begin(), ids.end(), out);
-        }
-    });
+    return listOut(mgr, out, capacity, count, [](KVManager const& m) { return m.sequences(); });
 }
 
 int32_t pagedkv_kv_sequence_info(const pagedkv_kv_manager* mgr, int64_t seq, pagedkv_kv_seq_info* out) {
-    return guarded([&] {
-        need(mgr, "manager");
+    return onManager(mgr, [&](auto& m) {
         need(out, "out");
-        KVManager const& m = mgr->manager;
         *out = {m.length(seq), m.reserved(seq), m.promptLength(seq), m.prefillRemaining(seq), m.isSwapped(seq) ? 1 : 0};
     });
 }
 
 int32_t pagedkv_kv_block_list(const pagedkv_kv_manager* mgr, int64_t seq, int32_t group, int32_t* out,
                               int32_t capacity, int32_t* count) {
-    std::vector<int32_t> blocks;
-    int32_t rc = guarded([&] {
-        need(mgr, "manager");
-        if (group < 0 || group >= mgr->manager.numGroups())
-            throw KVArgumentError("group: " + std::to_string(group) + " is not a pool group index", seq);
-        blocks = mgr->manager.blockList(seq, group);
+    return listOut(mgr, out, capacity, count, [&](KVManager const& m) {
+        checkGroup(m, group);
+        return m.blockList(seq, group);
     });
-    return rc != PAGEDKV_KV_OK ? rc : copyOut(blocks, out, capacity, count);
 }
 
 int32_t pagedkv_kv_stats(const pagedkv_kv_manager* mgr, int32_t group, pagedkv_kv_group_stats* out) {
-    return guarded([&] {
-        need(mgr, "manager");
+    return onManager(mgr, [&](KVManager const& m) {
         need(out, "out");
-        if (group < 0 || group >= mgr->manager.numGroups())
-            throw KVArgumentError("group: " + std::to_string(group) + " is not a pool group index", std::nullopt);
-        GroupStats s = mgr->manager.stats(group);
+        checkGroup(m, group);
+        GroupStats s = m.stats(group);
         *out = {s.numBlocks, s.numFree, s.hostBlocks, s.hostFree, s.numCached};
     });
 }
 
 int32_t pagedkv_kv_free_list(const pagedkv_kv_manager* mgr, int32_t group, int32_t tier, int32_t* out,
                              int32_t capacity, int32_t* count) {
-    std::vector<int32_t> blocks;
-    int32_t rc = guarded([&] {
-        need(mgr, "manager");
-        if (group < 0 || group >= mgr->manager.numGroups())
-            throw KVArgumentError("group: " + std::to_string(group) + " is not a pool group index", std::nullopt);
-        if (tier != 0 && tier != 1) throw KVArgumentError("tier: expected 0 or 1, got " + std::to_string(tier), std::nullopt);
-        blocks = mgr->manager.allocator(group, Tier(tier)).freeList();
+    return listOut(mgr, out, capacity, count, [&](KVManager const& m) {
+        checkGroup(m, group);
+        if (tier != 0 && tier != 1)
+            throw KVArgumentError("tier: expected 0 (primary) or 1 (secondary), got " + std::to_string(tier),
+                                  std::nullopt);
+        return m.allocator(group, Tier(tier)).freeList();
     });
-    return rc != PAGEDKV_KV_OK ? rc : copyOut(blocks, out, capacity, count);
 }
 
 int32_t pagedkv_kv_cached_blocks(const pagedkv_kv_manager* mgr, int32_t group, int32_t* out, int32_t capacity,
                                  int32_t* count) {
-    std::vector<int32_t> blocks;
-    int32_t rc = guarded([&] {
-        need(mgr, "manager");
-        if (group < 0 || group >= mgr->manager.numGroups())
-            throw KVArgumentError("group: " + std::to_string(group) + " is not a pool group index", std::nullopt);
-        blocks = mgr->manager.cachedBlocks(group);
+    return listOut(mgr, out, capacity, count, [&](KVManager const& m) {
+        checkGroup(m, group);
+        return m.cachedBlocks(group);
     });
-    return rc != PAGEDKV_KV_OK ? rc : copyOut(blocks, out, capacity, count);
 }
 
 int32_t pagedkv_kv_drain_copies(pagedkv_kv_manager* mgr, pagedkv_kv_block_copy* out, int64_t capacity,
                                 int64_t* count) {
-    return guarded([&] {
-        need(mgr, "manager");
+    return onManager(mgr, [&](auto& m) {
         need(count, "count");
-        std::vector<BlockCopy> const& log = mgr->manager.copyLog();
+        std::vector<BlockCopy> const& log = m.copyLog();
         *count = int64_t(log.size());
         if (capacity < int64_t(log.size()) || log.empty()) return;
         need(out, "out");
@@ -381,19 +352,18 @@ int32_t pagedkv_kv_drain_copies(pagedkv_kv_manager* mgr, pagedkv_kv_block_copy* 
             BlockCopy const& c = log[i];
             out[i] = {c.group, int32_t(c.srcTier), c.srcBlock, int32_t(c.dstTier), c.dstBlock, c.numTokens};
         }
-        mgr->manager.drainCopies();
+        m.drainCopies();
     });
 }
 
 int32_t pagedkv_kv_plan_step(pagedkv_kv_manager* mgr, const int64_t* seqs, const int32_t* num_new, int32_t num_seqs,
                              pagedkv_kv_step_shape* shape, int32_t* max_blocks, int32_t* num_indices) {
-    return guarded([&] {
-        need(mgr, "manager");
+    return onManager(mgr, [&](auto& m) {
         need(shape, "shape");
         if (num_seqs > 0) need(seqs, "seqs");
         std::vector<StepEntry> entries(std::max(0, num_seqs));
         for (int32_t i = 0; i < num_seqs; ++i) entries[i] = {seqs[i], num_new ? num_new[i] : -1};
-        mgr->manager.planStep(entries.data(), num_seqs, mgr->plan);
+        m.planStep(entries.data(), num_seqs, mgr->plan);
         StepPlan const& p = mgr->plan;
         *shape = {p.numSeqs, p.numTokens, p.maxQLen, p.maxKVLen};
         for (size_t g = 0; g < p.maxBlocks.size(); ++g) {
@@ -405,8 +375,7 @@ int32_t pagedkv_kv_plan_step(pagedkv_kv_manager* mgr, const int64_t* seqs, const
 
 int32_t pagedkv_kv_write_step(pagedkv_kv_manager* mgr, const pagedkv_kv_step_buffers* shared,
                               const pagedkv_kv_group_step_buffers* groups) {
-    return guarded([&] {
-        need(mgr, "manager");
+    return onManager(mgr, [&](auto& m) {
         StepBuffers out;
         if (shared) {
             out.cuQLens = shared->cu_q_lens;
@@ -418,28 +387,26 @@ int32_t pagedkv_kv_write_step(pagedkv_kv_manager* mgr, const pagedkv_kv_step_buf
         }
         std::vector<GroupStepBuffers> per;
         if (groups) {
-            for (int32_t g = 0; g < mgr->manager.numGroups(); ++g)
+            for (int32_t g = 0; g < m.numGroups(); ++g)
                 per.push_back({groups[g].block_table, groups[g].num_pages, groups[g].last_page_lens,
                                groups[g].kv_indptr, groups[g].kv_indices});
             out.groups = per.data();
         }
-        mgr->manager.writeStep(mgr->plan, out);
+        m.writeStep(mgr->plan, out);
     });
 }
 
 int32_t pagedkv_kv_pool_descriptors(const pagedkv_kv_manager* mgr, const uint64_t* addresses, int64_t* out) {
-    return guarded([&] {
-        need(mgr, "manager");
+    return onManager(mgr, [&](auto& m) {
         need(addresses, "addresses");
         need(out, "out");
-        mgr->manager.writePoolDescriptors(addresses, out);
+        m.writePoolDescriptors(addresses, out);
     });
 }
 
 int32_t pagedkv_kv_validate(const pagedkv_kv_manager* mgr) {
-    return guarded([&] {
-        need(mgr, "manager");
-        mgr->manager.validate();
+    return onManager(mgr, [&](auto& m) {
+        m.validate();
     });
 }
 

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "format.h"
+#include "pool_groups.h"
 #include "random_test.h"
 #include "token_pools.h"
 
@@ -37,33 +38,17 @@ struct Config {
     bool prefix;
 };
 
-PoolGroupParams group(char const* name, int32_t layers, int32_t heads, int32_t page, int32_t dim, PageLayout layout,
-                      int32_t window = 0, int32_t sinks = 0, int32_t cyclicLen = 0) {
-    PoolGroupParams p;
-    p.name = name;
-    p.numLayers = layers;
-    p.numKVHeads = heads;
-    p.pageSize = page;
-    p.headDim = dim;
-    p.pageLayout = layout;
-    p.window = window;
-    p.attentionSinks = sinks;
-    p.sinkTokens = cyclicLen ? sinks : 0;
-    p.cyclicLen = cyclicLen;
-    return p;
-}
-
 // The Python property test's configurations.
 std::vector<Config> configs() {
     return {
         // two full-attention groups with different page sizes and layouts: prefix reuse must align them
-        {"prefix", {group("p4", 2, 1, 4, 2, PageLayout::kHND), group("p8", 1, 2, 8, 1, PageLayout::kNHD)}, {22, 12},
+        {"prefix", {groupParams("p4", 2, 1, 4, 2, PageLayout::kHND), groupParams("p8", 1, 2, 8, 1, PageLayout::kNHD)}, {22, 12},
          {10, 6}, true},
         // full group + released sliding window (page 3: the divmod path) with sinks
-        {"release", {group("full", 1, 1, 4, 2, PageLayout::kHND), group("win", 2, 1, 3, 1, PageLayout::kNHD, 5, 2)},
+        {"release", {groupParams("full", 1, 1, 4, 2, PageLayout::kHND), groupParams("win", 2, 1, 3, 1, PageLayout::kNHD, 5, 2)},
          {20, 24}, {10, 10}, false},
         // full group + cyclic ring with sinks and a bubble: sinks 2, bubble 2, ring 8 -> 3 pages
-        {"cyclic", {group("full", 1, 2, 4, 1, PageLayout::kNHD), group("ring", 1, 1, 4, 2, PageLayout::kHND, 5, 2, 8)},
+        {"cyclic", {groupParams("full", 1, 2, 4, 1, PageLayout::kNHD), groupParams("ring", 1, 1, 4, 2, PageLayout::kHND, 5, 2, 2, 8)},
          {20, 14}, {8, 6}, false},
     };
 }
@@ -322,30 +307,27 @@ private:
             m_.unreserve(id);
             model_[id].reserved = 0;
         }
-        KVManager before = m_;
-        try {
-            m_.swapOut(id);
-        } catch (KVCacheExhaustedError const& e) {
-            require(e.tier == Tier::kSecondary && m_ == before, "a failed swap_out changed the manager");
-            return;
-        }
-        swapped_.insert(id);
-        pools_.applyCopies(m_.drainCopies());
+        if (allOrNothing([&] { m_.swapOut(id); }, Tier::kSecondary, "swap_out")) swapped_.insert(id);
     }
 
     void swapIn() {
         if (swapped_.empty()) return;
         std::vector<SeqId> ids(swapped_.begin(), swapped_.end());
         SeqId id = ids[pick(101) % ids.size()];
+        if (allOrNothing([&] { m_.swapIn(id); }, Tier::kPrimary, "swap_in")) swapped_.erase(id);
+    }
+
+    // Run `op`; running out of `tier` must change nothing. Returns whether it succeeded.
+    template <typename Op>
+    bool allOrNothing(Op&& op, Tier tier, char const* what) {
         KVManager before = m_;
         try {
-            m_.swapIn(id);
+            op();
         } catch (KVCacheExhaustedError const& e) {
-            require(e.tier == Tier::kPrimary && m_ == before, "a failed swap_in changed the manager");
-            return;
+            require(e.tier == tier && m_ == before, cat("a failed ", what, " changed the manager"));
+            return false;
         }
-        swapped_.erase(id);
-        pools_.applyCopies(m_.drainCopies());
+        return true;
     }
 
     // ---- checks ----

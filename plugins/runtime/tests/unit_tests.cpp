@@ -10,6 +10,7 @@
 #include "check.h"
 #include "kv_manager_impl.h"
 #include "pagedkv/step_metadata.h"
+#include "pool_groups.h"
 #include "token_pools.h"
 
 namespace pagedkv::runtime {
@@ -31,18 +32,8 @@ using Blocks = std::vector<int32_t>;
 PoolGroupSpec spec(std::string name, int32_t layers, int32_t heads, int32_t page, int32_t dim,
                    PageLayout pageLayout = PageLayout::kHND, int32_t window = 0, int32_t attentionSinks = 0,
                    int32_t sinkTokens = 0, int32_t cyclicLen = 0) {
-    PoolGroupParams p;
-    p.name = std::move(name);
-    p.numLayers = layers;
-    p.numKVHeads = heads;
-    p.pageSize = page;
-    p.headDim = dim;
-    p.pageLayout = pageLayout;
-    p.window = window;
-    p.attentionSinks = attentionSinks;
-    p.sinkTokens = sinkTokens;
-    p.cyclicLen = cyclicLen;
-    return makePoolGroupSpec(p);
+    return makePoolGroupSpec(groupParams(std::move(name), layers, heads, page, dim, pageLayout, window, attentionSinks,
+                                         sinkTokens, cyclicLen));
 }
 
 std::vector<int32_t> range(int32_t lo, int32_t hi) {  // [lo, hi)
@@ -125,15 +116,7 @@ PKV_TEST(allocator_hands_out_oldest_freed_first_and_revives_from_the_middle) {
 }
 
 PoolGroupParams params(int32_t page, int32_t window, int32_t attentionSinks, int32_t sinkTokens, int32_t cyclicLen) {
-    PoolGroupParams p;
-    p.name = "g";
-    p.numLayers = p.numKVHeads = p.headDim = 1;
-    p.pageSize = page;
-    p.window = window;
-    p.attentionSinks = attentionSinks;
-    p.sinkTokens = sinkTokens;
-    p.cyclicLen = cyclicLen;
-    return p;
+    return groupParams("g", 1, 1, page, 1, PageLayout::kHND, window, attentionSinks, sinkTokens, cyclicLen);
 }
 
 PKV_TEST(pool_group_specs_are_checked_like_the_python_spec) {

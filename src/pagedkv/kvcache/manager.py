@@ -53,6 +53,19 @@ def _per_group(value, n: int, name: str) -> list[int]:
     return values
 
 
+def split_step_entries(entries: Iterable) -> tuple[list, list[int]]:
+    """``build_step``'s entries as (sequence ids, new-token counts); -1: the sequence's whole reservation."""
+    ids, counts = [], []
+    for e in entries:
+        if isinstance(e, tuple):
+            ids.append(e[0])
+            counts.append(int(e[1]))
+        else:
+            ids.append(e)
+            counts.append(-1)
+    return ids, counts
+
+
 class KVCacheManager:
     """Pools, block tables and step metadata for a set of pool groups.
 
@@ -481,15 +494,7 @@ class KVCacheManager:
         or ``(seq_id, num_new_tokens)`` pairs, in the order of the step's tokens (a tuple entry is always
         read as a pair). Any mix of prefill chunks and decode tokens. Each sequence must have reserved its new
         tokens."""
-        entries = list(entries)
-        ids, counts = [], []
-        for e in entries:
-            if isinstance(e, tuple):
-                ids.append(e[0])
-                counts.append(int(e[1]))
-            else:
-                ids.append(e)
-                counts.append(-1)
+        ids, counts = split_step_entries(entries)
         try:
             states = [self._seqs[s] for s in ids]
         except KeyError as exc:

@@ -25,7 +25,7 @@ from pagedkv.kernels._ctypes_check import check_struct_layout
 from pagedkv.kvcache.copies import BlockCopy, Tier
 from pagedkv.kvcache.errors import BlockRefcountError, KVCacheError, KVCacheExhaustedError, KVInvariantError
 from pagedkv.kvcache.groups import PoolGroupSpec
-from pagedkv.kvcache.manager import _per_group
+from pagedkv.kvcache.manager import _per_group, split_step_entries
 from pagedkv.kvcache.metadata import GroupStep, StepBatch
 from pagedkv.step import POOL_DESC_FIELDS, StepMetadata
 
@@ -321,14 +321,7 @@ class NativeKVManager:
     # ---- step metadata -------------------------------------------------------------------------------
     def build_step(self, entries: Iterable, position_ids=None) -> StepBatch:
         """As ``KVCacheManager.build_step``: sequence ids (their whole reservation) or ``(seq_id, n)`` pairs."""
-        ids, counts = [], []
-        for e in entries:
-            if isinstance(e, tuple):
-                ids.append(e[0])
-                counts.append(int(e[1]))
-            else:
-                ids.append(e)
-                counts.append(-1)
+        ids, counts = split_step_entries(entries)
         seq = np.asarray(ids, dtype=np.int64).reshape(-1)
         num_new = np.asarray(counts, dtype=np.int32).reshape(-1)
         G = len(self.groups)
