@@ -19,17 +19,15 @@ namespace {
 
 constexpr int64_t kInt32Limit = int64_t(std::numeric_limits<int32_t>::max()) + 1;  // 2^31
 
-std::vector<int32_t> perGroup(std::vector<int64_t> const& values, size_t n, char const* name, bool emptyIsZero) {
-    if (values.empty() && emptyIsZero) return std::vector<int32_t>(n, 0);
+// One block count per group, each >= 0 (Python's _per_group; an empty host list means no host tier).
+std::vector<int64_t> perGroup(std::vector<int64_t> const& values, size_t n, char const* name, bool emptyIsZero) {
+    if (values.empty() && emptyIsZero) return std::vector<int64_t>(n, 0);
     if (values.size() != n)
         throw KVArgumentError(cat(name, ": expected one value per pool group (", n, "), got ", values.size()),
                               std::nullopt);
-    std::vector<int32_t> out;
-    for (size_t i = 0; i < n; ++i) {
+    for (size_t i = 0; i < n; ++i)
         if (values[i] < 0) throw KVArgumentError(cat(name, "[", i, "]: must be >= 0, got ", values[i]), std::nullopt);
-        out.push_back(values[i] >= kInt32Limit - 1 ? -1 : int32_t(values[i]));  // -1: checked by the caller
-    }
-    return out;
+    return values;
 }
 
 std::string nameList(std::vector<std::string> const& names) {
@@ -163,15 +161,15 @@ KVManager::KVManager(std::vector<PoolGroupSpec> groups, std::vector<int64_t> con
         if (std::count(names.begin(), names.end(), names[i]) > 1)
             throw KVArgumentError(cat("groups: names must be unique, got ", nameList(names)), std::nullopt);
     size_t const G = groups.size();
-    std::vector<int32_t> nb = perGroup(numBlocks, G, "num_blocks", false);
-    std::vector<int32_t> hb = perGroup(hostBlocks, G, "host_blocks", true);
+    std::vector<int64_t> nb = perGroup(numBlocks, G, "num_blocks", false);
+    std::vector<int64_t> hb = perGroup(hostBlocks, G, "host_blocks", true);
     for (size_t g = 0; g < G; ++g) {
-        if (nb[g] < 0)
-            throw KVArgumentError(cat("num_blocks: ", numBlocks[g], " for group ", quoted(names[g]),
+        if (nb[g] >= kInt32Limit - 1)
+            throw KVArgumentError(cat("num_blocks: ", nb[g], " for group ", quoted(names[g]),
                                       " does not fit the int32 block table"),
                                   std::nullopt);
-        if (hb[g] < 0)
-            throw KVArgumentError(cat("host_blocks: ", hostBlocks[g], " for group ", quoted(names[g]),
+        if (hb[g] >= kInt32Limit - 1)
+            throw KVArgumentError(cat("host_blocks: ", hb[g], " for group ", quoted(names[g]),
                                       " does not fit int32 block ids"),
                                   std::nullopt);
     }
@@ -187,9 +185,9 @@ KVManager::KVManager(std::vector<PoolGroupSpec> groups, std::vector<int64_t> con
     }
     m.groups = std::move(groups);
     for (size_t g = 0; g < G; ++g) {
-        m.allocators.emplace_back(nb[g], m.groups[g].name, Tier::kPrimary);
-        m.hostAllocators.emplace_back(hb[g], m.groups[g].name, Tier::kSecondary);
-        if (enablePrefixReuse) m.prefix.emplace_back(nb[g], m.groups[g].pageSize());
+        m.allocators.emplace_back(int32_t(nb[g]), m.groups[g].name, Tier::kPrimary);
+        m.hostAllocators.emplace_back(int32_t(hb[g]), m.groups[g].name, Tier::kSecondary);
+        if (enablePrefixReuse) m.prefix.emplace_back(int32_t(nb[g]), m.groups[g].pageSize());
     }
     m.plans.resize(G);
 }

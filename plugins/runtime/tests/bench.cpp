@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "pagedkv/runtime/kv_manager.h"
-#include "random_test.h"
+#include "commands.h"
 
 namespace pagedkv::runtime::check {
 

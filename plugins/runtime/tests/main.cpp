@@ -9,7 +9,7 @@
 #include <string>
 
 #include "check.h"
-#include "random_test.h"
+#include "commands.h"
 
 namespace {
 

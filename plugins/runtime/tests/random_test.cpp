@@ -21,7 +21,7 @@
 
 #include "format.h"
 #include "pool_groups.h"
-#include "random_test.h"
+#include "commands.h"
 #include "token_pools.h"
 
 namespace pagedkv::runtime::check {

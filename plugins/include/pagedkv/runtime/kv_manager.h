@@ -13,7 +13,7 @@
 // appended to the copy log as a BlockCopy; a device backend executes them (in order, before the step's
 // kernels) and drains the log. The index math is the layout contract's (pagedkv/kv_layout.h).
 //
-// Not thread-safe: one manager per scheduler thread.
+// Not thread-safe, not even the const queries (planStep keeps scratch): one manager per scheduler thread.
 #pragma once
 
 #include <cstdint>
