@@ -162,7 +162,8 @@ class Twin:
         else:
             sid, self.next_id = self.next_id, self.next_id + 1
         salt = b"" if salt % 8 else b"s%d" % (salt % 16 // 8)
-        self.compare(f"add_sequence({sid}, {prompt}, salt={salt})", lambda: self.py.add_sequence(sid, prompt, salt=salt),
+        self.compare(f"add_sequence({sid}, {prompt}, salt={salt})",
+                     lambda: self.py.add_sequence(sid, prompt, salt=salt),
                      lambda: self.cc.add_sequence(sid, prompt, salt=salt))
 
     def reserve(self, k: int, n: int) -> None:
@@ -215,7 +216,8 @@ class Twin:
                 for s, n, ts in zip(chosen, counts, tokens):
                     self.py.commit(s, n, ts)
             flat = [t for ts in tokens for t in ts]
-            self.compare(f"commit_many({chosen}, {counts})", commit_each, lambda: self.cc.commit_many(chosen, counts, flat))
+            self.compare(f"commit_many({chosen}, {counts})", commit_each,
+                         lambda: self.cc.commit_many(chosen, counts, flat))
         else:
             for s, n, ts in zip(chosen, counts, tokens):
                 self.call("commit", s, n, ts)

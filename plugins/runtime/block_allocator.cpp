@@ -17,15 +17,15 @@ BlockAllocator::BlockAllocator(int32_t numBlocks, std::string name, Tier tier)
         next_[b] = b + 1;
         prev_[b] = b == 0 ? n : b - 1;
     }
-    next_[n] = 0;                  // n == 0: the sentinel links to itself
+    next_[n] = 0;  // n == 0: the sentinel links to itself
     prev_[n] = n ? n - 1 : 0;
     numFree_ = n;
 }
 
 void BlockAllocator::checkId(int32_t block) const {
     if (block < 0 || block >= numBlocks_)
-        throw KVArgumentError(cat(name_, " (", tierName(tier_), "): block id ", block, " outside [0, ", numBlocks_, ")"),
-                              std::nullopt);
+        throw KVArgumentError(
+            cat(name_, " (", tierName(tier_), "): block id ", block, " outside [0, ", numBlocks_, ")"), std::nullopt);
 }
 
 int32_t BlockAllocator::refcount(int32_t block) const {
@@ -55,8 +55,8 @@ bool BlockAllocator::decref(int32_t block) {
     checkId(block);
     int32_t rc = refcount_[block];
     if (rc <= 0)
-        throw BlockRefcountError(cat(name_, " (", tierName(tier_), "): block ", block, " released while free (refcount ",
-                                     rc, "): double free"),
+        throw BlockRefcountError(cat(name_, " (", tierName(tier_), "): block ", block,
+                                     " released while free (refcount ", rc, "): double free"),
                                  block, rc);
     refcount_[block] = rc - 1;
     if (rc == 1) {
@@ -70,7 +70,8 @@ std::vector<int32_t> BlockAllocator::freeList() const {
     std::vector<int32_t> out;
     for (int32_t b = next_[sentinel_]; b != sentinel_; b = next_[b]) {
         if (b < 0 || b > numBlocks_ || int32_t(out.size()) >= numBlocks_)
-            throw BlockRefcountError(cat(name_, ": free list has a cycle"), b, b >= 0 && b < numBlocks_ ? refcount_[b] : 0);
+            throw BlockRefcountError(cat(name_, ": free list has a cycle"), b,
+                                     b >= 0 && b < numBlocks_ ? refcount_[b] : 0);
         out.push_back(b);
     }
     return out;

@@ -55,8 +55,8 @@ std::string invariantMessage(std::string const& check, std::string const& detail
     if (!w.group.empty()) add(cat("group=", quoted(w.group)));
     if (w.page) add(cat("page=", *w.page));
     if (w.block) add(cat("block=", *w.block));
-    return cat("kv doctor: ", check, ": ", detail, where.empty() ? std::string() : cat(" [", where, "]"),
-               ": expected ", expected, ", found ", found);
+    return cat("kv doctor: ", check, ": ", detail, where.empty() ? std::string() : cat(" [", where, "]"), ": expected ",
+               expected, ", found ", found);
 }
 
 }  // namespace
@@ -71,12 +71,21 @@ KVInvariantError::~KVInvariantError() = default;
 KVCacheExhaustedError::KVCacheExhaustedError(int64_t needed, int64_t free, std::string group, Tier tier,
                                              std::optional<SeqId> seq, std::string operation)
     : KVCacheError(exhaustedMessage(needed, free, group, tier, seq, operation), seq),
-      needed(needed), free(free), group(std::move(group)), tier(tier), operation(std::move(operation)) {}
+      needed(needed),
+      free(free),
+      group(std::move(group)),
+      tier(tier),
+      operation(std::move(operation)) {}
 
 KVInvariantError::KVInvariantError(std::string check, std::string detail, Where where, std::string expected,
                                    std::string found)
     : KVCacheError(invariantMessage(check, detail, where, expected, found), where.seq),
-      check(std::move(check)), detail(std::move(detail)), group(std::move(where.group)), page(where.page),
-      block(where.block), expected(std::move(expected)), found(std::move(found)) {}
+      check(std::move(check)),
+      detail(std::move(detail)),
+      group(std::move(where.group)),
+      page(where.page),
+      block(where.block),
+      expected(std::move(expected)),
+      found(std::move(found)) {}
 
 }  // namespace pagedkv::runtime

@@ -165,13 +165,13 @@ KVManager::KVManager(std::vector<PoolGroupSpec> groups, std::vector<int64_t> con
     std::vector<int64_t> hb = perGroup(hostBlocks, G, "host_blocks", true);
     for (size_t g = 0; g < G; ++g) {
         if (nb[g] >= kInt32Limit - 1)
-            throw KVArgumentError(cat("num_blocks: ", nb[g], " for group ", quoted(names[g]),
-                                      " does not fit the int32 block table"),
-                                  std::nullopt);
+            throw KVArgumentError(
+                cat("num_blocks: ", nb[g], " for group ", quoted(names[g]), " does not fit the int32 block table"),
+                std::nullopt);
         if (hb[g] >= kInt32Limit - 1)
-            throw KVArgumentError(cat("host_blocks: ", hb[g], " for group ", quoted(names[g]),
-                                      " does not fit int32 block ids"),
-                                  std::nullopt);
+            throw KVArgumentError(
+                cat("host_blocks: ", hb[g], " for group ", quoted(names[g]), " does not fit int32 block ids"),
+                std::nullopt);
     }
     if (enablePrefixReuse) {
         std::vector<std::string> windowed;
@@ -298,9 +298,8 @@ void KVManager::reserve(SeqId id, int32_t numTokens) {
     int32_t const L = s.length;
     int32_t const R = std::max(s.reserved, numTokens);
     if (int64_t(L) + R >= kInt32Limit)
-        throw KVArgumentError(cat("reserve: length ", L, " + ", R, " new tokens overflows int32 positions (sequence ",
-                                  id, ")"),
-                              id);
+        throw KVArgumentError(
+            cat("reserve: length ", L, " + ", R, " new tokens overflows int32 positions (sequence ", id, ")"), id);
     size_t const G = m.groups.size();
     for (size_t g = 0; g < G; ++g) {  // plan everything, then check, then act
         PoolGroupSpec const& spec = m.groups[g];
@@ -353,13 +352,14 @@ void KVManager::reserve(SeqId id, int32_t numTokens) {
         for (int32_t i = 0; i < cows; ++i) {
             int32_t keep = plan.cowKeep[i], fresh = m.scratchBlocks[i];
             if (keep > 0)
-                m.copyLog.push_back({int32_t(g), Tier::kPrimary, plan.cowOld[i], Tier::kPrimary, fresh,
-                                     keep < P ? keep : 0});
+                m.copyLog.push_back(
+                    {int32_t(g), Tier::kPrimary, plan.cowOld[i], Tier::kPrimary, fresh, keep < P ? keep : 0});
             gs.blocks[plan.cowPages[i]] = fresh;
             m.allocators[g].decref(plan.cowOld[i]);
         }
         for (int32_t b : plan.uncache) m.prefix[g].forget(b);
-        if (plan.need > plan.cur) gs.blocks.insert(gs.blocks.end(), m.scratchBlocks.begin() + cows, m.scratchBlocks.end());
+        if (plan.need > plan.cur)
+            gs.blocks.insert(gs.blocks.end(), m.scratchBlocks.begin() + cows, m.scratchBlocks.end());
     }
     s.reserved = R;
     ++m.version;
@@ -387,14 +387,14 @@ void KVManager::commit(SeqId id, int32_t numTokens, int32_t const* tokenIds, int
                               id);
     if (tokenIds) {
         if (tokenCount >= 0 && tokenCount != numTokens)
-            throw KVArgumentError(cat("commit: token_ids has ", tokenCount, " entries for ", numTokens,
-                                      " tokens (sequence ", id, ")"),
-                                  id);
+            throw KVArgumentError(
+                cat("commit: token_ids has ", tokenCount, " entries for ", numTokens, " tokens (sequence ", id, ")"),
+                id);
         int32_t known = int32_t(s.tokens.size());
         int32_t overlap = std::max(0, std::min(known, L + numTokens) - L);
         if (overlap && std::memcmp(s.tokens.data() + L, tokenIds, sizeof(int32_t) * overlap) != 0)
-            throw KVArgumentError(cat("commit: token_ids of sequence ", id, " differ from its known tokens at positions [",
-                                      L, ", ", L + overlap, ")"),
+            throw KVArgumentError(cat("commit: token_ids of sequence ", id,
+                                      " differ from its known tokens at positions [", L, ", ", L + overlap, ")"),
                                   id);
         if (known >= L) s.tokens.insert(s.tokens.end(), tokenIds + overlap, tokenIds + numTokens);
     }
@@ -485,8 +485,8 @@ void KVManager::swapOut(SeqId id) {
             if (gs.blocks[j] < 0) continue;
             int32_t host = m.scratchBlocks[k++];
             int32_t keep = committedTokensInPage(spec, j, L);
-            m.copyLog.push_back({int32_t(g), Tier::kPrimary, gs.blocks[j], Tier::kSecondary, host,
-                                 keep < spec.pageSize() ? keep : 0});
+            m.copyLog.push_back(
+                {int32_t(g), Tier::kPrimary, gs.blocks[j], Tier::kSecondary, host, keep < spec.pageSize() ? keep : 0});
             gs.swapped.push_back({j, host, keep});
         }
         for (int32_t j = int32_t(gs.blocks.size()) - 1; j >= 0; --j) {

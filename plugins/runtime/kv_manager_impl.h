@@ -23,11 +23,11 @@ struct SwappedPage {
 };
 
 struct GroupSequence {
-    std::vector<int32_t> blocks;        // the block list: pages_needed(L + R) entries, -1 released / swapped
-    int32_t releasedHi = 0;             // RELEASE: pages below are released
-    int32_t hashedPages = 0;            // prefix reuse: pages [0, hashedPages) have chain nodes ...
-    PrefixCache::NodeId lastNode = 0;   // ... the last of which this sequence holds (0: none)
-    std::vector<SwappedPage> swapped;   // while swapped out: the host copies of its live pages
+    std::vector<int32_t> blocks;       // the block list: pages_needed(L + R) entries, -1 released / swapped
+    int32_t releasedHi = 0;            // RELEASE: pages below are released
+    int32_t hashedPages = 0;           // prefix reuse: pages [0, hashedPages) have chain nodes ...
+    PrefixCache::NodeId lastNode = 0;  // ... the last of which this sequence holds (0: none)
+    std::vector<SwappedPage> swapped;  // while swapped out: the host copies of its live pages
     bool operator==(GroupSequence const& o) const {
         return blocks == o.blocks && releasedHi == o.releasedHi && hashedPages == o.hashedPages &&
                lastNode == o.lastNode && swapped == o.swapped;
@@ -36,7 +36,7 @@ struct GroupSequence {
 
 struct Sequence {
     SeqId id = 0;
-    uint64_t order = 0;  // insertion order (sequences(), the validator's "first violation")
+    uint64_t order = 0;    // insertion order (sequences(), the validator's "first violation")
     int32_t length = 0;    // L: committed tokens
     int32_t reserved = 0;  // R: reserved slots after L
     int32_t promptLen = 0;
@@ -44,12 +44,12 @@ struct Sequence {
     // leaves tokens.size() < length for good (Python's token_gap), so no later block is hashed.
     std::vector<int32_t> tokens;
     bool swapped = false;
-    std::string salt;             // prefix chain root (e.g. an adapter id)
+    std::string salt;  // prefix chain root (e.g. an adapter id)
     std::vector<GroupSequence> groups;
     bool operator==(Sequence const& o) const {
         return id == o.id && order == o.order && length == o.length && reserved == o.reserved &&
-               promptLen == o.promptLen && tokens == o.tokens && swapped == o.swapped &&
-               salt == o.salt && groups == o.groups;
+               promptLen == o.promptLen && tokens == o.tokens && swapped == o.swapped && salt == o.salt &&
+               groups == o.groups;
     }
 };
 
@@ -60,7 +60,7 @@ struct KVManager::Impl {
     std::vector<PrefixCache> prefix;             // [G], empty without prefix reuse
     std::vector<BlockCopy> copyLog;
 
-    std::vector<Sequence> slots;               // storage; a freed slot is reused (its vectors keep capacity)
+    std::vector<Sequence> slots;  // storage; a freed slot is reused (its vectors keep capacity)
     std::vector<int32_t> freeSlots;
     std::unordered_map<SeqId, int32_t> index;  // sequence id -> slot
     uint64_t nextOrder = 0;

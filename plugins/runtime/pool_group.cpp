@@ -55,7 +55,8 @@ PoolGroupSpec makePoolGroupSpec(PoolGroupParams const& p) {
             bad(cat("attention_sinks=", s.attentionSinks, " must equal the layout's sink_tokens=", lay.sinkTokens,
                     ": sink positions outside the ring's sinks would be overwritten ", group));
         s.mode = WindowMode::kCyclic;
-        s.ringPages = int32_t((int64_t(lay.sinkTokens) + lay.bubbleLen + lay.cyclicLen + lay.pageSize - 1) / lay.pageSize);
+        s.ringPages =
+            int32_t((int64_t(lay.sinkTokens) + lay.bubbleLen + lay.cyclicLen + lay.pageSize - 1) / lay.pageSize);
     } else {
         s.mode = s.window > 0 ? WindowMode::kRelease : WindowMode::kFull;
     }

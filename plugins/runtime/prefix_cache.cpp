@@ -141,8 +141,8 @@ std::vector<int32_t> PrefixCache::cachedBlocks() const {
 }
 
 bool PrefixCache::operator==(PrefixCache const& o) const {
-    return pageSize_ == o.pageSize_ && nodes_ == o.nodes_ && blockNode_ == o.blockNode_ &&
-           numCached_ == o.numCached_ && nextId_ == o.nextId_;
+    return pageSize_ == o.pageSize_ && nodes_ == o.nodes_ && blockNode_ == o.blockNode_ && numCached_ == o.numCached_ &&
+           nextId_ == o.nextId_;
 }
 
 }  // namespace pagedkv::runtime

@@ -27,12 +27,12 @@ class PrefixCache {
 public:
     using NodeId = int64_t;  // 0: no node
     struct Node {
-        NodeId parent = 0;             // 0 for a root
-        std::vector<int32_t> tokens;   // the block's tokens [page_size] (empty for a root)
-        std::string salt;              // roots only
+        NodeId parent = 0;            // 0 for a root
+        std::vector<int32_t> tokens;  // the block's tokens [page_size] (empty for a root)
+        std::string salt;             // roots only
         uint64_t hash = 0;
         int32_t refs = 0;
-        int32_t block = -1;            // the block registered under this prefix, or -1
+        int32_t block = -1;  // the block registered under this prefix, or -1
         bool operator==(Node const& o) const {
             return parent == o.parent && tokens == o.tokens && salt == o.salt && hash == o.hash && refs == o.refs &&
                    block == o.block;

@@ -69,7 +69,8 @@ void KVManager::planStep(StepEntry const* entries, int32_t count, StepPlan& plan
             plan.maxBlocks[g] = std::max(plan.maxBlocks[g], pages);
             nnz += pages;
         }
-        if (nnz > std::numeric_limits<int32_t>::max() || int64_t(plan.maxBlocks[g]) * B > std::numeric_limits<int32_t>::max())
+        if (nnz > std::numeric_limits<int32_t>::max() ||
+            int64_t(plan.maxBlocks[g]) * B > std::numeric_limits<int32_t>::max())
             throw KVArgumentError(cat("build_step: the step's block table of group ", quoted(m.groups[g].name),
                                       " overflows int32 indices"),
                                   std::nullopt);
@@ -153,8 +154,8 @@ StepBuffers StepBatch::resizeFor(StepPlan const& p) {
         groupBuffers_[g] = {gr.blockTable.data(), gr.numPages.data(), gr.lastPageLens.data(), gr.kvIndptr.data(),
                             gr.kvIndices.data()};
     }
-    return {cuQLens.data(), pastLens.data(), qLens.data(), kvLens.data(), tokenSeq.data(), positions.data(),
-            groupBuffers_.data()};
+    return {cuQLens.data(),  pastLens.data(),  qLens.data(),        kvLens.data(),
+            tokenSeq.data(), positions.data(), groupBuffers_.data()};
 }
 
 }  // namespace pagedkv::runtime

@@ -36,7 +36,9 @@ void checkAllocator(BlockAllocator const& a) {
     std::vector<int32_t> count(a.numBlocks(), 0);
     for (int32_t b : forward) ++count[b];
     for (int32_t b = 0; b < a.numBlocks(); ++b)
-        if (count[b] > 1) fail("free-list", cat(tier, " block appears twice in the free list"), {{}, a.name(), {}, b}, "1", str(count[b]));
+        if (count[b] > 1)
+            fail("free-list", cat(tier, " block appears twice in the free list"), {{}, a.name(), {}, b}, "1",
+                 str(count[b]));
     if (int32_t(forward.size()) != a.numFree())
         fail("free-list", cat(tier, " free-list length differs from the free count"), {{}, a.name()}, str(a.numFree()),
              str(forward.size()));
@@ -69,7 +71,8 @@ void KVManager::validate() const {
         int32_t slot = m.index.at(id);
         if (!usedSlots.insert(slot).second)
             fail("stale-row", "two sequences share a table row", {id}, "unique row", str(slot));
-        if (m.slots[slot].id != id) fail("stale-row", "a slot holds another sequence", {id}, str(id), str(m.slots[slot].id));
+        if (m.slots[slot].id != id)
+            fail("stale-row", "a slot holds another sequence", {id}, str(id), str(m.slots[slot].id));
         seqs.push_back(&m.slots[slot]);
     }
     for (Sequence const* s : seqs)
@@ -189,7 +192,8 @@ void KVManager::validate() const {
             if (rc != holders[b]) {
                 std::optional<SeqId> holder;
                 for (Sequence const* s : seqs)
-                    if (!holder && std::count(s->groups[g].blocks.begin(), s->groups[g].blocks.end(), b)) holder = s->id;
+                    if (!holder && std::count(s->groups[g].blocks.begin(), s->groups[g].blocks.end(), b))
+                        holder = s->id;
                 fail("refcount-holders", "primary refcount differs from the number of block-list entries holding it",
                      {holder, name, {}, b}, str(holders[b]), str(rc));
             }
@@ -257,7 +261,8 @@ void KVManager::validateStep(StepBatch const& step) const {
     auto const& cu = step.cuQLens;
     bool monotone = int32_t(cu.size()) == B + 1 && (B == 0 || cu[0] == 0);
     for (int32_t i = 0; monotone && i < B; ++i) monotone = cu[i + 1] >= cu[i];
-    if (!monotone) fail("indptr-monotone", "cu_q_lens must start at 0 and be non-decreasing", {}, "monotone", listRepr(cu));
+    if (!monotone)
+        fail("indptr-monotone", "cu_q_lens must start at 0 and be non-decreasing", {}, "monotone", listRepr(cu));
     for (int32_t i = 0; i < B; ++i)
         if (step.kvLens[i] != step.pastLens[i] + step.qLens[i])
             fail("pages-vs-kv-len", "kv_lens != past_lens + q_lens", {p.seqIds[i]},
@@ -267,7 +272,8 @@ void KVManager::validateStep(StepBatch const& step) const {
     for (int32_t i = 0; i < B; ++i)
         for (int32_t t = cu[i]; t < cu[i + 1]; ++t) {
             if (step.tokenSeq[t] != i)
-                fail("table-vs-indices", "token_seq disagrees with cu_q_lens", {p.seqIds[i]}, str(i), str(step.tokenSeq[t]));
+                fail("table-vs-indices", "token_seq disagrees with cu_q_lens", {p.seqIds[i]}, str(i),
+                     str(step.tokenSeq[t]));
             if (step.positions[t] != step.pastLens[i] + t - cu[i])
                 fail("table-vs-indices", "positions != past_len + index in the sequence", {p.seqIds[i]},
                      str(step.pastLens[i] + t - cu[i]), str(step.positions[t]));
@@ -305,7 +311,8 @@ void KVManager::validateStep(StepBatch const& step) const {
                         std::all_of(row + pages, row + MB, [](int32_t b) { return b == kInvalidBlock; });
             if (!same)
                 fail("table-vs-indices", "block-table row differs from its kv_indices segment (+ -1 padding)",
-                     {p.seqIds[i], name}, listRepr(std::vector<int32_t>(gs.kvIndices.begin() + ptr[i], gs.kvIndices.begin() + ptr[i + 1])),
+                     {p.seqIds[i], name},
+                     listRepr(std::vector<int32_t>(gs.kvIndices.begin() + ptr[i], gs.kvIndices.begin() + ptr[i + 1])),
                      listRepr(std::vector<int32_t>(row, row + MB)));
         }
         int32_t const nb = m.allocators[g].numBlocks();

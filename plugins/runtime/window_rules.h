@@ -64,11 +64,10 @@ inline void checkCyclicStep(PoolGroupSpec const& spec, int32_t count, SeqId seq)
     if (spec.mode != WindowMode::kCyclic || count <= 0) return;
     int64_t need = int64_t(spec.window) + count - 1;
     if (spec.layout.cyclicLen < need)
-        throw KVArgumentError(
-            cat("sequence ", seq, ": cyclic_len=", spec.layout.cyclicLen, " of pool group ", quoted(spec.name),
-                " is too short for a step of ", count, " new tokens with window=", spec.window,
-                ": the ring needs cyclic_len >= window + new_tokens - 1 = ", need),
-            seq);
+        throw KVArgumentError(cat("sequence ", seq, ": cyclic_len=", spec.layout.cyclicLen, " of pool group ",
+                                  quoted(spec.name), " is too short for a step of ", count, " new tokens with window=",
+                                  spec.window, ": the ring needs cyclic_len >= window + new_tokens - 1 = ", need),
+                              seq);
 }
 
 }  // namespace pagedkv::runtime

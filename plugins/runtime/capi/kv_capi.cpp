@@ -152,11 +152,11 @@ int32_t pagedkv_kv_struct_layout(const char* name, int64_t* offsets, int32_t cap
     if (!name) return -1;
     std::vector<size_t> fields;
     size_t bytes = 0;
-#define PKV_LAYOUT(type, ...)                      \
-    if (std::strcmp(name, #type) == 0) {           \
-        using T = type;                            \
-        fields = {__VA_ARGS__};                    \
-        bytes = sizeof(T);                         \
+#define PKV_LAYOUT(type, ...)            \
+    if (std::strcmp(name, #type) == 0) { \
+        using T = type;                  \
+        fields = {__VA_ARGS__};          \
+        bytes = sizeof(T);               \
     }
 #define F(field) offsetof(T, field)
     PKV_LAYOUT(pagedkv_kv_error, F(code), F(has_seq), F(seq), F(message), F(needed), F(free), F(tier), F(group),
@@ -304,8 +304,8 @@ int32_t pagedkv_kv_sequence_info(const pagedkv_kv_manager* mgr, int64_t seq, pag
     });
 }
 
-int32_t pagedkv_kv_block_list(const pagedkv_kv_manager* mgr, int64_t seq, int32_t group, int32_t* out,
-                              int32_t capacity, int32_t* count) {
+int32_t pagedkv_kv_block_list(const pagedkv_kv_manager* mgr, int64_t seq, int32_t group, int32_t* out, int32_t capacity,
+                              int32_t* count) {
     return listOut(mgr, out, capacity, count, [&](KVManager const& m) {
         checkGroup(m, group);
         return m.blockList(seq, group);
@@ -321,8 +321,8 @@ int32_t pagedkv_kv_stats(const pagedkv_kv_manager* mgr, int32_t group, pagedkv_k
     });
 }
 
-int32_t pagedkv_kv_free_list(const pagedkv_kv_manager* mgr, int32_t group, int32_t tier, int32_t* out,
-                             int32_t capacity, int32_t* count) {
+int32_t pagedkv_kv_free_list(const pagedkv_kv_manager* mgr, int32_t group, int32_t tier, int32_t* out, int32_t capacity,
+                             int32_t* count) {
     return listOut(mgr, out, capacity, count, [&](KVManager const& m) {
         checkGroup(m, group);
         if (tier != 0 && tier != 1)
@@ -340,8 +340,7 @@ int32_t pagedkv_kv_cached_blocks(const pagedkv_kv_manager* mgr, int32_t group, i
     });
 }
 
-int32_t pagedkv_kv_drain_copies(pagedkv_kv_manager* mgr, pagedkv_kv_block_copy* out, int64_t capacity,
-                                int64_t* count) {
+int32_t pagedkv_kv_drain_copies(pagedkv_kv_manager* mgr, pagedkv_kv_block_copy* out, int64_t capacity, int64_t* count) {
     return onManager(mgr, [&](auto& m) {
         need(count, "count");
         std::vector<BlockCopy> const& log = m.copyLog();
@@ -405,9 +404,7 @@ int32_t pagedkv_kv_pool_descriptors(const pagedkv_kv_manager* mgr, const uint64_
 }
 
 int32_t pagedkv_kv_validate(const pagedkv_kv_manager* mgr) {
-    return onManager(mgr, [&](auto& m) {
-        m.validate();
-    });
+    return onManager(mgr, [&](auto& m) { m.validate(); });
 }
 
 }  // extern "C"

@@ -9,8 +9,8 @@
 #include <cstdio>
 #include <vector>
 
-#include "pagedkv/runtime/kv_manager.h"
 #include "commands.h"
+#include "pagedkv/runtime/kv_manager.h"
 
 namespace pagedkv::runtime::check {
 
@@ -102,9 +102,10 @@ int runBench(BenchOptions const& o) {
         total.push_back(micros(t3 - t0));
     }
     m.validate();
-    std::printf("# C++ KV manager, decode: %d sequences x %d cached tokens, page %d, prefix reuse %s; %d pages in "
-                "the step, %zu KiB staged\n",
-                o.seqs, o.context, o.pageSize, o.prefixReuse ? "on" : "off", plan.numIndices[0], staging.size / 1024);
+    std::printf(
+        "# C++ KV manager, decode: %d sequences x %d cached tokens, page %d, prefix reuse %s; %d pages in "
+        "the step, %zu KiB staged\n",
+        o.seqs, o.context, o.pageSize, o.prefixReuse ? "on" : "off", plan.numIndices[0], staging.size / 1024);
     std::printf("plan_step        median %8.1f us\n", median(planT));
     std::printf("write_step       median %8.1f us   (every array into the staging buffer)\n", median(write));
     std::printf("commit+reserve   median %8.1f us   (bookkeeping of the step, %d sequences)\n", median(book), o.seqs);

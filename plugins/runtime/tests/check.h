@@ -39,24 +39,23 @@ void expectEq(A const& a, B const& b, char const* ea, char const* eb, char const
 
 #define PKV_CONCAT2(a, b) a##b
 #define PKV_CONCAT(a, b) PKV_CONCAT2(a, b)
-#define PKV_TEST(name)                                                                                     \
-    static void name();                                                                                    \
-    static ::pagedkv::runtime::check::Registrar PKV_CONCAT(registrar_, name)(#name, name);                 \
+#define PKV_TEST(name)                                                                     \
+    static void name();                                                                    \
+    static ::pagedkv::runtime::check::Registrar PKV_CONCAT(registrar_, name)(#name, name); \
     static void name()
 #define EXPECT(cond) \
     ((cond) ? void() : ::pagedkv::runtime::check::recordFailure(__FILE__, __LINE__, "EXPECT(" #cond ") failed"))
 #define EXPECT_EQ(a, b) ::pagedkv::runtime::check::expectEq((a), (b), #a, #b, __FILE__, __LINE__)
 // `stmt` must throw `Type`; `then` (a block using `e`) checks the exception.
-#define EXPECT_THROW_THEN(stmt, Type, then)                                                                \
-    do {                                                                                                   \
-        bool thrown_ = false;                                                                              \
-        try {                                                                                              \
-            stmt;                                                                                          \
-        } catch (Type const& e) {                                                                          \
-            thrown_ = true;                                                                                \
-            then;                                                                                          \
-        }                                                                                                  \
-        if (!thrown_)                                                                                      \
-            ::pagedkv::runtime::check::recordFailure(__FILE__, __LINE__, #stmt " did not throw " #Type);  \
+#define EXPECT_THROW_THEN(stmt, Type, then)                                                                        \
+    do {                                                                                                           \
+        bool thrown_ = false;                                                                                      \
+        try {                                                                                                      \
+            stmt;                                                                                                  \
+        } catch (Type const& e) {                                                                                  \
+            thrown_ = true;                                                                                        \
+            then;                                                                                                  \
+        }                                                                                                          \
+        if (!thrown_) ::pagedkv::runtime::check::recordFailure(__FILE__, __LINE__, #stmt " did not throw " #Type); \
     } while (0)
 #define EXPECT_THROW(stmt, Type) EXPECT_THROW_THEN(stmt, Type, (void)e)

@@ -11,9 +11,9 @@ int runRandom(int64_t operations, uint64_t seed, int32_t stepsPerEpisode);
 
 struct BenchOptions {
     int32_t seqs = 256;
-    int32_t context = 4096;   // cached tokens per sequence
+    int32_t context = 4096;  // cached tokens per sequence
     int32_t pageSize = 16;
-    int32_t steps = 200;      // timed decode steps
+    int32_t steps = 200;  // timed decode steps
     bool prefixReuse = false;
 };
 // Host time per decode step: reserve + commit of every sequence and the step metadata into a staging buffer.

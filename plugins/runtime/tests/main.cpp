@@ -14,9 +14,10 @@
 namespace {
 
 int usage() {
-    std::cerr << "usage: pagedkv_runtime_check unit [--filter NAME]\n"
-                 "       pagedkv_runtime_check random [--ops N] [--seed S] [--steps K]\n"
-                 "       pagedkv_runtime_check bench [--seqs B] [--context N] [--page-size P] [--steps K] [--prefix 0|1]\n";
+    std::cerr
+        << "usage: pagedkv_runtime_check unit [--filter NAME]\n"
+           "       pagedkv_runtime_check random [--ops N] [--seed S] [--steps K]\n"
+           "       pagedkv_runtime_check bench [--seqs B] [--context N] [--page-size P] [--steps K] [--prefix 0|1]\n";
     return 2;
 }
 

@@ -19,9 +19,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "commands.h"
 #include "format.h"
 #include "pool_groups.h"
-#include "commands.h"
 #include "token_pools.h"
 
 namespace pagedkv::runtime::check {
@@ -42,14 +42,24 @@ struct Config {
 std::vector<Config> configs() {
     return {
         // two full-attention groups with different page sizes and layouts: prefix reuse must align them
-        {"prefix", {groupParams("p4", 2, 1, 4, 2, PageLayout::kHND), groupParams("p8", 1, 2, 8, 1, PageLayout::kNHD)}, {22, 12},
-         {10, 6}, true},
+        {"prefix",
+         {groupParams("p4", 2, 1, 4, 2, PageLayout::kHND), groupParams("p8", 1, 2, 8, 1, PageLayout::kNHD)},
+         {22, 12},
+         {10, 6},
+         true},
         // full group + released sliding window (page 3: the divmod path) with sinks
-        {"release", {groupParams("full", 1, 1, 4, 2, PageLayout::kHND), groupParams("win", 2, 1, 3, 1, PageLayout::kNHD, 5, 2)},
-         {20, 24}, {10, 10}, false},
+        {"release",
+         {groupParams("full", 1, 1, 4, 2, PageLayout::kHND), groupParams("win", 2, 1, 3, 1, PageLayout::kNHD, 5, 2)},
+         {20, 24},
+         {10, 10},
+         false},
         // full group + cyclic ring with sinks and a bubble: sinks 2, bubble 2, ring 8 -> 3 pages
-        {"cyclic", {groupParams("full", 1, 2, 4, 1, PageLayout::kNHD), groupParams("ring", 1, 1, 4, 2, PageLayout::kHND, 5, 2, 2, 8)},
-         {20, 14}, {8, 6}, false},
+        {"cyclic",
+         {groupParams("full", 1, 2, 4, 1, PageLayout::kNHD),
+          groupParams("ring", 1, 1, 4, 2, PageLayout::kHND, 5, 2, 2, 8)},
+         {20, 14},
+         {8, 6},
+         false},
     };
 }
 
@@ -73,8 +83,10 @@ public:
     void step() {
         switch (pick(9)) {
             case 0: add(); break;
-            case 1: case 2: prefillChunk(); break;
-            case 3: case 4: mixedStep(); break;
+            case 1:
+            case 2: prefillChunk(); break;
+            case 3:
+            case 4: mixedStep(); break;
             case 5: speculative(); break;
             case 6: oversizedReserve(); break;
             case 7: pick(2) ? fork() : free(); break;
@@ -403,8 +415,8 @@ int runRandom(int64_t operations, uint64_t seed, int32_t stepsPerEpisode) {
             for (; i < stepsPerEpisode && done < operations; ++i, ++done) episode.step();
             episode.teardown();
         } catch (std::exception const& e) {
-            std::cout << "FAIL random: config " << config.name << ", episode seed " << episodeSeed << ", operation " << i
-                      << ": " << e.what() << "\n0 passed, 1 failed" << std::endl;
+            std::cout << "FAIL random: config " << config.name << ", episode seed " << episodeSeed << ", operation "
+                      << i << ": " << e.what() << "\n0 passed, 1 failed" << std::endl;
             return 1;
         }
         ++episodes;

@@ -101,8 +101,9 @@ PKV_TEST(allocator_hands_out_oldest_freed_first_and_revives_from_the_middle) {
         EXPECT_EQ(e.needed, 5);
         EXPECT_EQ(e.free, 4);
         EXPECT(e.seq && *e.seq == 7);
-        EXPECT_EQ(std::string(e.what()), std::string("KV cache exhausted: sequence 7 needs 5 block(s) in pool group 'g' "
-                                                     "(primary tier) (x) but only 4 are free; nothing was changed"));
+        EXPECT_EQ(std::string(e.what()),
+                  std::string("KV cache exhausted: sequence 7 needs 5 block(s) in pool group 'g' "
+                              "(primary tier) (x) but only 4 are free; nothing was changed"));
     });
     EXPECT(a == before);
     EXPECT_THROW_THEN(a.decref(0), BlockRefcountError, {
@@ -124,12 +125,15 @@ PKV_TEST(pool_group_specs_are_checked_like_the_python_spec) {
     EXPECT_EQ(message(params(0, 0, 0, 0, 0)), std::string("page_size: must be > 0, got 0"));
     EXPECT_EQ(message(params(4, 0, 0, 0, 6)),
               std::string("cyclic_len: must be 0 or a positive multiple of page_size=4, got 6"));
-    EXPECT_EQ(message(params(4, -1, 0, 0, 0)), std::string("window: must be >= 0 (0: full causal), got -1 (group 'g')"));
+    EXPECT_EQ(message(params(4, -1, 0, 0, 0)),
+              std::string("window: must be >= 0 (0: full causal), got -1 (group 'g')"));
     EXPECT_EQ(message(params(4, 0, 2, 0, 0)),
               std::string("attention_sinks=2: only meaningful with a window > 0 (group 'g')"));
-    EXPECT_EQ(message(params(4, 0, 0, 0, 8)),
-              std::string("window: a cyclic pool group (cyclic_len=8) needs the attention window > 0, got 0 (group 'g')"));
-    EXPECT_EQ(message(params(4, 9, 0, 0, 8)), std::string("cyclic_len=8 < window=9: the ring must hold the window (group 'g')"));
+    EXPECT_EQ(
+        message(params(4, 0, 0, 0, 8)),
+        std::string("window: a cyclic pool group (cyclic_len=8) needs the attention window > 0, got 0 (group 'g')"));
+    EXPECT_EQ(message(params(4, 9, 0, 0, 8)),
+              std::string("cyclic_len=8 < window=9: the ring must hold the window (group 'g')"));
     EXPECT_EQ(message(params(4, 5, 1, 2, 8)),
               std::string("attention_sinks=1 must equal the layout's sink_tokens=2: sink positions outside the ring's "
                           "sinks would be overwritten (group 'g')"));
@@ -195,7 +199,7 @@ PKV_TEST(prefix_reuse_shares_full_blocks_and_copies_a_partly_reused_page) {
     m.unreserve(3);
     run(m, pools, {{3, {8}}});
     EXPECT(reads(m, pools, 3, 0, c));
-    EXPECT(reads(m, pools, 1, 0, a));  // the original page is untouched
+    EXPECT(reads(m, pools, 1, 0, a));              // the original page is untouched
     EXPECT_EQ(m.cachedBlocks(0), (Blocks{0, 1}));  // the first copy of a prefix stays
     std::string salt = "adapter";
     EXPECT_EQ(m.addSequence(4, a.data(), 10, salt), 0);  // another salt: another chain
@@ -252,7 +256,8 @@ PKV_TEST(released_window_returns_pages_and_leaves_holes) {
     TokenPools pools(m);
     std::vector<int32_t> prompt = range(1, 16);
     m.addSequence(1, prompt.data(), 15);
-    for (int32_t L = 0; L < 15; L += 3) run(m, pools, {{1, std::vector<int32_t>(prompt.begin() + L, prompt.begin() + L + 3)}});
+    for (int32_t L = 0; L < 15; L += 3)
+        run(m, pools, {{1, std::vector<int32_t>(prompt.begin() + L, prompt.begin() + L + 3)}});
     EXPECT_EQ(m.blockList(1, 0), (Blocks{0, -1, -1, 3, 4}));
     EXPECT_EQ(m.stats(0).numFree, 17);
     m.reserve(1, 1);
@@ -397,7 +402,8 @@ PKV_TEST(step_arrays_match_hand_computed_values) {
     EXPECT_EQ(messageOf([&] { m.buildStep(twice.data(), 2, s); }),
               std::string("build_step: a sequence appears twice in the step: [10, 10]"));
     StepEntry unknown{30, 1}, unreserved{20, -1};
-    EXPECT_EQ(messageOf([&] { m.buildStep(&unknown, 1, s); }), std::string("build_step: sequence 30 is not in the KV manager"));
+    EXPECT_EQ(messageOf([&] { m.buildStep(&unknown, 1, s); }),
+              std::string("build_step: sequence 30 is not in the KV manager"));
     EXPECT_EQ(messageOf([&] { m.buildStep(&unreserved, 1, s); }),
               std::string("build_step: sequence 20 has 0 reserved slot(s) for 0 new token(s); reserve() the step's "
                           "tokens first (and at least 1)"));
@@ -417,8 +423,10 @@ PKV_TEST(commit_rules_for_token_ids) {
     std::vector<int32_t> wrong = {1, 9, 3};
     EXPECT_EQ(messageOf([&] { m.commit(1, 3, wrong.data()); }),
               std::string("commit: token_ids of sequence 1 differ from its known tokens at positions [0, 3)"));
-    EXPECT_EQ(messageOf([&] { m.commit(1, 4); }), std::string("commit: sequence 1 has 3 reserved slot(s), cannot commit 4"));
-    EXPECT_EQ(messageOf([&] { m.reserve(1, -1); }), std::string("reserve: num_tokens must be >= 0, got -1 (sequence 1)"));
+    EXPECT_EQ(messageOf([&] { m.commit(1, 4); }),
+              std::string("commit: sequence 1 has 3 reserved slot(s), cannot commit 4"));
+    EXPECT_EQ(messageOf([&] { m.reserve(1, -1); }),
+              std::string("reserve: num_tokens must be >= 0, got -1 (sequence 1)"));
     EXPECT_EQ(messageOf([&] { m.addSequence(1, nullptr, 0); }), std::string("add_sequence: sequence 1 exists already"));
     EXPECT_EQ(messageOf([&] { m.reserve(2, 1); }), std::string("sequence 2 is not in the KV manager"));
     m.commit(1, 3);

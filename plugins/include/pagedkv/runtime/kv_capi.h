@@ -25,21 +25,21 @@ typedef enum pagedkv_kv_status {
 } pagedkv_kv_status;
 
 typedef struct pagedkv_kv_error {
-    int32_t code;         // pagedkv_kv_status
-    int32_t has_seq;      // 1 when `seq` names the sequence the error is about
+    int32_t code;     // pagedkv_kv_status
+    int32_t has_seq;  // 1 when `seq` names the sequence the error is about
     int64_t seq;
     const char* message;  // the full message (the Python manager's wording)
     // PAGEDKV_KV_EXHAUSTED
     int64_t needed, free;
-    int32_t tier;         // 0 primary, 1 secondary
-    const char* group;    // pool group name ("" when none applies)
-    const char* what;     // the operation that ran out ("" when none)
+    int32_t tier;       // 0 primary, 1 secondary
+    const char* group;  // pool group name ("" when none applies)
+    const char* what;   // the operation that ran out ("" when none)
     // PAGEDKV_KV_REFCOUNT / PAGEDKV_KV_INVARIANT
     int32_t has_block, has_page;
     int64_t block;
     int32_t page;
     int32_t refcount;
-    const char* check;     // the doctor's check name ("" otherwise)
+    const char* check;  // the doctor's check name ("" otherwise)
     const char* detail;
     const char* expected;
     const char* found;
@@ -86,8 +86,7 @@ PAGEDKV_KV_EXPORT int32_t pagedkv_kv_capi_version(void);
 // ABI check of a binding's struct mirrors: the byte offset of each field of struct `name` (e.g.
 // "pagedkv_kv_error") in declaration order into offsets[0..capacity) and its sizeof into `size`; returns the
 // number of fields, or -1 for an unknown name.
-PAGEDKV_KV_EXPORT int32_t pagedkv_kv_struct_layout(const char* name, int64_t* offsets, int32_t capacity,
-                                                   int64_t* size);
+PAGEDKV_KV_EXPORT int32_t pagedkv_kv_struct_layout(const char* name, int64_t* offsets, int32_t capacity, int64_t* size);
 PAGEDKV_KV_EXPORT const pagedkv_kv_error* pagedkv_kv_last_error(void);
 
 PAGEDKV_KV_EXPORT int32_t pagedkv_kv_create(const pagedkv_kv_group_desc* groups, int32_t num_groups,
@@ -124,20 +123,21 @@ PAGEDKV_KV_EXPORT int32_t pagedkv_kv_num_sequences(const pagedkv_kv_manager* mgr
 PAGEDKV_KV_EXPORT int32_t pagedkv_kv_sequences(const pagedkv_kv_manager* mgr, int64_t* out, int32_t capacity,
                                                int32_t* count);
 PAGEDKV_KV_EXPORT int32_t pagedkv_kv_contains(const pagedkv_kv_manager* mgr, int64_t seq);
-PAGEDKV_KV_EXPORT int32_t pagedkv_kv_sequence_info(const pagedkv_kv_manager* mgr, int64_t seq, pagedkv_kv_seq_info* out);
+PAGEDKV_KV_EXPORT int32_t pagedkv_kv_sequence_info(const pagedkv_kv_manager* mgr, int64_t seq,
+                                                   pagedkv_kv_seq_info* out);
 // Block list of `seq` in `group`; `count` gets its length (pass capacity 0 to ask).
-PAGEDKV_KV_EXPORT int32_t pagedkv_kv_block_list(const pagedkv_kv_manager* mgr, int64_t seq, int32_t group,
-                                                int32_t* out, int32_t capacity, int32_t* count);
+PAGEDKV_KV_EXPORT int32_t pagedkv_kv_block_list(const pagedkv_kv_manager* mgr, int64_t seq, int32_t group, int32_t* out,
+                                                int32_t capacity, int32_t* count);
 PAGEDKV_KV_EXPORT int32_t pagedkv_kv_stats(const pagedkv_kv_manager* mgr, int32_t group, pagedkv_kv_group_stats* out);
 // The free list of a tier from head to tail / the cached prefix blocks (ascending), same count protocol.
-PAGEDKV_KV_EXPORT int32_t pagedkv_kv_free_list(const pagedkv_kv_manager* mgr, int32_t group, int32_t tier,
-                                               int32_t* out, int32_t capacity, int32_t* count);
+PAGEDKV_KV_EXPORT int32_t pagedkv_kv_free_list(const pagedkv_kv_manager* mgr, int32_t group, int32_t tier, int32_t* out,
+                                               int32_t capacity, int32_t* count);
 PAGEDKV_KV_EXPORT int32_t pagedkv_kv_cached_blocks(const pagedkv_kv_manager* mgr, int32_t group, int32_t* out,
                                                    int32_t capacity, int32_t* count);
 // The recorded block copies since the last drain, oldest first: `count` gets their number; they are moved
 // out (drained) only when capacity >= count.
-PAGEDKV_KV_EXPORT int32_t pagedkv_kv_drain_copies(pagedkv_kv_manager* mgr, pagedkv_kv_block_copy* out,
-                                                  int64_t capacity, int64_t* count);
+PAGEDKV_KV_EXPORT int32_t pagedkv_kv_drain_copies(pagedkv_kv_manager* mgr, pagedkv_kv_block_copy* out, int64_t capacity,
+                                                  int64_t* count);
 
 // ---- step metadata ----
 // Check a step (num_new[i] < 0: sequence i's whole reservation) and give its sizes: max_blocks[g] (MB) and

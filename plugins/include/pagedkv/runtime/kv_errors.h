@@ -22,11 +22,11 @@ enum class Tier : int32_t {
 char const* tierName(Tier tier);  // "primary" / "secondary"
 
 // Base of every error the KV manager throws (each class's destructor is its key function: one vtable and
-// type info, in the library, so that a caller catches them across the library boundary). `seq` names the sequence when the error is about one.
+// type info, in the library, so that a caller catches them across the library boundary). `seq` names the sequence when
+// the error is about one.
 class KVCacheError : public std::runtime_error {
 public:
-    KVCacheError(std::string const& message, std::optional<SeqId> seq)
-        : std::runtime_error(message), seq(seq) {}
+    KVCacheError(std::string const& message, std::optional<SeqId> seq) : std::runtime_error(message), seq(seq) {}
     ~KVCacheError() override;
     std::optional<SeqId> seq;
 };

@@ -43,7 +43,7 @@ struct PoolGroupSpec {
     int32_t window = 0;          // 0: full causal
     int32_t attentionSinks = 0;  // always-visible first positions (window > 0 only)
     WindowMode mode = WindowMode::kFull;
-    int32_t ringPages = 0;       // cyclic: the most pages a sequence ever holds (sinks + bubble + ring)
+    int32_t ringPages = 0;  // cyclic: the most pages a sequence ever holds (sinks + bubble + ring)
     int32_t pageSize() const { return layout.pageSize; }
 };
 
@@ -143,7 +143,7 @@ public:
     void writePoolDescriptors(uint64_t const* addresses, int64_t* out) const;
 
     // ---- the kv doctor ----
-    void validate() const;                      // throws KVInvariantError for the first violation
+    void validate() const;  // throws KVInvariantError for the first violation
     void validateStep(StepBatch const& step) const;
 
     struct Impl;  // plugins/runtime/kv_manager_impl.h

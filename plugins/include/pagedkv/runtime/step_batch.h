@@ -56,12 +56,12 @@ struct GroupStepBuffers {
     int32_t* kvIndices = nullptr;     // [NNZ]
 };
 struct StepBuffers {
-    int32_t* cuQLens = nullptr;    // [B + 1]
-    int32_t* pastLens = nullptr;   // [B]
-    int32_t* qLens = nullptr;      // [B]
-    int32_t* kvLens = nullptr;     // [B]
-    int32_t* tokenSeq = nullptr;   // [T]
-    int32_t* positions = nullptr;  // [T]
+    int32_t* cuQLens = nullptr;                // [B + 1]
+    int32_t* pastLens = nullptr;               // [B]
+    int32_t* qLens = nullptr;                  // [B]
+    int32_t* kvLens = nullptr;                 // [B]
+    int32_t* tokenSeq = nullptr;               // [T]
+    int32_t* positions = nullptr;              // [T]
     GroupStepBuffers const* groups = nullptr;  // [G], or null for none of the per-group arrays
 };
 
