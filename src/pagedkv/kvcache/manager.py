@@ -54,6 +54,19 @@ def _per_group(value, n: int, name: str) -> list[int]:
     return values
 
 
+def split_step_entries(entries: Iterable) -> tuple[list, list[int]]:
+    """``build_step``'s entries as (sequence ids, new-token counts); -1: the sequence's whole reservation."""
+    ids, counts = [], []
+    for e in entries:
+        if isinstance(e, tuple):
+            ids.append(e[0])
+            counts.append(int(e[1]))
+        else:
+            ids.append(e)
+            counts.append(-1)
+    return ids, counts
+
+
 class KVCacheManager:
     """Pools, block tables and step metadata for a set of pool groups.
 
@@ -223,12 +236,13 @@ class KVCacheManager:
         tokens, which is the sequence's committed length and the next chunk's past length."""
         if seq_id in self._seqs:
             raise ValueError(f"add_sequence: sequence {seq_id!r} exists already")
-        row = self._take_row()
-        st = SequenceState(seq_id, row, len(self.groups), salt=bytes(salt))
-        if prompt_tokens is not None:
+        if prompt_tokens is not None:  # checked before a table row is taken: a refused prompt leaks no row
             prompt = np.asarray(prompt_tokens, dtype=np.int64).ravel()
             if prompt.size and (prompt.min() < -2 ** 31 or prompt.max() >= 2 ** 31):
                 raise ValueError("prompt_tokens: token ids must fit int32")
+        row = self._take_row()
+        st = SequenceState(seq_id, row, len(self.groups), salt=bytes(salt))
+        if prompt_tokens is not None:
             st.append_tokens(prompt.astype(np.int32))
             st.prompt_len = int(prompt.size)
         self._seqs[seq_id] = st
@@ -357,6 +371,8 @@ class KVCacheManager:
             if ids.size != num_tokens:
                 raise ValueError(f"commit: token_ids has {ids.size} entries for {num_tokens} tokens "
                                  f"(sequence {seq_id!r})")
+            if ids.size and (ids.min() < -2 ** 31 or ids.max() >= 2 ** 31):  # (astype would wrap them)
+                raise ValueError(f"commit: token_ids of sequence {seq_id!r} must fit int32")
             known = st.tokens_known
             overlap = max(0, min(known, L + num_tokens) - L)
             if overlap and not np.array_equal(st.tokens[L:L + overlap], ids[:overlap]):
@@ -479,15 +495,7 @@ class KVCacheManager:
         or ``(seq_id, num_new_tokens)`` pairs, in the order of the step's tokens (a tuple entry is always
         read as a pair). Any mix of prefill chunks and decode tokens. Each sequence must have reserved its new
         tokens."""
-        entries = list(entries)
-        ids, counts = [], []
-        for e in entries:
-            if isinstance(e, tuple):
-                ids.append(e[0])
-                counts.append(int(e[1]))
-            else:
-                ids.append(e)
-                counts.append(-1)
+        ids, counts = split_step_entries(entries)
         try:
             states = [self._seqs[s] for s in ids]
         except KeyError as exc:
