@@ -27,6 +27,7 @@ from conftest import TOLERANCES
 
 from pagedkv.onnx_export import hf
 from pagedkv.onnx_export._hf_families import FAMILIES
+from pagedkv.tolerances import EXPORT_FLOAT32_TOLERANCE
 
 NO_EXPORT = hf.why_export_unavailable()
 needs_export = pytest.mark.skipif(NO_EXPORT is not None, reason=f"export extra missing: {NO_EXPORT}")
@@ -72,7 +73,7 @@ def test_export_rewrite_compare(family, exporter, tmp_path_factory):
     from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
 
     result = _export(family, exporter, tmp_path_factory)
-    assert result.verify_max_abs_err is not None and result.verify_max_abs_err <= hf.VERIFY_ATOL
+    assert result.verify_max_abs_err is not None and result.verify_max_abs_err <= EXPORT_FLOAT32_TOLERANCE[0]
     rewritten = rewrite_model(str(result.path), RewriteOptions()).model
     start = time.perf_counter()
     report = compare(str(result.path), rewritten, prompt_lens=PROMPTS, decode_steps=8, chunk_size=8,
