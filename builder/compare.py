@@ -333,10 +333,10 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-kv-check", action="store_true", help="skip the paged-vs-present K/V check")
 
 
-# Default tolerances of the CLI, keyed by the narrowest storage a value passes through: the cache dtype
-# of the rewritten pools (the model's own activations are float32 in the graphs compared here). fp16/bf16
-# come from the one table (pagedkv.tolerances). Its fp8/int8 entries are per element in units of the scale;
-# through a whole model the logits move by more, so the CLI allows 10% of the logits' scale there.
+# Default tolerances of the CLI by the cache dtype of the rewritten pools, for float32 activations (16-bit
+# activations add pagedkv.tolerances.MODEL_TOLERANCES: default_tolerance takes the loosest). fp16/bf16 come from
+# the one table (pagedkv.tolerances). Its fp8/int8 entries are per element in units of the scale; through a
+# whole model the logits move by more, so the CLI allows 10% of the logits' scale there.
 CLI_TOLERANCE_BY_CACHE = {"FP16": TOLERANCES["float16"], "BF16": TOLERANCES["bfloat16"],
                           "FP8_E4M3": (1e-1, 1e-1), "INT8": (1e-1, 1e-1)}
 

@@ -446,6 +446,21 @@ def check_types(model: onnx.ModelProto) -> None:
 
 
 # ---- float32 emulation of bfloat16 ---------------------------------------------------------------------
+def _declares_any(model: onnx.ModelProto, types) -> bool:
+    """Whether any tensor of ``model`` is declared (inputs, outputs, value_info, initializers, Constant / Cast /
+    ConstantOfShape attributes) with one of ``types``: without that, no value of the graph can have one."""
+    g = model.graph
+    if any(vi.type.tensor_type.elem_type in types for vi in (*g.input, *g.output, *g.value_info)):
+        return True
+    if any(t.data_type in types for t in g.initializer):
+        return True
+    for node in g.node:
+        for a in node.attribute:
+            if (a.type == onnx.AttributeProto.TENSOR and a.t.data_type in types) or (a.name == "to" and a.i in types):
+                return True
+    return False
+
+
 def emulate_in_float32(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` whose float16 / bfloat16 tensors are float32 holding the same values, for ONNX Runtime's
     CPU provider (no bfloat16 kernels; onnxruntime-extensions' Python ops take float32 only). Weights convert
@@ -455,9 +470,9 @@ def emulate_in_float32(model: onnx.ModelProto) -> onnx.ModelProto:
     contract; the reference plugins compute in float64).
     A model without 16-bit tensors is returned as it is (not copied)."""
     narrow_types = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
-    types = elem_types(model)
-    if not set(types.values()) & set(narrow_types):
+    if not _declares_any(model, narrow_types):
         return model
+    types = elem_types(model)
     out = copy.deepcopy(model)
     g = out.graph
     f32 = TensorProto.FLOAT

@@ -360,6 +360,15 @@ class _Emitter:
         self.graph.nodes.append(gs.Node(op=op, name=self.name(name), inputs=list(inputs), outputs=list(outputs),
                                         attrs=attrs, domain=domain))
 
+    def as_model_dtype(self, x: gs.Variable, elem_type: int | None, base: str) -> gs.Variable:
+        """``x`` in the model's dtype (the plugins' I/O): a Cast when the graph computed it in another (GPT-J
+        casts q and k to float32 before attention)."""
+        if elem_type is None or onnx.helper.tensor_dtype_to_np_dtype(elem_type) == self.dtype:
+            return x
+        cast = self.var(f"{base}/model_dtype", self.dtype, x.shape)
+        self.node("Cast", [x], [cast], f"{base}/Cast", to=onnx.helper.np_dtype_to_tensor_dtype(self.dtype))
+        return cast
+
     def reshape(self, x, shape: list[int], base: str, out_shape) -> gs.Variable:
         out = self.var(base, x.dtype if x.dtype is not None else self.dtype, out_shape)
         self.node("Reshape", [x, self.const(base + ".shape", np.asarray(shape, dtype=np.int64))], [out], base + "/Reshape")
@@ -396,7 +405,7 @@ class _Emitter:
             chain = chains[n]
             rope = chain.region("rope")
             cut, layout = (rope.input, rope.layout) if rope else (chain.end, chain.end_layout)
-            x = self.tensors[cut]
+            x = self.as_model_dtype(self.tensors[cut], self.view.elem_type(cut), f"{prefix}/{n}")
             perm = layout.tokens_first()
             if perm != list(range(len(perm))):
                 moved = self.var(f"{prefix}/{n}/tokens_first", self.dtype, None)
@@ -444,13 +453,24 @@ class _Emitter:
         out = self.var(f"{prefix}/attn_out", self.dtype, [NUM_TOKENS, q_width])
         self.node(ATTENTION_PLUGIN_NAME, [q, *inputs[1:5], status], [out], f"{prefix}/{ATTENTION_PLUGIN_NAME}",
                   domain=ONNX_DOMAIN, **attention.to_attributes())
-        # The o_proj input keeps its name and its consumers stay untouched: only its producer changes.
+        # The o_proj input keeps its name, dtype and consumers: only its producer changes.
         merged = self.tensors[m.out]
         merged.inputs.clear()
-        merged.dtype, merged.shape = self.dtype, [1, NUM_TOKENS, q_width]
+        out_type = self.view.elem_type(m.out)
+        merged_dtype = onnx.helper.tensor_dtype_to_np_dtype(out_type) if out_type else self.dtype
+        reshaped = merged if merged_dtype == self.dtype else self.var(f"{prefix}/attn_out/3d", self.dtype, None)
+        merged.dtype, merged.shape = merged_dtype, [1, NUM_TOKENS, q_width]
+        reshaped.shape = merged.shape
         self.node("Reshape", [out, self.const(f"{prefix}/attn_out.shape", np.asarray([1, -1, q_width], np.int64))],
-                  [merged], f"{prefix}/attn_out/Reshape")
+                  [reshaped], f"{prefix}/attn_out/Reshape")
+        if reshaped is not merged:
+            self.node("Cast", [reshaped], [merged], f"{prefix}/attn_out/Cast", to=out_type)
         return status
+
+
+def _model_float(view: GraphView, plans: list[_LayerPlan]) -> np.dtype:
+    """The model's float dtype, that of its projection weights: the plugins' activations are in it."""
+    return np.dtype(view.constant(plans[0].chains["q"].weight).dtype)
 
 
 def _engine_tensor(name: str, spec: engine_io.TensorSpec, dims: dict[str, int]) -> gs.Variable:
@@ -460,8 +480,7 @@ def _engine_tensor(name: str, spec: engine_io.TensorSpec, dims: dict[str, int]) 
 
 def _emit(model, view, plans, groups, roles, options, explicit: bool) -> tuple[gs.Graph, list, list]:
     em = _Emitter(model, view, roles)
-    q_type = view.elem_type(plans[0].match.q_end)  # the graph's activation dtype (shape inference knows it)
-    em.dtype = onnx.helper.tensor_dtype_to_np_dtype(q_type) if q_type else np.float32
+    em.dtype = _model_float(view, plans)
     dims = {engine_io.NUM_POOL_GROUPS: len(groups)}
     if options.max_blocks:
         dims[engine_io.MAX_BLOCKS] = options.max_blocks
@@ -618,8 +637,7 @@ def rewrite_model(model: onnx.ModelProto | str | Path, options: RewriteOptions |
             raise RewriteError(f"graph input {name!r} ({roles[name]}) is still read outside attention by "
                                f"{readers[:3]}: the packed graph cannot provide it")
     out, conversion = _finish(graph, model, options.dtype)
-    q_type = view.elem_type(plans[0].match.q_end)
-    io_dtype = options.dtype or (dtype_name(q_type) if q_type else "float32")
+    io_dtype = options.dtype or _model_float(view, plans).name
     cache = options.cache_dtype
     scales = ""
     if cache.quantized:

@@ -24,14 +24,14 @@ PLUGIN_VERSION = "1"
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 # capability: the plugins' activation dtypes: qkv, bias, q and the attention output (attention_plan.cpp ioDType;
-# docs/plugin_io.md), as numpy names. The rewrite converts graphs to them (`--dtype`).
+# docs/plugin_io.md), as numpy names. The rewrite converts graphs to them (`--dtype`). [C++ table: io_dtypes]
 SUPPORTED_IO_DTYPES = ("float16", "bfloat16")
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 FLOAT32_MAX = 3.4028234663852886e38
 # capability: integer attribute ranges, inclusive, as the plugin creators check them (FieldSpec in
-# plugins/plugins/common/poolAttributes.{h,cpp}: kMaxHeads, kMaxPageSize, kMaxLayers, kMaxPools;
-# qkvWritePlugin.cpp: 2 * kMaxRotaryPairs; attentionPlugin.cpp)
+# plugins/plugins/common/poolAttributes.cpp, qkvWritePlugin.cpp, attentionPlugin.cpp). [C++ table:
+# max_heads, min/max_page_size, max_layers, max_pools, max_rotary_dim; the int32 bounds are the field type's]
 ATTRIBUTE_RANGES = {
     "num_q_heads": (1, 1024), "num_kv_heads": (1, 1024),
     "page_size": (1, 4096),
