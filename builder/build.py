@@ -66,14 +66,21 @@ class ProfileSpec:
 
 def build_engine(onnx_path: str | Path, engine_path: str | Path, *, profile: ProfileSpec = ProfileSpec(),
                  plugin_library: str | Path | None = None, workspace_bytes: int | None = None) -> Path:
-    """Parse the rewritten ONNX with our plugins, build a strongly typed engine, save it."""
+    """Parse the rewritten ONNX with our plugins, build a strongly typed engine, save it. A graph whose plugin
+    activations the plugins do not take (float32: a rewrite without ``--dtype``) is refused first, naming the fix
+    (TensorRT would say "Failed to find any supported plugin/custom tactic format")."""
+    from pagedkv.config import SUPPORTED_IO_DTYPES
+    from pagedkv.runtime.graph import RewrittenGraph
+
+    graph = RewrittenGraph.load(str(onnx_path))
+    io_dtypes = sorted({layer.io_dtype for layer in graph.layers} - set(SUPPORTED_IO_DTYPES))
+    if io_dtypes:
+        raise ValueError(f"{onnx_path}: the plugin activations are {', '.join(io_dtypes)}; the plugins take "
+                         f"{' or '.join(SUPPORTED_IO_DTYPES)}: rewrite with --dtype fp16|bf16")
     trt = import_tensorrt()
     from polygraphy.backend.trt import CreateConfig, EngineBytesFromNetwork, NetworkFromOnnxPath, Profile
 
-    from pagedkv.runtime.graph import RewrittenGraph
-
     load_plugin_library(trt, plugin_library)
-    graph = RewrittenGraph.load(str(onnx_path))
     prof = Profile()
     for name, (lo, opt, hi) in profile.shapes(graph).items():
         prof.add(name, min=lo, opt=opt, max=hi)
