@@ -13,7 +13,7 @@ from conftest import TOLERANCES
 from pagedkv.builder import build
 from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
 from pagedkv.runtime import RewrittenGraph
-from pagedkv.runtime.trt import TensorRTUnavailable, TrtSession, why_no_tensorrt
+from pagedkv.runtime.trt import TensorRTUnavailable, TrtExecutor, why_no_tensorrt
 from pagedkv.onnx_export.synthetic import SyntheticConfig, export_synthetic
 
 BASE = SyntheticConfig(num_layers=2, hidden=64, vocab=128, intermediate=128)
@@ -84,7 +84,7 @@ def test_engine_reports_invalid_pages(rewritten_path, tmp_path):
     _, rew = rewritten_path
     engine = build.build_engine(rew, tmp_path / "m.engine", profile=build.ProfileSpec(max_tokens=128, max_seqs=4,
                                                                                        max_blocks=8))
-    with TrtSession(str(rew), engine=engine, num_blocks=2) as sess:
+    with TrtExecutor(str(rew), engine=engine, num_blocks=2) as sess:
         sess.step([("a", np.arange(20))])  # two pages of 16
         # sabotage: drop the sequence's second page from the manager's table (a -1 inside the live range)
         sess.manager._tables[0][sess.manager.state("a").row, 1] = -1
