@@ -16,6 +16,12 @@ Typical step::
     ... run the engine on step ...
     mgr.commit("a", 512)                           # the chunk's KV is now in the cache
 
+Batched (a scheduler's step: the same operations for many sequences, planned with numpy)::
+
+    mgr.reserve_many(ids, counts)                  # all-or-nothing over every sequence and group
+    step = mgr.build_step_many(ids, counts)
+    mgr.commit_many(ids, counts, tokens_of=...)    # token ids fetched only for pages that become full
+
 Ordering: device copies are enqueued on ``mgr.stream`` when the bookkeeping decides them; run the kernels
 of the step on the same stream (or wait for it), so that a copy-on-write lands before the write it protects.
 """
@@ -473,6 +479,172 @@ class KVCacheManager:
         st.swapped = None
         self._debug_check()
 
+    # ---- many sequences at once ----------------------------------------------------------------------
+    def rows_of(self, seq_ids, what: str) -> np.ndarray:
+        """int64 table rows of live (not swapped-out), distinct sequences; errors name the sequence."""
+        try:
+            states = [self._seqs[s] for s in seq_ids]
+        except KeyError as exc:
+            raise KeyError(f"{what}: sequence {exc.args[0]!r} is not in the KV manager") from None
+        for st in states:
+            if st.swapped is not None:
+                raise ValueError(f"{what}: sequence {st.seq_id!r} is swapped out; swap_in first")
+        rows = np.fromiter((st.row for st in states), dtype=np.int64, count=len(states))
+        if np.unique(rows).size != rows.size:
+            raise ValueError(f"{what}: a sequence appears twice: {list(seq_ids)}")
+        return rows
+
+    def reserve_many(self, seq_ids: Sequence, num_tokens) -> None:
+        """``reserve(seq, n)`` for every sequence (``num_tokens``: one count or one per sequence), planned
+        together with numpy and **all-or-nothing**: when any group lacks blocks for all of them,
+        ``KVCacheExhaustedError`` and nothing changed. The result is that of sequential ``reserve`` calls in
+        the same order, copy-on-write included (a page several of them share: all but the last copy it, the
+        last one too when a holder outside the batch remains). With a cyclic (ring) group the check counts
+        every written page as a possible copy (so it may refuse a batch that would just fit) and the
+        sequences are then reserved one by one."""
+        ids = list(seq_ids)
+        rows = self.rows_of(ids, "reserve_many")
+        n = np.broadcast_to(np.asarray(num_tokens, dtype=np.int64), rows.shape)
+        if n.size and n.min() < 0:
+            i = int(np.argmax(n < 0))
+            raise ValueError(f"reserve_many: num_tokens must be >= 0, got {int(n[i])} (sequence {ids[i]!r})")
+        L = self._length[rows].astype(np.int64)
+        R = np.maximum(self._reserved[rows].astype(np.int64), n)
+        if rows.size and int((L + R).max()) >= 2 ** 31:
+            i = int(np.argmax(L + R >= 2 ** 31))
+            raise ValueError(f"reserve_many: length {int(L[i])} + {int(R[i])} new tokens overflows int32 positions "
+                             f"(sequence {ids[i]!r})")
+        cyclic = any(g.mode == WindowMode.CYCLIC for g in self.groups)
+        plans = []
+        for g, spec in enumerate(self.groups):  # plan, check every group, then act (as reserve does)
+            cur = self._npages[g][rows].astype(np.int64)
+            need = spec.layout.pages_needed(L + R).astype(np.int64)
+            grow = np.maximum(need - cur, 0)
+            if spec.mode == WindowMode.CYCLIC:
+                for i in range(rows.size):
+                    check_cyclic_step(spec, int(R[i]), ids[i])
+                written = sum(int(np.sum(written_pages(spec, int(L[i]), int(R[i])) < cur[i])) for i in range(rows.size))
+                plans.append(None)
+                count = int(grow.sum()) + written
+            else:
+                page = L // spec.page_size  # the only held page new tokens can land in (a linear cache)
+                held = np.flatnonzero((R > 0) & (page < cur))
+                cow, uncache = self._plan_copies(g, rows[held], page[held])
+                plans.append((cur, need, page, held[cow], uncache, grow))
+                count = int(grow.sum()) + int(cow.sum())
+            if count > self.allocators[g].num_free:
+                raise KVCacheExhaustedError(needed=count, free=self.allocators[g].num_free, group=spec.name,
+                                            what=f"reserve_many of {len(ids)} sequences: {int(grow.sum())} new "
+                                                 f"page(s), {count - int(grow.sum())} copy-on-write")
+        if cyclic:
+            for seq_id, count in zip(ids, n.tolist()):
+                self.reserve(seq_id, count)
+            return
+        for g, (cur, need, page, cow, uncache, grow) in enumerate(plans):
+            spec = self.groups[g]
+            blocks = self._allocate(g, int(grow.sum()) + cow.size, ids[0] if ids else None)
+            self._ensure_cols(g, int(need.max()) if need.size else 0)  # (may reallocate: index the table after)
+            table, npages = self._tables[g], self._npages[g]
+            is_cow = np.zeros(rows.size, dtype=bool)
+            is_cow[cow] = True
+            takes = grow + is_cow
+            if not cow.size and int(takes.max(initial=0)) <= 1:  # decode: at most one new page each
+                got = np.flatnonzero(grow)
+                table[rows[got], cur[got]] = np.asarray(blocks, dtype=np.int32)
+            else:  # in sequence order: its copy-on-write block first, then its new pages (as reserve does)
+                k = 0
+                for i in np.flatnonzero(takes).tolist():
+                    row = int(rows[i])
+                    if is_cow[i]:
+                        j, old, new = int(page[i]), int(table[row, page[i]]), blocks[k]
+                        keep = committed_tokens_in_page(spec, j, int(L[i]))
+                        if keep > 0:
+                            self._copy(BlockCopy(g, Tier.PRIMARY, old, Tier.PRIMARY, new,
+                                                 keep if keep < spec.page_size else 0))
+                        table[row, j] = new
+                        self.allocators[g].decref(old)
+                        k += 1
+                    if grow[i]:
+                        table[row, int(cur[i]):int(need[i])] = blocks[k:k + int(grow[i])]
+                        k += int(grow[i])
+            for b in uncache:
+                self.prefix[g].forget(b)
+            grown = np.flatnonzero(grow)
+            npages[rows[grown]] = need[grown]
+        self._reserved[rows] = R
+        self._debug_check()
+
+    def _plan_copies(self, g: int, rows: np.ndarray, pages: np.ndarray) -> tuple[np.ndarray, list[int]]:
+        """Which of the held pages ``(rows[i], pages[i])`` (in sequence order) a sequential reserve would copy
+        (bool mask) and which blocks it would take out of the prefix cache. A block written by k of them with
+        refcount c: the first k - 1 copy it, the last one copies when c > k, else writes in place (and
+        uncaches it)."""
+        blocks = self._tables[g][rows, pages].astype(np.int64)
+        if not blocks.size:
+            return np.zeros(0, dtype=bool), []
+        refcount = self.allocators[g].refcounts_of(blocks.tolist())
+        _, first, inverse, k = np.unique(blocks, return_index=True, return_inverse=True, return_counts=True)
+        order = np.argsort(inverse, kind="stable")  # occurrences grouped by block, in sequence order
+        rank = np.empty(blocks.size, dtype=np.int64)
+        rank[order] = np.arange(blocks.size) - np.repeat(np.cumsum(k) - k, k)
+        mult = k[inverse]
+        cow = (rank < mult - 1) | (refcount > mult)
+        uncache = []
+        if self.prefix is not None:
+            uncache = [int(b) for b in blocks[~cow] if self.prefix[g].is_cached(int(b))]
+        return cow, uncache
+
+    def commit_many(self, seq_ids: Sequence, num_tokens, tokens_of=None) -> None:
+        """``commit(seq, n)`` for every sequence. Token ids are only needed to hash pages for prefix reuse, so
+        instead of each step's ids, ``tokens_of(i)`` (i: position in ``seq_ids``) is asked for sequence i's
+        token ids from position 0 on, and only when one of its pages became full; sequences committed this way
+        may know fewer token ids than their length until then. Without ``tokens_of`` the tokens are unknown,
+        as with ``commit(seq, n)`` (no later page of theirs is registered)."""
+        ids = list(seq_ids)
+        rows = self.rows_of(ids, "commit_many")
+        n = np.broadcast_to(np.asarray(num_tokens, dtype=np.int64), rows.shape)
+        L = self._length[rows].astype(np.int64)
+        R = self._reserved[rows].astype(np.int64)
+        bad = np.flatnonzero((n < 0) | (n > R))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"commit_many: sequence {ids[i]!r} has {int(R[i])} reserved slot(s), cannot commit "
+                             f"{int(n[i])}")
+        new_len = L + n
+        self._length[rows] = new_len
+        self._reserved[rows] = R - n
+        for g, spec in enumerate(self.groups):
+            P = spec.page_size
+            if spec.mode == WindowMode.RELEASE:  # only a commit across a page boundary can release a page
+                edge = np.maximum(new_len - spec.window + 1, 0) // P > np.maximum(L - spec.window + 1, 0) // P
+                for i in np.flatnonzero(edge).tolist():
+                    self._release_window(self._seqs[ids[i]], g, int(new_len[i]))
+            if self.prefix is not None:
+                for i in np.flatnonzero(new_len // P > L // P).tolist():
+                    st = self._seqs[ids[i]]
+                    end = int(new_len[i])
+                    if tokens_of is not None and not st.token_gap and st.tokens_known < end:
+                        known = np.asarray(tokens_of(i), dtype=np.int64)[st.tokens_known:end]
+                        if known.size != end - st.tokens_known:
+                            raise ValueError(f"commit_many: tokens_of({i}) gives {st.tokens_known + known.size} "
+                                             f"token ids for sequence {ids[i]!r} of length {end}")
+                        st.append_tokens(known.astype(np.int32))
+                    self._register_full_pages(st, g, end)
+        if tokens_of is None:
+            for i in np.flatnonzero(n).tolist():
+                st = self._seqs[ids[i]]
+                if st.tokens_known < int(new_len[i]):
+                    st.token_gap = True
+        self._debug_check()
+
+    def build_step_many(self, seq_ids: Sequence, num_tokens, position_ids=None) -> StepBatch:
+        """``build_step`` of ``(seq, n)`` pairs given as two sequences (``num_tokens``: one count or one per
+        sequence), without per-entry parsing."""
+        ids = tuple(seq_ids)
+        rows = self.rows_of(ids, "build_step")
+        q = np.broadcast_to(np.asarray(num_tokens, dtype=np.int32), rows.shape)
+        return self._build(ids, rows, q, position_ids)
+
     # ---- step metadata -------------------------------------------------------------------------------
     def build_step(self, entries: Iterable, position_ids=None) -> StepBatch:
         """Metadata of one step. ``entries``: sequence ids (their whole reservation is the step's new tokens)
@@ -498,16 +670,19 @@ class KVCacheManager:
         if len(set(ids)) != len(ids):
             raise ValueError(f"build_step: a sequence appears twice in the step: {ids}")
         rows = np.fromiter((st.row for st in states), dtype=np.int64, count=len(states))
+        return self._build(tuple(ids), rows, np.asarray(counts, dtype=np.int32), position_ids)
+
+    def _build(self, ids: tuple, rows: np.ndarray, q: np.ndarray, position_ids) -> StepBatch:
+        """The step of sequences at ``rows`` with ``q`` new tokens each (-1: the whole reservation)."""
         past = self._length[rows]
         reserved = self._reserved[rows]
-        q = np.asarray(counts, dtype=np.int32)
         q = np.where(q < 0, reserved, q)
         bad = np.flatnonzero((q <= 0) | (q > reserved))
         if bad.size:
             i = int(bad[0])
             raise ValueError(f"build_step: sequence {ids[i]!r} has {int(reserved[i])} reserved slot(s) for "
                              f"{int(q[i])} new token(s); reserve() the step's tokens first (and at least 1)")
-        step = build_step_arrays(self.groups, self._tables, self._npages, rows, past, q, tuple(ids), position_ids)
+        step = build_step_arrays(self.groups, self._tables, self._npages, rows, past, q, ids, position_ids)
         if self.debug_validate:
             self.validate_step(step)
         return step
