@@ -599,7 +599,7 @@ class KVCacheManager:
         instead of each step's ids, ``tokens_of(i)`` (i: position in ``seq_ids``) is asked for sequence i's
         token ids from position 0 on, and only when one of its pages became full; sequences committed this way
         may know fewer token ids than their length until then. Without ``tokens_of`` the tokens are unknown,
-        as with ``commit(seq, n)`` (no later page of theirs is registered)."""
+        as with ``commit(seq, n)`` (no later page of theirs is registered for prefix reuse)."""
         ids = list(seq_ids)
         rows = self.rows_of(ids, "commit_many")
         n = np.broadcast_to(np.asarray(num_tokens, dtype=np.int64), rows.shape)
@@ -630,7 +630,7 @@ class KVCacheManager:
                                              f"token ids for sequence {ids[i]!r} of length {end}")
                         st.append_tokens(known.astype(np.int32))
                     self._register_full_pages(st, g, end)
-        if tokens_of is None:
+        if tokens_of is None and self.prefix is not None:  # (unknown tokens only matter for prefix reuse)
             for i in np.flatnonzero(n).tolist():
                 st = self._seqs[ids[i]]
                 if st.tokens_known < int(new_len[i]):

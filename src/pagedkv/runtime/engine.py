@@ -1,0 +1,232 @@
+"""The engine: requests in, one step at a time — schedule, execute, sample, stop — tokens out.
+
+    engine = Engine(OrtExecutor("model.paged.onnx"), SchedulerConfig(max_num_seqs=32), eos_token_ids=(2,))
+    engine.add_request("a", prompt_ids, SamplingParams(max_new_tokens=32))
+    while engine.has_unfinished:
+        for request in engine.step():       # the requests that got a token (or finished) in this step
+            ...                             # request.output, request.text, request.finish_reason
+
+A step (``step``): the scheduler picks decodes and prefill chunks and reserves their KV
+(``pagedkv.runtime.scheduler``); the KV manager builds the step metadata for all of them at once
+(``build_step_many``); the executor runs the step and its sampling head picks the next token of every request
+whose known tokens are now all in the cache (one logits row each: ``logits_rows``); the step is committed
+(``commit_many``); each sampled request gets its token, its logprobs when asked for, its text with a tokenizer,
+and is finished at an EOS / stop token, a stop string, ``max_new_tokens`` or the context limit — its blocks
+freed at once. The engine holds no global state and is single-threaded: ``pagedkv.runtime.api.Worker`` runs it
+on a thread behind a queue.
+
+Host time per step is kept in ``timing`` (schedule / prepare / execute / finish, seconds):
+``benchmarks/bench_runtime.py`` measures it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from pagedkv.pool_group import WindowMode
+from pagedkv.runtime.executor import SamplingInputs, StepInputs
+from pagedkv.runtime.request import ContextLengthError, FinishReason, Request, RequestState, TokenLogprobs
+from pagedkv.runtime.sampling import SamplingParams, derive_seed, host_sample, sampling_inputs
+from pagedkv.runtime.scheduler import Scheduler, SchedulerConfig
+
+
+@dataclass
+class StepTiming:
+    """Host seconds of the last step's phases; ``execute`` is the executor's run (device or ONNX Runtime)."""
+
+    schedule: float = 0.0  # scheduler + KV reservations
+    prepare: float = 0.0  # step metadata, input ids, sampling rows
+    execute: float = 0.0
+    finish: float = 0.0  # commit, tokens, stops, frees
+
+    @property
+    def host(self) -> float:
+        return self.schedule + self.prepare + self.finish
+
+
+class Engine:
+    """Continuous batching over one executor (module docstring).
+
+    Args:
+        executor: an ``Executor`` (``OrtExecutor``, ``TrtExecutor``); the engine drives its KV manager.
+        config: the scheduler's limits and preemption policy.
+        max_model_len: context limit (prompt + output tokens); default: what the KV pool (and a static block
+            table) can hold for one sequence.
+        eos_token_ids: the model's EOS ids (``tokenizer.eos_token_ids(model_dir)``), where generation stops.
+        tokenizer: a ``pagedkv.runtime.tokenizer.Tokenizer`` for text output and stop strings (optional).
+        seed: base of the seeds of requests that bring none.
+    """
+
+    def __init__(self, executor, config: SchedulerConfig | None = None, *, max_model_len: int | None = None,
+                 eos_token_ids=(), tokenizer=None, seed: int = 0):
+        self.executor = executor
+        self.manager = executor.manager
+        self.graph = executor.graph
+        self.config = config or SchedulerConfig()
+        self.scheduler = Scheduler(self.manager, self.config)
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.seed = int(seed)
+        capacity = self._capacity()
+        self.max_model_len = min(int(max_model_len), capacity) if max_model_len else capacity
+        self.requests: dict[object, Request] = {}  # unfinished requests by id
+        self._arrivals = itertools.count()
+        self.timing = StepTiming()
+
+    def _capacity(self) -> int:
+        """Tokens one sequence can hold: every full-attention group's pool (and a static block-table width)."""
+        graph, mgr = self.graph, self.manager
+        limits = [nb * g.page_size for g, nb in zip(mgr.groups, mgr.num_blocks) if g.mode == WindowMode.FULL]
+        if graph.max_blocks:
+            limits += [graph.max_blocks * g.page_size for g in mgr.groups if g.mode == WindowMode.FULL]
+        return min(limits) if limits else 2 ** 31 - 1
+
+    # ---- requests --------------------------------------------------------------------------------------
+    def add_request(self, request_id, prompt_ids, params: SamplingParams | None = None) -> Request:
+        """Queue a request. Raises ``ValueError`` for a bad prompt or parameters, ``ContextLengthError`` when
+        prompt + max_new_tokens exceed the context limit."""
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise ValueError(f"request {request_id!r}: an unfinished request has this id already")
+        prompt = np.asarray(prompt_ids, dtype=np.int64).ravel() if len(prompt_ids) else np.zeros(0, np.int64)
+        if prompt.size == 0:
+            raise ValueError(f"request {request_id!r}: the prompt is empty")
+        vocab = self.graph.vocab
+        bad = np.flatnonzero((prompt < 0) | (prompt >= vocab))
+        if bad.size:
+            raise ValueError(f"request {request_id!r}: prompt token {int(prompt[bad[0]])} at position {int(bad[0])} "
+                             f"is outside the vocabulary [0, {vocab})")
+        room = self.max_model_len - prompt.size
+        max_tokens = params.max_new_tokens if params.max_new_tokens is not None else room
+        if prompt.size + max_tokens > self.max_model_len or max_tokens < 1:
+            raise ContextLengthError(f"request {request_id!r}: prompt of {prompt.size} tokens + max_new_tokens "
+                                     f"{max_tokens} exceed the context limit of {self.max_model_len} tokens")
+        top = self.graph.num_top_logprobs if self.graph.sampling else vocab
+        if params.logprobs is not None and params.logprobs > top:
+            raise ValueError(f"request {request_id!r}: logprobs={params.logprobs} exceeds the {top} top logprobs "
+                             "the graph reports (pagedkv rewrite --top-logprobs)")
+        if params.stop and self.tokenizer is None:
+            raise ValueError(f"request {request_id!r}: stop strings need a tokenizer")
+        arrival = next(self._arrivals)
+        seed = params.seed if params.seed is not None else derive_seed(self.seed, arrival)
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
+        request = Request(request_id, prompt, params, arrival=arrival, seed=seed, max_tokens=int(max_tokens),
+                          stop_ids=stop_ids)
+        if self.tokenizer is not None:
+            from pagedkv.runtime.tokenizer import TextStream
+
+            request.detokenizer = TextStream(self.tokenizer, params.stop,
+                                             include_stop=params.include_stop_str_in_output,
+                                             skip_special_tokens=params.skip_special_tokens)
+        self.requests[request_id] = request
+        self.scheduler.add(request)
+        return request
+
+    def abort(self, request_id) -> bool:
+        """End an unfinished request now; its KV blocks are freed at once. False when there is none."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return False
+        self.scheduler.remove(request)
+        self._finished(request, FinishReason.ABORT)
+        return True
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    @staticmethod
+    def _finished(request: Request, reason: FinishReason, error: str | None = None) -> None:
+        request.state = RequestState.FINISHED
+        request.finish_reason = reason
+        request.error = error
+
+    # ---- a step ----------------------------------------------------------------------------------------
+    def step(self) -> list[Request]:
+        """Run one step; returns the requests that got a token in it (finished ones included)."""
+        t0 = time.perf_counter()
+        plan = self.scheduler.schedule()
+        if not plan:
+            return []
+        mgr = self.manager
+        reqs = plan.decodes + [r for r, _ in plan.prefills]
+        ids = [r.id for r in reqs]
+        nd = len(plan.decodes)
+        counts = np.ones(len(reqs), dtype=np.int64)
+        counts[nd:] = [n for _, n in plan.prefills]
+        t1 = time.perf_counter()
+        try:
+            batch = mgr.build_step_many(ids, counts)
+            fed = [np.fromiter((r.output[-1] if r.output else r.prompt[-1] for r in plan.decodes), np.int64, nd)]
+            fed += [np.asarray(r.tokens()[r.num_computed:r.num_computed + n], dtype=np.int64)
+                    for r, n in plan.prefills]
+            input_ids = np.concatenate(fed)
+            sampled = list(range(nd)) + [nd + i for i, (r, n) in enumerate(plan.prefills)
+                                         if r.num_computed + n == r.num_tokens]
+            samplers = [reqs[i] for i in sampled]
+            rows = (batch.cu_q_lens[1:] - 1)[sampled].astype(np.int32)
+            if samplers:
+                inputs = sampling_inputs(np.stack([r.row for r in samplers]),
+                                         np.fromiter((r.seed for r in samplers), np.uint64, len(samplers)),
+                                         np.fromiter((len(r.output) for r in samplers), np.uint64, len(samplers)),
+                                         [r.penalties for r in samplers])
+            else:  # only prefill chunks short of their prompt's end: one row still runs (engines need R >= 1)
+                rows, inputs = (batch.cu_q_lens[-1:] - 1).astype(np.int32), SamplingInputs.greedy(1)
+            t2 = time.perf_counter()
+            if self.graph.sampling:
+                out = self.executor.execute(StepInputs(batch, input_ids, rows, inputs))
+                tokens, logprobs, top_tokens, top_logprobs = (out.next_tokens, out.next_logprobs, out.top_tokens,
+                                                              out.top_logprobs)
+            else:  # no sampling head in the graph: the logits come to the host
+                out = self.executor.execute(StepInputs(batch, input_ids, rows, None, want_logits=True))
+                top = max([r.params.logprobs or 0 for r in samplers] + [1])
+                tokens, logprobs, top_tokens, top_logprobs = host_sample(out.logits, inputs, top_logprobs=top)
+        except BaseException:
+            for seq_id in ids:
+                mgr.unreserve(seq_id)
+            raise
+        t3 = time.perf_counter()
+        mgr.commit_many(ids, counts, tokens_of=(lambda i: reqs[i].tokens()) if mgr.prefix_reuse else None)
+        for r, n in zip(reqs, counts.tolist()):
+            r.num_computed += n
+        finished = self._take_tokens(samplers, tokens, logprobs, top_tokens, top_logprobs)
+        if finished:
+            self.scheduler.finish_many(finished)
+            for r in finished:
+                del self.requests[r.id]
+        t4 = time.perf_counter()
+        self.timing = StepTiming(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
+        return samplers
+
+    def _take_tokens(self, samplers, tokens, logprobs, top_tokens, top_logprobs) -> list[Request]:
+        finished = []
+        for i, (r, t) in enumerate(zip(samplers, tokens.tolist())):
+            r.output.append(t)
+            if r.penalties is not None:
+                r.penalties.add_output(t)
+            n = r.params.logprobs
+            if n is not None:
+                r.logprobs.append(TokenLogprobs(t, float(logprobs[i]),
+                                                tuple(zip(top_tokens[i, :n].tolist(), top_logprobs[i, :n].tolist()))))
+            reason = None
+            if t in r.stop_ids:
+                reason = FinishReason.STOP
+            elif r.detokenizer is not None and r.detokenizer.push(t):
+                reason = FinishReason.STOP
+            elif len(r.output) >= r.max_tokens:
+                reason = FinishReason.LENGTH
+            if r.detokenizer is not None:
+                r.text = r.detokenizer.text
+            if reason is not None:
+                self._finished(r, reason)
+                finished.append(r)
+        return finished
+
+    def run(self) -> None:
+        """Step until every request has finished."""
+        while self.has_unfinished:
+            self.step()
