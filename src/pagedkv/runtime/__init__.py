@@ -14,6 +14,11 @@ outputs), ``tokenizer`` (Hugging Face tokenizers, incremental detokenization), `
 and outputs are ``pagedkv.engine_io``'s. ``docs/runtime.md`` explains the design.
 """
 
+from pagedkv.runtime.api import LLM, Completion, Delta, RequestHandle, Worker, WorkerBusy, open_executor  # noqa: F401
+from pagedkv.runtime.engine import Engine  # noqa: F401
 from pagedkv.runtime.executor import Executor, SamplingInputs, StepInputs, StepOutputs  # noqa: F401
 from pagedkv.runtime.graph import DecoderGraph, GraphError, RewrittenGraph  # noqa: F401
+from pagedkv.runtime.request import ContextLengthError, FinishReason, Request  # noqa: F401
+from pagedkv.runtime.sampling import SamplingParams  # noqa: F401
+from pagedkv.runtime.scheduler import SchedulerConfig  # noqa: F401
 from pagedkv.runtime.session import DenseSession, OrtExecutor  # noqa: F401

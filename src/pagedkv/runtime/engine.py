@@ -86,35 +86,47 @@ class Engine:
         return min(limits) if limits else 2 ** 31 - 1
 
     # ---- requests --------------------------------------------------------------------------------------
-    def add_request(self, request_id, prompt_ids, params: SamplingParams | None = None) -> Request:
-        """Queue a request. Raises ``ValueError`` for a bad prompt or parameters, ``ContextLengthError`` when
-        prompt + max_new_tokens exceed the context limit."""
-        params = params or SamplingParams()
-        if request_id in self.requests:
-            raise ValueError(f"request {request_id!r}: an unfinished request has this id already")
-        prompt = np.asarray(prompt_ids, dtype=np.int64).ravel() if len(prompt_ids) else np.zeros(0, np.int64)
+    def check_request(self, prompt_ids, params: SamplingParams) -> tuple[np.ndarray, int]:
+        """Validate a request without touching the engine's state (safe from any thread): the prompt as int64
+        ids and the resolved max_new_tokens. ``ValueError`` for a bad prompt or parameters,
+        ``ContextLengthError`` when prompt + max_new_tokens exceed the context limit."""
+        prompt = np.asarray(prompt_ids).ravel()
         if prompt.size == 0:
-            raise ValueError(f"request {request_id!r}: the prompt is empty")
+            raise ValueError("prompt: it is empty")
+        if not np.issubdtype(prompt.dtype, np.integer):
+            raise ValueError(f"prompt: expected token ids (integers), got {prompt.dtype}")
+        prompt = prompt.astype(np.int64)
         vocab = self.graph.vocab
         bad = np.flatnonzero((prompt < 0) | (prompt >= vocab))
         if bad.size:
-            raise ValueError(f"request {request_id!r}: prompt token {int(prompt[bad[0]])} at position {int(bad[0])} "
-                             f"is outside the vocabulary [0, {vocab})")
+            raise ValueError(f"prompt: token {int(prompt[bad[0]])} at position {int(bad[0])} is outside the "
+                             f"vocabulary [0, {vocab})")
         room = self.max_model_len - prompt.size
         max_tokens = params.max_new_tokens if params.max_new_tokens is not None else room
         if prompt.size + max_tokens > self.max_model_len or max_tokens < 1:
-            raise ContextLengthError(f"request {request_id!r}: prompt of {prompt.size} tokens + max_new_tokens "
-                                     f"{max_tokens} exceed the context limit of {self.max_model_len} tokens")
+            raise ContextLengthError(f"prompt of {prompt.size} tokens + max_new_tokens {max_tokens} exceed the "
+                                     f"context limit of {self.max_model_len} tokens")
         top = self.graph.num_top_logprobs if self.graph.sampling else vocab
         if params.logprobs is not None and params.logprobs > top:
-            raise ValueError(f"request {request_id!r}: logprobs={params.logprobs} exceeds the {top} top logprobs "
-                             "the graph reports (pagedkv rewrite --top-logprobs)")
+            raise ValueError(f"logprobs: {params.logprobs} exceeds the {top} top logprobs the graph reports "
+                             "(pagedkv rewrite --top-logprobs)")
         if params.stop and self.tokenizer is None:
-            raise ValueError(f"request {request_id!r}: stop strings need a tokenizer")
+            raise ValueError("stop: stop strings need a tokenizer")
+        return prompt, int(max_tokens)
+
+    def add_request(self, request_id, prompt_ids, params: SamplingParams | None = None) -> Request:
+        """Queue a request (``check_request``'s errors, naming the request)."""
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise ValueError(f"request {request_id!r}: an unfinished request has this id already")
+        try:
+            prompt, max_tokens = self.check_request(prompt_ids, params)
+        except ValueError as exc:
+            raise type(exc)(f"request {request_id!r}: {exc}") from None
         arrival = next(self._arrivals)
         seed = params.seed if params.seed is not None else derive_seed(self.seed, arrival)
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
-        request = Request(request_id, prompt, params, arrival=arrival, seed=seed, max_tokens=int(max_tokens),
+        request = Request(request_id, prompt, params, arrival=arrival, seed=seed, max_tokens=max_tokens,
                           stop_ids=stop_ids)
         if self.tokenizer is not None:
             from pagedkv.runtime.tokenizer import TextStream
@@ -126,14 +138,14 @@ class Engine:
         self.scheduler.add(request)
         return request
 
-    def abort(self, request_id) -> bool:
-        """End an unfinished request now; its KV blocks are freed at once. False when there is none."""
+    def abort(self, request_id) -> Request | None:
+        """End an unfinished request now, its KV blocks freed at once; returns it (None when there is none)."""
         request = self.requests.pop(request_id, None)
         if request is None:
-            return False
+            return None
         self.scheduler.remove(request)
         self._finished(request, FinishReason.ABORT)
-        return True
+        return request
 
     @property
     def has_unfinished(self) -> bool:
@@ -191,6 +203,7 @@ class Engine:
             raise
         t3 = time.perf_counter()
         mgr.commit_many(ids, counts, tokens_of=(lambda i: reqs[i].tokens()) if mgr.prefix_reuse else None)
+        mgr.drain_copies()  # the storage executed them; the log would only grow
         for r, n in zip(reqs, counts.tolist()):
             r.num_computed += n
         finished = self._take_tokens(samplers, tokens, logprobs, top_tokens, top_logprobs)

@@ -106,14 +106,16 @@ class Executor:
         """The ``kv_pools`` engine input (pool descriptors) of this executor's pools."""
         raise NotImplementedError
 
-    def pad_blocks(self) -> np.ndarray:
-        """int32 [groups]: one block per pool group held by ``PAD_SEQUENCE`` (taken on first use), for the
-        rows ``pad_decode_step`` adds. It stays a sequence of the manager until the executor closes."""
+    def pad_blocks(self, tokens: int) -> list[np.ndarray]:
+        """Per pool group, the block list of ``PAD_SEQUENCE``, holding room for ``tokens`` positions (taken on
+        first use, grown when asked for more): the pages ``pad_decode_step``'s padding rows write into. It stays
+        a sequence of the manager until the executor closes."""
         mgr = self.manager
         if PAD_SEQUENCE not in mgr:
             mgr.add_sequence(PAD_SEQUENCE)
-            mgr.reserve(PAD_SEQUENCE, 1)
-        return np.asarray([mgr.block_row(PAD_SEQUENCE, g)[0] for g in range(len(mgr.groups))], dtype=np.int32)
+        if mgr.reserved(PAD_SEQUENCE) < tokens:
+            mgr.reserve(PAD_SEQUENCE, tokens)
+        return [mgr.block_row(PAD_SEQUENCE, g) for g in range(len(mgr.groups))]
 
     def _run(self, feed: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
         raise NotImplementedError
@@ -205,11 +207,12 @@ def _to_width(table: np.ndarray, width: int | None) -> np.ndarray:
     return out
 
 
-def pad_decode_step(inputs: StepInputs, *, batch: int, width: int, pad_row: np.ndarray) -> StepInputs:
+def pad_decode_step(inputs: StepInputs, *, batch: int, width: int, pad_rows: list[np.ndarray]) -> StepInputs:
     """A decode step (one token per sequence, one logits row each) padded to ``batch`` sequences and block
-    tables ``width`` columns wide, so that its shapes repeat (CUDA graphs). Padding sequences have one token
-    at position 0 that writes into ``pad_row``'s block (per pool group: a block held for the purpose, e.g.
-    ``Executor.pad_blocks``) and a greedy row; their outputs are to be ignored (rows past the real ones)."""
+    tables ``width`` columns wide, so that its shapes repeat (CUDA graphs). Padding sequence j has one token at
+    position j (``past_lens = j``) and group g's block list ``pad_rows[g]`` (``Executor.pad_blocks``): the
+    padding rows write distinct slots of blocks held for them and attend only to what they wrote in this step.
+    Their rows are greedy and their outputs to be ignored (rows past the real ones)."""
     from pagedkv.kvcache.metadata import GroupStep, StepBatch
     from pagedkv.step import StepMetadata
 
@@ -222,18 +225,19 @@ def pad_decode_step(inputs: StepInputs, *, batch: int, width: int, pad_row: np.n
         raise ValueError(f"pad_decode_step: batch {batch} < the step's {B} sequences")
     extra = batch - B
     cu = np.arange(batch + 1, dtype=np.int32)
-    past = np.concatenate([b.past_lens, np.zeros(extra, np.int32)])
+    past = np.concatenate([b.past_lens, np.arange(extra, dtype=np.int32)])
     groups = []
     for g, gs_ in enumerate(b.groups):
-        table = gs_.meta.block_table
-        if table.shape[1] > width:
-            raise ValueError(f"pad_decode_step: group {g} needs {table.shape[1]} block-table columns > width {width}")
+        table, pad = gs_.meta.block_table, np.asarray(pad_rows[g], dtype=np.int32)
+        if max(table.shape[1], pad.size) > width:
+            raise ValueError(f"pad_decode_step: group {g} needs {max(table.shape[1], pad.size)} block-table columns "
+                             f"> width {width}")
         padded = np.full((batch, width), -1, dtype=np.int32)
         padded[:B, :table.shape[1]] = table
-        padded[B:, 0] = pad_row[g]
+        padded[B:, :pad.size] = pad
         meta = StepMetadata(block_table=padded, cu_q_lens=cu, past_lens=past)
         groups.append(GroupStep(gs_.name, gs_.pool_index, meta, None, None, None, None))
-    positions = np.concatenate([b.positions, np.zeros(extra, np.int32)])
+    positions = np.concatenate([b.positions, np.arange(extra, dtype=np.int32)])
     step = StepBatch(seq_ids=tuple(b.seq_ids) + (None,) * extra, cu_q_lens=cu, past_lens=past,
                      q_lens=np.ones(batch, np.int32), kv_lens=past + 1, token_seq=cu[:-1].copy(),
                      positions=positions, position_ids=None, groups=tuple(groups), max_q_len=1,

@@ -79,8 +79,11 @@ class RewrittenGraph:
         return tuple(engine_io.status_name(layer.index) for layer in self.layers)
 
     @classmethod
-    def load(cls, model: onnx.ModelProto | str) -> "RewrittenGraph":
-        if not isinstance(model, onnx.ModelProto):
+    def load(cls, model: onnx.ModelProto | str | bytes) -> "RewrittenGraph":
+        """From a ModelProto, a path or serialized bytes."""
+        if isinstance(model, bytes):
+            model = onnx.load_from_string(model)
+        elif not isinstance(model, onnx.ModelProto):
             model = onnx.load(str(model))
         return cls._parse(model)
 

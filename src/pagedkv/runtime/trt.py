@@ -226,9 +226,10 @@ class TrtExecutor(Executor):
             self._graph_key = None
             return super().execute(inputs)
         max_batch = self._max[engine_io.PAST_LENS][0]
-        width = max(inputs.batch.meta(g).max_blocks for g in range(self.graph.num_groups))
+        pad_rows = self.pad_blocks(max_batch)
+        width = max(max(inputs.batch.meta(g).max_blocks, pad_rows[g].size) for g in range(self.graph.num_groups))
         cols = self.graph.max_blocks or _bucket(width, self._max[engine_io.block_table_name(0)][1])
-        padded = pad_decode_step(inputs, batch=_bucket(B, max_batch), width=cols, pad_row=self.pad_blocks())
+        padded = pad_decode_step(inputs, batch=_bucket(B, max_batch), width=cols, pad_rows=pad_rows)
         self._graph_key = (padded.batch.num_seqs, cols, padded.sampling.penalty_tokens.shape[1])
         out = super().execute(padded)
         return StepOutputs(None, out.next_tokens[:B], out.next_logprobs[:B], out.top_tokens[:B], out.top_logprobs[:B])
