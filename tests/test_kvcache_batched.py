@@ -93,7 +93,7 @@ def test_batched_operations_equal_the_sequential_ones(groups, seed):
                 tokens[s].append(int(rng.integers(1, 50)))
             fed[s] = tokens[s][start:start + n]
             seq.commit(s, n, token_ids=fed[s])
-        bat.commit_many(ids, counts, tokens_of=lambda i: tokens[ids[i]])
+        bat.commit_many(ids, counts, tokens_of=lambda i, start, end: tokens[ids[i]][start:end])
         assert _state(bat) == _state(seq)
         for s in [s for s in tokens if rng.random() < 0.08]:
             seq.free(s)

@@ -47,6 +47,20 @@ from pagedkv.pool_group import PoolGroup, WindowMode
 STORAGE_KINDS = ("none", "numpy", "device")
 
 
+class SeqBatch:
+    """Live sequences checked once for the batched calls of one step (``KVCacheManager.seq_batch``): their ids
+    and table rows. It stays usable while no sequence leaves the manager or the device (free, swap_out);
+    after that the batched calls refuse it."""
+
+    __slots__ = ("ids", "rows", "epoch")
+
+    def __init__(self, ids: tuple, rows: np.ndarray, epoch: int):
+        self.ids, self.rows, self.epoch = ids, rows, epoch
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
 def _per_group(value, n: int, name: str) -> list[int]:
     if isinstance(value, (int, np.integer)):
         values = [int(value)] * n
@@ -115,6 +129,9 @@ class KVCacheManager:
         self._reserved = np.zeros(self._row_cap, dtype=np.int32)
         self._free_rows = list(range(self._row_cap - 1, -1, -1))
         self._seqs: dict[object, SequenceState] = {}
+        self._num_swapped = 0
+        self._epoch = 0  # moves when a sequence leaves (free) or goes to the host tier: SeqBatch rows go stale
+        self._last_batch: SeqBatch | None = None
 
         self.storage_kind = storage
         self.stream = stream
@@ -398,6 +415,8 @@ class KVCacheManager:
         self._reserved[row] = 0
         del self._seqs[seq_id]
         self._free_rows.append(row)
+        self._num_swapped -= st.swapped is not None
+        self._epoch += 1
         self._debug_check()
 
     def fork(self, src_id, dst_id) -> None:
@@ -458,6 +477,8 @@ class KVCacheManager:
                 self.allocators[g].decref(b)
             swapped.append(entries)
         st.swapped = swapped
+        self._num_swapped += 1
+        self._epoch += 1
         self._debug_check()
 
     def swap_in(self, seq_id) -> None:
@@ -477,24 +498,36 @@ class KVCacheManager:
                 self._tables[g][st.row, j] = b
                 self.host_allocators[g].decref(h)
         st.swapped = None
+        self._num_swapped -= 1
         self._debug_check()
 
     # ---- many sequences at once ----------------------------------------------------------------------
-    def rows_of(self, seq_ids, what: str) -> np.ndarray:
-        """int64 table rows of live (not swapped-out), distinct sequences; errors name the sequence."""
+    def seq_batch(self, seq_ids, what: str = "seq_batch") -> SeqBatch:
+        """Check that ``seq_ids`` are distinct live (not swapped-out) sequences and take their table rows, once
+        for the batched calls of a step; errors name the sequence."""
+        if isinstance(seq_ids, SeqBatch):
+            if seq_ids.epoch != self._epoch:
+                raise ValueError(f"{what}: the SeqBatch is stale (a sequence was freed or swapped out since)")
+            return seq_ids
+        ids = tuple(seq_ids)
+        last = self._last_batch
+        if last is not None and last.epoch == self._epoch and last.ids == ids:  # a scheduler's steady state
+            return last
+        seqs = self._seqs
         try:
-            states = [self._seqs[s] for s in seq_ids]
+            rows = np.fromiter([seqs[s].row for s in ids], dtype=np.int64, count=len(ids))
         except KeyError as exc:
             raise KeyError(f"{what}: sequence {exc.args[0]!r} is not in the KV manager") from None
-        for st in states:
-            if st.swapped is not None:
-                raise ValueError(f"{what}: sequence {st.seq_id!r} is swapped out; swap_in first")
-        rows = np.fromiter((st.row for st in states), dtype=np.int64, count=len(states))
-        if np.unique(rows).size != rows.size:
-            raise ValueError(f"{what}: a sequence appears twice: {list(seq_ids)}")
-        return rows
+        if self._num_swapped:
+            for s in ids:
+                if seqs[s].swapped is not None:
+                    raise ValueError(f"{what}: sequence {s!r} is swapped out; swap_in first")
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"{what}: a sequence appears twice: {list(ids)}")
+        self._last_batch = SeqBatch(ids, rows, self._epoch)
+        return self._last_batch
 
-    def reserve_many(self, seq_ids: Sequence, num_tokens) -> None:
+    def reserve_many(self, seq_ids: Sequence | SeqBatch, num_tokens) -> None:
         """``reserve(seq, n)`` for every sequence (``num_tokens``: one count or one per sequence), planned
         together with numpy and **all-or-nothing**: when any group lacks blocks for all of them,
         ``KVCacheExhaustedError`` and nothing changed. The result is that of sequential ``reserve`` calls in
@@ -502,8 +535,8 @@ class KVCacheManager:
         last one too when a holder outside the batch remains). With a cyclic (ring) group the check counts
         every written page as a possible copy (so it may refuse a batch that would just fit) and the
         sequences are then reserved one by one."""
-        ids = list(seq_ids)
-        rows = self.rows_of(ids, "reserve_many")
+        batch = self.seq_batch(seq_ids, "reserve_many")
+        ids, rows = batch.ids, batch.rows
         n = np.broadcast_to(np.asarray(num_tokens, dtype=np.int64), rows.shape)
         if n.size and n.min() < 0:
             i = int(np.argmax(n < 0))
@@ -583,25 +616,28 @@ class KVCacheManager:
         if not blocks.size:
             return np.zeros(0, dtype=bool), []
         refcount = self.allocators[g].refcounts_of(blocks.tolist())
-        _, first, inverse, k = np.unique(blocks, return_index=True, return_inverse=True, return_counts=True)
+        ordered = np.sort(blocks)
+        if not np.any(ordered[1:] == ordered[:-1]):  # no page written twice in the batch: copy what is shared
+            cow = refcount > 1
+            uncache = self.prefix[g].cached_among(blocks[~cow].tolist()) if self.prefix is not None else []
+            return cow, uncache
+        _, inverse, k = np.unique(blocks, return_inverse=True, return_counts=True)
         order = np.argsort(inverse, kind="stable")  # occurrences grouped by block, in sequence order
         rank = np.empty(blocks.size, dtype=np.int64)
         rank[order] = np.arange(blocks.size) - np.repeat(np.cumsum(k) - k, k)
         mult = k[inverse]
         cow = (rank < mult - 1) | (refcount > mult)
-        uncache = []
-        if self.prefix is not None:
-            uncache = [int(b) for b in blocks[~cow] if self.prefix[g].is_cached(int(b))]
+        uncache = self.prefix[g].cached_among(blocks[~cow].tolist()) if self.prefix is not None else []
         return cow, uncache
 
-    def commit_many(self, seq_ids: Sequence, num_tokens, tokens_of=None) -> None:
+    def commit_many(self, seq_ids: Sequence | SeqBatch, num_tokens, tokens_of=None) -> None:
         """``commit(seq, n)`` for every sequence. Token ids are only needed to hash pages for prefix reuse, so
-        instead of each step's ids, ``tokens_of(i)`` (i: position in ``seq_ids``) is asked for sequence i's
-        token ids from position 0 on, and only when one of its pages became full; sequences committed this way
-        may know fewer token ids than their length until then. Without ``tokens_of`` the tokens are unknown,
+        instead of each step's ids, ``tokens_of(i, start, end)`` (i: position in ``seq_ids``) is asked for
+        sequence i's token ids at positions [start, end), and only when one of its pages became full; sequences
+        committed this way may know fewer token ids than their length until then. Without ``tokens_of`` the tokens are unknown,
         as with ``commit(seq, n)`` (no later page of theirs is registered for prefix reuse)."""
-        ids = list(seq_ids)
-        rows = self.rows_of(ids, "commit_many")
+        batch = self.seq_batch(seq_ids, "commit_many")
+        ids, rows = batch.ids, batch.rows
         n = np.broadcast_to(np.asarray(num_tokens, dtype=np.int64), rows.shape)
         L = self._length[rows].astype(np.int64)
         R = self._reserved[rows].astype(np.int64)
@@ -624,11 +660,11 @@ class KVCacheManager:
                     st = self._seqs[ids[i]]
                     end = int(new_len[i])
                     if tokens_of is not None and not st.token_gap and st.tokens_known < end:
-                        known = np.asarray(tokens_of(i), dtype=np.int64)[st.tokens_known:end]
+                        known = np.asarray(tokens_of(i, st.tokens_known, end), dtype=np.int32)
                         if known.size != end - st.tokens_known:
-                            raise ValueError(f"commit_many: tokens_of({i}) gives {st.tokens_known + known.size} "
-                                             f"token ids for sequence {ids[i]!r} of length {end}")
-                        st.append_tokens(known.astype(np.int32))
+                            raise ValueError(f"commit_many: tokens_of({i}, {st.tokens_known}, {end}) gives "
+                                             f"{known.size} token ids for sequence {ids[i]!r}")
+                        st.append_tokens(known)
                     self._register_full_pages(st, g, end)
         if tokens_of is None and self.prefix is not None:  # (unknown tokens only matter for prefix reuse)
             for i in np.flatnonzero(n).tolist():
@@ -637,13 +673,14 @@ class KVCacheManager:
                     st.token_gap = True
         self._debug_check()
 
-    def build_step_many(self, seq_ids: Sequence, num_tokens, position_ids=None) -> StepBatch:
+    def build_step_many(self, seq_ids: Sequence | SeqBatch, num_tokens, position_ids=None,
+                        page_indices: bool = True) -> StepBatch:
         """``build_step`` of ``(seq, n)`` pairs given as two sequences (``num_tokens``: one count or one per
-        sequence), without per-entry parsing."""
-        ids = tuple(seq_ids)
-        rows = self.rows_of(ids, "build_step")
-        q = np.broadcast_to(np.asarray(num_tokens, dtype=np.int32), rows.shape)
-        return self._build(ids, rows, q, position_ids)
+        sequence), without per-entry parsing; ``page_indices=False``: without the FlashInfer-style page arrays
+        (``build_step_arrays``), which engines do not read (kept under ``debug_validate``, which checks them)."""
+        batch = self.seq_batch(seq_ids, "build_step")
+        q = np.broadcast_to(np.asarray(num_tokens, dtype=np.int32), batch.rows.shape)
+        return self._build(batch.ids, batch.rows, q, position_ids, page_indices or self.debug_validate)
 
     # ---- step metadata -------------------------------------------------------------------------------
     def build_step(self, entries: Iterable, position_ids=None) -> StepBatch:
@@ -672,7 +709,7 @@ class KVCacheManager:
         rows = np.fromiter((st.row for st in states), dtype=np.int64, count=len(states))
         return self._build(tuple(ids), rows, np.asarray(counts, dtype=np.int32), position_ids)
 
-    def _build(self, ids: tuple, rows: np.ndarray, q: np.ndarray, position_ids) -> StepBatch:
+    def _build(self, ids: tuple, rows: np.ndarray, q: np.ndarray, position_ids, page_indices: bool = True) -> StepBatch:
         """The step of sequences at ``rows`` with ``q`` new tokens each (-1: the whole reservation)."""
         past = self._length[rows]
         reserved = self._reserved[rows]
@@ -682,7 +719,8 @@ class KVCacheManager:
             i = int(bad[0])
             raise ValueError(f"build_step: sequence {ids[i]!r} has {int(reserved[i])} reserved slot(s) for "
                              f"{int(q[i])} new token(s); reserve() the step's tokens first (and at least 1)")
-        step = build_step_arrays(self.groups, self._tables, self._npages, rows, past, q, ids, position_ids)
+        step = build_step_arrays(self.groups, self._tables, self._npages, rows, past, q, ids, position_ids,
+                                 page_indices)
         if self.debug_validate:
             self.validate_step(step)
         return step

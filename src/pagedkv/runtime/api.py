@@ -68,7 +68,7 @@ class Delta:
 
 
 def completion(r: Request) -> Completion:
-    return Completion(r.id, list(r.prompt), list(r.output), r.text if r.detokenizer is not None else None,
+    return Completion(r.id, r.prompt.tolist(), list(r.output), r.text if r.detokenizer is not None else None,
                       r.finish_reason.value if r.finish_reason else None, list(r.logprobs), r.error)
 
 
@@ -199,6 +199,7 @@ class LLM:
         from pagedkv.runtime.engine import Engine
         from pagedkv.runtime.graph import RewrittenGraph
 
+        backend = resolve_backend(model, backend)
         model_dir = Path(model).parent
         if isinstance(tokenizer, (str, Path)):
             tokenizer = tok.Tokenizer.from_dir(tokenizer)

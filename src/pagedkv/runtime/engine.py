@@ -48,6 +48,25 @@ class StepTiming:
         return self.schedule + self.prepare + self.finish
 
 
+class _SamplerRows:
+    """The per-request values a step's samplers need as arrays (kept while the same requests sample again):
+    sampling-parameter rows, seeds, draw counters (tokens generated so far), token limits, and which of them
+    stop exactly at the model's EOS (``default_stop``) or need the per-token slow path (``slow``: penalties,
+    logprobs, text, their own stop tokens)."""
+
+    def __init__(self, samplers: list, eos: frozenset):
+        self.requests = list(samplers)
+        n = len(samplers)
+        self.params = np.stack([r.row for r in samplers]) if n else np.zeros((0, 8), np.float32)
+        self.seeds = np.fromiter((r.seed for r in samplers), np.uint64, n)
+        self.counters = np.fromiter((len(r.output) for r in samplers), np.uint64, n)
+        self.max_tokens = np.fromiter((r.max_tokens for r in samplers), np.uint64, n)
+        self.eos = np.fromiter(sorted(eos), np.int64, len(eos))
+        self.default_stop = np.fromiter((r.stop_ids == eos for r in samplers), bool, n)
+        self.slow = np.fromiter((r.extras or r.stop_ids != eos for r in samplers), bool, n)
+        self.slow_any = bool(self.slow.any())
+
+
 class Engine:
     """Continuous batching over one executor (module docstring).
 
@@ -76,6 +95,9 @@ class Engine:
         self.requests: dict[object, Request] = {}  # unfinished requests by id
         self._arrivals = itertools.count()
         self.timing = StepTiming()
+        self._last: tuple = ([], None)  # the previous step's samplers and their tokens
+        self._rows = _SamplerRows([], self.eos_token_ids)  # the previous step's samplers, as arrays
+        self._penalized = 0  # unfinished requests with penalties
 
     def _capacity(self) -> int:
         """Tokens one sequence can hold: every full-attention group's pool (and a static block-table width)."""
@@ -134,7 +156,9 @@ class Engine:
             request.detokenizer = TextStream(self.tokenizer, params.stop,
                                              include_stop=params.include_stop_str_in_output,
                                              skip_special_tokens=params.skip_special_tokens)
+            request.extras = True
         self.requests[request_id] = request
+        self._penalized += request.penalties is not None
         self.scheduler.add(request)
         return request
 
@@ -151,8 +175,8 @@ class Engine:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
-    @staticmethod
-    def _finished(request: Request, reason: FinishReason, error: str | None = None) -> None:
+    def _finished(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
+        self._penalized -= request.penalties is not None
         request.state = RequestState.FINISHED
         request.finish_reason = reason
         request.error = error
@@ -165,27 +189,25 @@ class Engine:
         if not plan:
             return []
         mgr = self.manager
-        reqs = plan.decodes + [r for r, _ in plan.prefills]
-        ids = [r.id for r in reqs]
-        nd = len(plan.decodes)
+        decodes, prefills = plan.decodes, plan.prefills
+        nd = len(decodes)
+        reqs = decodes + [r for r, _ in prefills] if prefills else decodes
         counts = np.ones(len(reqs), dtype=np.int64)
-        counts[nd:] = [n for _, n in plan.prefills]
+        counts[nd:] = [n for _, n in prefills]
         t1 = time.perf_counter()
+        seqs = mgr.seq_batch([r.id for r in reqs], "step")
         try:
-            batch = mgr.build_step_many(ids, counts)
-            fed = [np.fromiter((r.output[-1] if r.output else r.prompt[-1] for r in plan.decodes), np.int64, nd)]
-            fed += [np.asarray(r.tokens()[r.num_computed:r.num_computed + n], dtype=np.int64)
-                    for r, n in plan.prefills]
-            input_ids = np.concatenate(fed)
-            sampled = list(range(nd)) + [nd + i for i, (r, n) in enumerate(plan.prefills)
-                                         if r.num_computed + n == r.num_tokens]
-            samplers = [reqs[i] for i in sampled]
-            rows = (batch.cu_q_lens[1:] - 1)[sampled].astype(np.int32)
+            batch = mgr.build_step_many(seqs, counts, page_indices=False)
+            if prefills:  # a prefill chunk samples when it reaches the end of its request's known tokens
+                sampled = list(range(nd)) + [nd + i for i, (r, n) in enumerate(prefills)
+                                             if r.num_computed + n == r.num_tokens]
+                samplers = [reqs[i] for i in sampled]
+                rows = (batch.cu_q_lens[1:] - 1)[sampled].astype(np.int32)
+            else:
+                samplers, rows = decodes, np.arange(nd, dtype=np.int32)
+            input_ids = self._input_ids(decodes, prefills)
             if samplers:
-                inputs = sampling_inputs(np.stack([r.row for r in samplers]),
-                                         np.fromiter((r.seed for r in samplers), np.uint64, len(samplers)),
-                                         np.fromiter((len(r.output) for r in samplers), np.uint64, len(samplers)),
-                                         [r.penalties for r in samplers])
+                inputs = self._sampling_inputs(samplers)
             else:  # only prefill chunks short of their prompt's end: one row still runs (engines need R >= 1)
                 rows, inputs = (batch.cu_q_lens[-1:] - 1).astype(np.int32), SamplingInputs.greedy(1)
             t2 = time.perf_counter()
@@ -198,14 +220,15 @@ class Engine:
                 top = max([r.params.logprobs or 0 for r in samplers] + [1])
                 tokens, logprobs, top_tokens, top_logprobs = host_sample(out.logits, inputs, top_logprobs=top)
         except BaseException:
-            for seq_id in ids:
+            for seq_id in seqs.ids:
                 mgr.unreserve(seq_id)
             raise
         t3 = time.perf_counter()
-        mgr.commit_many(ids, counts, tokens_of=(lambda i: reqs[i].tokens()) if mgr.prefix_reuse else None)
+        mgr.commit_many(seqs, counts, tokens_of=(lambda i, a, b: reqs[i].tokens(a, b)) if mgr.prefix_reuse else None)
         mgr.drain_copies()  # the storage executed them; the log would only grow
-        for r, n in zip(reqs, counts.tolist()):
+        for r, n in zip(reqs, counts.tolist()) if prefills else ((r, 1) for r in decodes):
             r.num_computed += n
+        self._last = (samplers, tokens)
         finished = self._take_tokens(samplers, tokens, logprobs, top_tokens, top_logprobs)
         if finished:
             self.scheduler.finish_many(finished)
@@ -215,27 +238,61 @@ class Engine:
         self.timing = StepTiming(t1 - t0, t2 - t1, t3 - t2, t4 - t3)
         return samplers
 
+    def _input_ids(self, decodes, prefills) -> np.ndarray:
+        """The step's tokens: each decode's last token (in steady state, the previous step's picks), then the
+        prefill chunks."""
+        last, tokens = self._last
+        if decodes and last == decodes:  # the same requests as the previous step, in the same order
+            fed = tokens.astype(np.int64)
+        else:
+            fed = np.fromiter((r.output[-1] if r.output else r.prompt[-1] for r in decodes), np.int64, len(decodes))
+        if not prefills:
+            return fed
+        return np.concatenate([fed] + [np.asarray(r.tokens(r.num_computed, r.num_computed + n), dtype=np.int64)
+                                       for r, n in prefills])
+
+    def _sampling_inputs(self, samplers) -> SamplingInputs:
+        """The sampling head's rows. In steady state (the previous step's samplers again, in the same order)
+        the parameter rows, seeds and stop limits are reused and each draw counter advances by the one token
+        it got."""
+        rows = self._rows
+        if rows.requests == samplers:
+            rows.counters = rows.counters + np.uint64(1)
+        else:
+            self._rows = rows = _SamplerRows(samplers, self.eos_token_ids)
+        penalties = [r.penalties for r in samplers] if self._penalized else None
+        return sampling_inputs(rows.params, rows.seeds, rows.counters, penalties)
+
     def _take_tokens(self, samplers, tokens, logprobs, top_tokens, top_logprobs) -> list[Request]:
-        finished = []
-        for i, (r, t) in enumerate(zip(samplers, tokens.tolist())):
+        """Append each sampler's token; finish those at a stop token, a stop string or max_new_tokens."""
+        rows = self._rows  # (the rows of these samplers: _sampling_inputs ran for them)
+        ended = (rows.counters + np.uint64(1) >= rows.max_tokens)
+        for eos in rows.eos.tolist():  # (a handful of ids: cheaper than np.isin)
+            ended |= rows.default_stop & (tokens == eos)
+        values = tokens.tolist()
+        for r, t in zip(samplers, values):
             r.output.append(t)
-            if r.penalties is not None:
-                r.penalties.add_output(t)
-            n = r.params.logprobs
-            if n is not None:
-                r.logprobs.append(TokenLogprobs(t, float(logprobs[i]),
-                                                tuple(zip(top_tokens[i, :n].tolist(), top_logprobs[i, :n].tolist()))))
-            reason = None
-            if t in r.stop_ids:
-                reason = FinishReason.STOP
-            elif r.detokenizer is not None and r.detokenizer.push(t):
-                reason = FinishReason.STOP
+            r.num_tokens += 1
+        check = np.flatnonzero(ended | rows.slow).tolist() if rows.slow_any else np.flatnonzero(ended).tolist()
+        finished = []
+        for i in check:
+            r, t = samplers[i], values[i]
+            stopped = t in r.stop_ids
+            if r.extras:
+                if r.penalties is not None:
+                    r.penalties.add_output(t)
+                n = r.params.logprobs
+                if n is not None:
+                    r.logprobs.append(TokenLogprobs(t, float(logprobs[i]), tuple(
+                        zip(top_tokens[i, :n].tolist(), top_logprobs[i, :n].tolist()))))
+                if r.detokenizer is not None:
+                    stopped = r.detokenizer.push(t) or stopped
+                    r.text = r.detokenizer.text
+            if stopped:
+                self._finished(r, FinishReason.STOP)
+                finished.append(r)
             elif len(r.output) >= r.max_tokens:
-                reason = FinishReason.LENGTH
-            if r.detokenizer is not None:
-                r.text = r.detokenizer.text
-            if reason is not None:
-                self._finished(r, reason)
+                self._finished(r, FinishReason.LENGTH)
                 finished.append(r)
         return finished
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+import numpy as np
+
 from pagedkv.runtime.sampling import Penalties, SamplingParams
 
 
@@ -50,13 +52,15 @@ class Request:
     """A request inside the engine (fields are the engine's; read them, do not write them)."""
 
     __slots__ = ("id", "prompt", "params", "arrival", "seed", "max_tokens", "stop_ids", "output", "logprobs",
-                 "num_computed", "state", "finish_reason", "error", "penalties", "row", "text", "detokenizer",
-                 "num_preemptions")
+                 "num_computed", "num_tokens", "state", "finish_reason", "error", "penalties", "row", "text",
+                 "detokenizer", "extras", "num_preemptions")
 
     def __init__(self, request_id, prompt, params: SamplingParams, *, arrival: int, seed: int, max_tokens: int,
                  stop_ids: frozenset):
         self.id = request_id
-        self.prompt = [int(t) for t in prompt]
+        # an array, not a list of ints: long prompts would make every garbage collection walk their tokens
+        self.prompt = np.array(prompt, dtype=np.int64)
+        self.prompt.flags.writeable = False
         self.params = params
         self.arrival = arrival  # order of submission: the scheduler's priority (earlier first)
         self.seed = seed
@@ -65,26 +69,30 @@ class Request:
         self.output: list[int] = []
         self.logprobs: list[TokenLogprobs] = []
         self.num_computed = 0
+        self.num_tokens = len(self.prompt)  # prompt + output (kept by the engine as it appends)
         self.state = RequestState.WAITING
         self.finish_reason: FinishReason | None = None
         self.error: str | None = None
         self.penalties = Penalties.of_prompt(self.prompt) if params.penalized else None
         self.row = params.row()  # its sampling_params row
         self.text = ""  # detokenized output (with a tokenizer)
-        self.detokenizer = None  # the output processor's incremental state
+        self.detokenizer = None  # the engine's TextStream, with a tokenizer
+        self.extras = self.penalties is not None or params.logprobs is not None  # per-token work beyond appending
         self.num_preemptions = 0
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt) + len(self.output)
 
     @property
     def finished(self) -> bool:
         return self.state == RequestState.FINISHED
 
-    def tokens(self) -> list[int]:
-        """Every known token: prompt then output."""
-        return self.prompt + self.output
+    def tokens(self, start: int = 0, end: int | None = None) -> list[int]:
+        """Known tokens [start, end) of prompt then output (all by default)."""
+        n = len(self.prompt)
+        end = self.num_tokens if end is None else end
+        if start >= n:
+            return self.output[start - n:end - n]
+        if end <= n:
+            return self.prompt[start:end].tolist()
+        return self.prompt[start:].tolist() + self.output[:end - n]
 
     def __repr__(self) -> str:
         return (f"Request({self.id!r}, {self.state.value}, prompt {len(self.prompt)}, output {len(self.output)}, "

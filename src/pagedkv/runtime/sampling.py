@@ -141,7 +141,7 @@ class Penalties:
     @classmethod
     def of_prompt(cls, prompt) -> "Penalties":
         p = cls()
-        for t in dict.fromkeys(int(t) for t in prompt):
+        for t in dict.fromkeys(np.asarray(prompt).tolist()):
             p.index[t] = len(p.tokens)
             p.tokens.append(t)
             p.counts.append(0.0)
@@ -157,13 +157,16 @@ class Penalties:
             self.counts[i] += 1.0
 
 
-def sampling_inputs(rows: np.ndarray, seeds: np.ndarray, counters: np.ndarray, penalties: list):
+def sampling_inputs(rows: np.ndarray, seeds: np.ndarray, counters: np.ndarray, penalties: list | None):
     """The sampling head's inputs for R rows: ``rows`` float32 [R, F] (each request's ``SamplingParams.row``),
-    their ``seeds`` / draw ``counters`` (uint64 [R]), and per row a ``Penalties`` or None."""
+    their ``seeds`` / draw ``counters`` (uint64 [R]), and per row a ``Penalties`` or None (``penalties`` None:
+    no row has any)."""
     from pagedkv.runtime.executor import SamplingInputs
 
     params = np.array(rows, dtype=np.float32, copy=True)
     params[:, io.SAMPLING_UNIFORM] = np.minimum(uniforms(seeds, counters), U_MAX)
+    if penalties is None:
+        return SamplingInputs(params, np.full((len(params), 1), -1, np.int32), np.zeros((len(params), 1), np.float32))
     width = max([len(p.tokens) for p in penalties if p is not None] + [1])
     tokens = np.full((len(penalties), width), -1, dtype=np.int32)
     counts = np.zeros((len(penalties), width), dtype=np.float32)
