@@ -189,7 +189,7 @@ class TrtExecutor(Executor):
         self.manager = KVCacheManager(self.graph.groups, num_blocks, storage="device", **(manager_kwargs or {}))
         try:
             self.stream = self.manager.stream
-            self._max = {n: tuple(self.engine.get_tensor_profile_shape(n, 0)[2]) for n in self._inputs}
+            self._max = {n: self._max_shape(n) for n in self._inputs}
             for n in self._inputs:
                 if n != engine_io.KV_POOLS:
                     self._in.place(n, int(np.prod(self._max[n])) * self._dtype[n].itemsize)
@@ -216,6 +216,13 @@ class TrtExecutor(Executor):
 
     def kv_pools(self) -> np.ndarray:
         return self.manager.kv_pools()
+
+    def _max_shape(self, name: str) -> tuple:
+        """An input's largest shape: the optimization profile's max for dynamic dims, else its static shape."""
+        shape = tuple(self.engine.get_tensor_shape(name))
+        if all(d >= 0 for d in shape):
+            return shape
+        return tuple(self.engine.get_tensor_profile_shape(name, 0)[2])
 
     # ---- steps -----------------------------------------------------------------------------------------
     def execute(self, inputs: StepInputs) -> StepOutputs:
