@@ -226,3 +226,18 @@ def test_generate_cli_model_errors(tmp_path, capsys):
     assert main(["generate", str(original), "--prompt", "x", "--backend", "reference"]) == 2
     assert "is this the output of `pagedkv rewrite`" in capsys.readouterr().err
     np.testing.assert_equal(original.exists(), True)
+
+
+def test_the_docs_python_example_runs(tmp_path, monkeypatch, capsys):
+    """docs/runtime.md's first Python block, on a tiny model and tokenizer under the names it uses."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "runtime.md").read_text()
+    block = doc[doc.index("```python") + len("```python"):]
+    block = block[:block.index("```")]
+    tokenizer_dir(tmp_path / "qwen2-dir")
+    (tmp_path / "qwen2.paged.onnx").write_bytes(synthetic_rewritten(SMALL))
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block, "docs/runtime.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "llm-0" in out and "llm-1" in out and out.count("length") + out.count("stop") >= 2
