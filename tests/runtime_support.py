@@ -13,10 +13,12 @@ greedy tokens with ``model.generate`` of its prompt alone (tests/test_runtime_hf
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
 from pagedkv.onnx_export.synthetic import SyntheticConfig, make_synthetic_model
@@ -28,6 +30,8 @@ CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world, hello the
 CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}assistant:{% endif %}")
 EOS = 2  # "</s>"
+needs_tokenizers = pytest.mark.skipif(importlib.util.find_spec("tokenizers") is None,
+                                      reason="Hugging Face tokenizers not installed (the `text` extra)")
 
 
 @functools.lru_cache(maxsize=None)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from runtime_support import EOS, SMALL, random_prompts, synthetic_rewritten, tokenizer_dir
+from runtime_support import SMALL, needs_tokenizers, random_prompts, synthetic_rewritten, tokenizer_dir
 
 from pagedkv.runtime import (ContextLengthError, DenseSession, Engine, OrtExecutor, SamplingParams, SchedulerConfig,
                              StepInputs)
@@ -215,6 +215,7 @@ def test_stop_tokens_eos_and_ignore_eos(prompts, alone):
     assert c.output == alone[3][:alone[3].index(alone[3][1]) + 1] and c.finish_reason.value == "stop"
 
 
+@needs_tokenizers
 def test_stop_strings_cut_the_text(tmp_path):
     from pagedkv.runtime.tokenizer import Tokenizer
 

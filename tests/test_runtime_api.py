@@ -16,10 +16,13 @@ import threading
 
 import numpy as np
 import pytest
-from runtime_support import EOS, SMALL, synthetic_rewritten, tokenizer_dir
+from runtime_support import EOS, SMALL, needs_tokenizers, synthetic_rewritten, tokenizer_dir
 
 from pagedkv.cli import main
 from pagedkv.runtime import LLM, ContextLengthError, SamplingParams, Worker, WorkerBusy
+
+
+pytestmark = needs_tokenizers  # the model directory has a tokenizer; token-id paths are tested without one too
 
 
 @pytest.fixture(scope="module")

@@ -46,8 +46,11 @@ class Tokenizer:
         try:
             import transformers
         except ImportError:
-            from tokenizers import Tokenizer as Backend
-
+            try:
+                from tokenizers import Tokenizer as Backend
+            except ImportError:
+                raise TokenizerError("tokenizer: text needs Hugging Face tokenizers (pip install 'pagedkv[text]'), "
+                                     "or give token ids") from None
             return cls(Backend.from_file(str(path / "tokenizer.json")), None, path)
         hf = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         backend = getattr(hf, "backend_tokenizer", None)
