@@ -47,7 +47,7 @@ from pagedkv import engine_io
 _FP32 = np.float32
 _MATMUL_OPS = ("MatMul", "Gemm")
 # Ops the LM-head walk may pass between the head's MatMul and the logits output (one non-constant input each).
-_ELEMENTWISE_OPS = ("Add", "Sub", "Mul", "Div", "Tanh", "Cast", "Identity", "Softcap")
+_ELEMENTWISE_OPS = ("Add", "Sub", "Mul", "Div", "Tanh", "Cast", "Identity")
 
 
 @dataclass(frozen=True)
