@@ -30,6 +30,25 @@ class RopeMeasurement:
     long_inv_freq: np.ndarray | None = None  # [R/2] the table of sequences longer than long_above (LongRoPE)
     long_above: int = 0  # > 0: the kv length past which long_inv_freq applies; 0: one table
     long_max_position: int = 0  # largest position measured with the long table
+    dtype: np.dtype = np.dtype(np.float32)  # of the measured cos/sin values (the graph's)
+
+    @property
+    def eps(self) -> float:
+        """Relative precision of one measured cos/sin value: the graph dtype's machine epsilon."""
+        return float(_finfo(self.dtype).eps)
+
+
+def _finfo(dtype):
+    import ml_dtypes
+
+    return ml_dtypes.finfo(dtype)
+
+
+def _value_tolerance(dtype) -> tuple[float, float]:
+    """(entry, norm) tolerances of a measured rotation: float32's, or one ulp of a 16-bit graph (its cos/sin are
+    rounded once to its dtype)."""
+    eps = float(_finfo(dtype).eps)
+    return max(1e-5, eps), max(1e-4, 2 * eps)
 
 
 def _unwrap_inv_freq(positions: list[int], angles: np.ndarray) -> np.ndarray:
@@ -43,12 +62,13 @@ def _unwrap_inv_freq(positions: list[int], angles: np.ndarray) -> np.ndarray:
     return freq
 
 
-def _consistent(positions: list[int], angles: np.ndarray, freq: np.ndarray) -> bool:
-    """Whether one frequency per pair explains every measured angle (to float32 angle precision): false when
-    the frequencies change with the position or the step (dynamic scaling)."""
+def _consistent(positions: list[int], angles: np.ndarray, freq: np.ndarray, eps: float) -> bool:
+    """Whether one frequency per pair explains every measured angle (to the angle precision of float32 angles
+    whose cos/sin carry a relative error ``eps``, the graph dtype's): false when the frequencies change with the
+    position or the step (dynamic scaling)."""
     for p, a in zip(positions, angles):
         residual = np.angle(np.exp(1j * (a - freq * p)))
-        if np.any(np.abs(residual) > 1e-4 + 4e-7 * p * np.maximum(freq, 1.0)):
+        if np.any(np.abs(residual) > 1e-4 + eps + 4e-7 * p * np.maximum(freq, 1.0)):
             return False
     return True
 
@@ -57,7 +77,8 @@ def measure_rope(view: GraphView, region: Region, step: ProbeStep, heads_map: np
                  chain: ProjectionChain | None = None) -> RopeMeasurement:
     """Run the RoPE region on unit vectors at positions 0 and LADDER; read pairs, rotary dim, frequencies and the
     multiplier of cos and sin (an attention factor, YaRN / LongRoPE); then look for a table that depends on the
-    sequence's length (LongRoPE: one table up to a kv length N, another past it).
+    sequence's length (LongRoPE: one table up to a kv length N, another past it). The checks allow for the
+    graph's dtype: a 16-bit graph rounds each cos/sin value once (``_value_tolerance``).
 
     ``heads_map`` [heads, D] gives, for each (head, dim), the index into the region input's flattened
     feature axes. ``chain`` (the projection chain the region sits on): its hidden-state input is fed as zeros
@@ -70,11 +91,12 @@ def measure_rope(view: GraphView, region: Region, step: ProbeStep, heads_map: np
     inverse = np.argsort(layout.tokens_first())
     out_to_tokens = out_layout.tokens_first()
     weight = chain.weight_matrix(view) if chain is not None else None
-    dtype = _np_dtype(view.elem_type(region.input))
+    feed_dtype = _np_dtype(view.elem_type(region.input))
+    dtype = np.dtype(_np_dtype(view.elem_type(region.output) or view.elem_type(region.input)))  # of the values
 
     def evaluate(x: np.ndarray, probe: ProbeStep) -> np.ndarray:  # x [batch, seq, features] -> the same
         batch, seq = x.shape[:2]
-        feeds = {region.input: x.reshape((batch, seq) + feat_shape).transpose(inverse).astype(dtype)}
+        feeds = {region.input: x.reshape((batch, seq) + feat_shape).transpose(inverse).astype(feed_dtype)}
         if weight is not None:
             feeds[chain.hidden] = np.zeros((batch, seq, weight.shape[0]), dtype=weight.dtype)
         (y,) = view.evaluate([region.output], feeds, probe)
@@ -88,9 +110,11 @@ def measure_rope(view: GraphView, region: Region, step: ProbeStep, heads_map: np
         return np.stack([y[:, heads_map[h]].T for h in range(heads)])  # [heads, out d, in d]
 
     node = region.nodes[-1]
+    atol, norm_tol = _value_tolerance(dtype)
+    eps = float(_finfo(dtype).eps)
     zero = run(0)[0]
     scale_at_zero = np.diag(zero)
-    if not (np.allclose(zero, np.diag(scale_at_zero), atol=1e-5) and np.all(scale_at_zero > 0)):
+    if not (np.allclose(zero, np.diag(scale_at_zero), atol=atol) and np.all(scale_at_zero > 0)):
         raise RewriteError(f"{describe(node)}: expected RoPE (a positive diagonal at position 0: the identity, or "
                            f"an attention factor on the rotated dims); the region from {region.input!r} to "
                            f"{region.output!r} is not")
@@ -104,7 +128,7 @@ def measure_rope(view: GraphView, region: Region, step: ProbeStep, heads_map: np
             if not positions:
                 raise
             break
-        if not np.allclose(m, m[:1], atol=1e-5):
+        if not np.allclose(m, m[:1], atol=atol):
             raise RewriteError(f"{describe(node)}: expected the same rotation for every head")
         positions.append(p)
         mats.append(m[0])
@@ -119,17 +143,20 @@ def measure_rope(view: GraphView, region: Region, step: ProbeStep, heads_map: np
         raise RewriteError(f"{describe(node)}: expected RoPE on the leading dims of each head, rotated dims "
                            f"are {np.flatnonzero(moving).tolist()}")
     mscale = float(np.mean(scale_at_zero[:R]))
-    if not (np.allclose(scale_at_zero[:R], mscale, rtol=1e-5) and np.all(scale_at_zero[R:] == 1.0)):
+    if not (np.allclose(scale_at_zero[:R], mscale, rtol=atol, atol=0) and np.all(scale_at_zero[R:] == 1.0)):
         raise RewriteError(f"{describe(node)}: expected one factor on every rotated dim at position 0 (an attention "
                            f"factor), got {scale_at_zero[:R][:8].tolist()}...")
+    # Entries are cos and sin times the factor, each rounded once (relative to the factor); dividing by the
+    # measured factor, itself rounded, adds its relative error twice to the norm.
+    entry_tol, unit_tol = atol * max(1.0, mscale), norm_tol + 2 * eps
     candidates = {RopeStyle.NEOX: (np.arange(R // 2), np.arange(R // 2, R)),
                   RopeStyle.GPTJ: (np.arange(0, R, 2), np.arange(1, R, 2))}
     for style, (first, second) in candidates.items():
         sin = np.stack([m[second, first] for m in mats]) / mscale  # x = e_a -> b gets sin
         cos = np.stack([m[first, first] for m in mats]) / mscale
-        ok = all(np.allclose(m[first, second], -m[second, first], atol=1e-5) and
-                 np.allclose(m[second, second], m[first, first], atol=1e-5) for m in mats)
-        if ok and np.allclose(sin ** 2 + cos ** 2, 1.0, atol=1e-4):
+        ok = all(np.allclose(m[first, second], -m[second, first], atol=entry_tol) and
+                 np.allclose(m[second, second], m[first, first], atol=entry_tol) for m in mats)
+        if ok and np.allclose(sin ** 2 + cos ** 2, 1.0, atol=unit_tol):
             break
     else:
         raise RewriteError(f"{describe(node)}: expected a rotate-half (NeoX) or interleaved (GPT-J) rotation of "
@@ -146,40 +173,41 @@ def measure_rope(view: GraphView, region: Region, step: ProbeStep, heads_map: np
         probe = step.at(1, kv_len - seq, seq, positions=[position, kv_len - 1][:seq])
         y = evaluate(x, probe)[0, 0]
         c, s = y[heads_map[:, first]], y[heads_map[:, second]]  # [heads, R/2]
-        if not (np.allclose(c, c[:1], atol=1e-5) and np.allclose(s, s[:1], atol=1e-5)):
+        if not (np.allclose(c, c[:1], atol=entry_tol) and np.allclose(s, s[:1], atol=entry_tol)):
             raise RewriteError(f"{describe(node)}: expected the same rotation for every head")
-        if not np.allclose(np.hypot(c[0], s[0]), mscale, rtol=1e-4):
+        if not np.allclose(np.hypot(c[0], s[0]), mscale, rtol=norm_tol, atol=0):
             raise RewriteError(f"{describe(node)}: expected the factor {mscale:.6g} on cos and sin at every step, "
                                f"found {np.hypot(c[0], s[0])[:4].tolist()}... at kv length {kv_len}")
         return np.arctan2(s[0], c[0])
 
     angles = np.arctan2(sin, cos)
     freq = _unwrap_inv_freq(positions, angles)
-    long_above = _table_switch(pair_angles, positions[-1], node)
+    long_above = _table_switch(pair_angles, positions[-1], node, atol)
     if long_above == 0:
-        if not _consistent(positions, angles, freq):
+        if not _consistent(positions, angles, freq, eps):
             raise RewriteError(f"{describe(node)}: expected RoPE with fixed frequencies; the measured angles at "
                                f"positions {positions} fit no single frequency table (dynamic scaling?)")
-        return RopeMeasurement(style, R, freq, positions[-1], mscale)
+        return RopeMeasurement(style, R, freq, positions[-1], mscale, dtype=dtype)
     # Two tables: positions below the switch with kv length position + 1, the long one at kv length > N.
     short_pos = [p for p in positions if p < long_above] or [max(1, long_above - 1)]
     short = np.stack([pair_angles(p, p + 1) for p in short_pos])
     long_pos = positions
     long = np.stack([pair_angles(p, max(p + 1, long_above + 1)) for p in long_pos])
     short_freq, long_freq = _unwrap_inv_freq(short_pos, short), _unwrap_inv_freq(long_pos, long)
-    if not (_consistent(short_pos, short, short_freq) and _consistent(long_pos, long, long_freq)):
+    if not (_consistent(short_pos, short, short_freq, eps) and _consistent(long_pos, long, long_freq, eps)):
         raise RewriteError(f"{describe(node)}: expected two fixed frequency tables, switching past kv length "
                            f"{long_above}; the angles fit no such pair (dynamic scaling?)")
-    return RopeMeasurement(style, R, short_freq, short_pos[-1], mscale, long_freq, long_above, long_pos[-1])
+    return RopeMeasurement(style, R, short_freq, short_pos[-1], mscale, long_freq, long_above, long_pos[-1], dtype)
 
 
-def _table_switch(pair_angles, max_position: int, node) -> int:
+def _table_switch(pair_angles, max_position: int, node, atol: float) -> int:
     """The largest kv length N whose steps rotate position 1 like a step of kv length 2, when longer steps rotate
-    it otherwise (LongRoPE's switch); 0 when every step up to ``max_position`` + 1 rotates it alike."""
+    it otherwise (LongRoPE's switch); 0 when every step up to ``max_position`` + 1 rotates it alike. ``atol``:
+    the angle precision of the graph's dtype (one table gives the same rounded values at every step)."""
     reference = pair_angles(1, 2)
 
     def same(kv_len: int) -> bool:
-        return bool(np.allclose(pair_angles(1, kv_len), reference, rtol=0, atol=1e-5))
+        return bool(np.allclose(pair_angles(1, kv_len), reference, rtol=0, atol=atol))
 
     lengths = [2] + [p + 1 for p in LADDER if 2 < p + 1 <= max_position + 1]
     for short, longer in zip(lengths, lengths[1:]):
@@ -202,39 +230,55 @@ def rope_from_tables(cos: np.ndarray, sin: np.ndarray, style: RopeStyle) -> Rope
     cos64, sin64 = cos.astype(np.float64), sin.astype(np.float64)
     mscale = float(np.mean(np.hypot(cos64[0], sin64[0])))
     angles = np.arctan2(sin64[positions], cos64[positions])
-    return RopeMeasurement(style, 2 * cos.shape[1], _unwrap_inv_freq(positions, angles), positions[-1], mscale)
+    return RopeMeasurement(style, 2 * cos.shape[1], _unwrap_inv_freq(positions, angles), positions[-1], mscale,
+                           dtype=np.dtype(cos.dtype))
 
 
-def _snap(theta: float) -> float:
+def _snap(theta: float, rel: float = 1e-5) -> float:
     r = round(theta)
-    return float(r) if r > 0 and abs(theta - r) <= 1e-5 * theta else theta
+    return float(r) if r > 0 and abs(theta - r) <= rel * theta else theta
 
 
-def _fit_tolerance(f: np.ndarray, max_position: int) -> np.ndarray:
-    # 2e-6 relative: the graph's float32 frequencies and angles; plus what a 1e-3 rad drift at max_position allows
-    return 2e-6 * f + 1e-3 / max(max_position, 1)
+def _fit_tolerance(f: np.ndarray, max_position: int, eps: float) -> np.ndarray:
+    # 2e-6 relative: the graph's float32 frequencies and angles; plus what a 1e-3 rad drift at max_position allows,
+    # and the rounding of one cos/sin value to the graph's dtype (an angle error of up to eps rad)
+    return 2e-6 * f + (1e-3 + eps) / max(max_position, 1)
 
 
 def fit_rope_config(m: RopeMeasurement, head_dim: int, where: str) -> RopeConfig:
     """A RopeConfig whose tables and attention factor reproduce the measured ones: one table (NONE, LINEAR,
-    LLAMA3, then YARN: with factor 1 it is any base table times an attention factor), or two (LONGROPE)."""
+    LLAMA3, then YARN: with factor 1 it is any base table times an attention factor), or two (LONGROPE).
+
+    A 16-bit graph may hold its frequencies rounded to its dtype (transformers' ``model.to(float16)`` rounds the
+    ``inv_freq`` buffer): those match too, and the plugin then computes the exact ones, as the float32 model does.
+    Its measured attention factor is the rounded one: it matches a config's to the dtype's precision."""
     from pagedkv.reference.rope import attention_factor, rope_inv_freq
 
     f = m.inv_freq
     R = m.rotary_dim
     x = np.arange(0, R, 2) / R
     rotary_dim = 0 if R == head_dim else R
-    tol = _fit_tolerance(f, m.max_position)
+    rounded = m.dtype != np.float32
+    snap_rel = max(1e-5, m.eps) if rounded else 1e-5  # a 16-bit graph's frequencies fit theta to about eps
+    factor_rtol = max(1e-5, m.eps)
+
+    def snap(value: float) -> float:
+        return _snap(value, snap_rel)
+
+    def close(exact: np.ndarray, measured: np.ndarray, max_position: int) -> bool:
+        tol = _fit_tolerance(measured, max_position, m.eps)
+        if np.all(np.abs(exact - measured) <= tol):
+            return True
+        return rounded and bool(np.all(np.abs(exact.astype(m.dtype).astype(np.float64) - measured) <= tol))
 
     def matches(cfg: RopeConfig) -> bool:
         try:
-            if not np.isclose(attention_factor(cfg), m.mscale, rtol=1e-5, atol=0):
+            if not np.isclose(attention_factor(cfg), m.mscale, rtol=factor_rtol, atol=0):
                 return False
-            if not np.all(np.abs(rope_inv_freq(head_dim, cfg) - f) <= tol):
+            if not close(rope_inv_freq(head_dim, cfg), f, m.max_position):
                 return False
-            return m.long_inv_freq is None or bool(np.all(
-                np.abs(rope_inv_freq(head_dim, cfg, long=True) - m.long_inv_freq)
-                <= _fit_tolerance(m.long_inv_freq, m.long_max_position)))
+            return m.long_inv_freq is None or close(rope_inv_freq(head_dim, cfg, long=True), m.long_inv_freq,
+                                                    m.long_max_position)
         except ValueError:  # a candidate outside the config's ranges
             return False
 
@@ -247,20 +291,24 @@ def fit_rope_config(m: RopeMeasurement, head_dim: int, where: str) -> RopeConfig
 
     def fit_theta(values) -> float:
         y = -np.log(values)
-        return _snap(float(np.exp((x[1:] @ y[1:]) / (x[1:] @ x[1:])))) if len(x) > 1 else 10000.0
+        return snap(float(np.exp((x[1:] @ y[1:]) / (x[1:] @ x[1:])))) if len(x) > 1 else 10000.0
 
-    base = RopeConfig(style=m.style, rotary_dim=rotary_dim, theta=fit_theta(f))
-    if matches(base):
-        return base
+    # theta by a least-squares fit over every frequency, or from the two highest (best measured: a 16-bit
+    # sin/cos table leaves the lowest ones noisy at its few positions)
+    thetas = [fit_theta(f)] + ([snap(float((f[0] / f[1]) ** (R / 2)))] if len(f) > 1 else [])
+    for theta in dict.fromkeys(thetas):
+        base = RopeConfig(style=m.style, rotary_dim=rotary_dim, theta=theta)
+        if matches(base):
+            return base
     factor = float(1.0 / f[0])
     linear = RopeConfig(style=m.style, rotary_dim=rotary_dim, theta=fit_theta(f * factor),
-                        scaling=RopeScaling.LINEAR, factor=_snap(factor))
+                        scaling=RopeScaling.LINEAR, factor=snap(factor))
     if matches(linear):
         return linear
     if len(f) > 2 and abs(f[0] - 1.0) < 1e-6:
-        theta = _snap(float((f[0] / f[1]) ** (R / 2)))
+        theta = snap(float((f[0] / f[1]) ** (R / 2)))
         unscaled = theta ** (-x)
-        factor = _snap(float(unscaled[-1] / f[-1]))
+        factor = snap(float(unscaled[-1] / f[-1]))
         llama3 = RopeConfig(style=m.style, rotary_dim=rotary_dim, theta=theta, scaling=RopeScaling.LLAMA3,
                             factor=factor)
         if matches(llama3):
@@ -279,7 +327,7 @@ def fit_rope_config(m: RopeMeasurement, head_dim: int, where: str) -> RopeConfig
                                 original_max_positions=original)
             if matches(llama3):
                 return llama3
-    for yarn in _yarn_candidates(m, rotary_dim, fit_theta):
+    for yarn in _yarn_candidates(m, rotary_dim, fit_theta, snap):
         if matches(yarn):
             return yarn
     raise RewriteError(f"{where}: the measured RoPE frequencies match no supported scaling (none, linear, llama3, "
@@ -287,21 +335,24 @@ def fit_rope_config(m: RopeMeasurement, head_dim: int, where: str) -> RopeConfig
                        f"inv_freq[:4]={f[:4].tolist()}, inv_freq[-2:]={f[-2:].tolist()}")
 
 
-def _attention_factor_field(scaling: RopeScaling, factor: float, original: int, mscale: float) -> float:
-    """0 (the default) when Hugging Face's default attention factor for (scaling, factor) is the measured one,
-    else the measured one (DeepSeek's mscale ratio, a configured attention_factor)."""
+def _attention_factor_field(scaling: RopeScaling, factor: float, original: int, mscale: float,
+                            rtol: float) -> float:
+    """0 (the default) when Hugging Face's default attention factor for (scaling, factor) is the measured one (to
+    ``rtol``: the measured one is rounded to the graph's dtype), else the measured one (DeepSeek's mscale ratio, a
+    configured attention_factor)."""
     from pagedkv.reference.rope import attention_factor
 
     default = attention_factor(RopeConfig(scaling=scaling, factor=factor, original_max_positions=original))
-    return 0.0 if np.isclose(default, mscale, rtol=1e-6, atol=0) else float(np.float32(mscale))
+    return 0.0 if np.isclose(default, mscale, rtol=rtol, atol=0) else float(np.float32(mscale))
 
 
-def _yarn_candidates(m: RopeMeasurement, rotary_dim: int, fit_theta):
+def _yarn_candidates(m: RopeMeasurement, rotary_dim: int, fit_theta, snap):
     """YaRN configs that may reproduce the measured table: theta from the unchanged or the fully interpolated
     pairs (consecutive pairs there differ by theta^(-2/R)), factor from the last pair, the ramp's bounds from
     where f / base moves between 1 and 1 / factor, then (beta_fast, beta_slow, original) that give those
     bounds: Hugging Face's defaults 32 / 1 when an original context fits both, else that original with betas
-    placed inside the bounds' rounding intervals."""
+    placed inside the bounds' rounding intervals. ``snap``: rounds a value near an integer to it (to the graph
+    dtype's precision)."""
     f, R = m.inv_freq, m.rotary_dim
     pairs = np.arange(R // 2, dtype=np.float64)
     estimates = [fit_theta(f)]
@@ -310,10 +361,10 @@ def _yarn_candidates(m: RopeMeasurement, rotary_dim: int, fit_theta):
     thetas = []  # the round values near each estimate first (configs say 1e6, not 1000001.3)
     for digits in (2, 3, 4):
         thetas += [float(f"{t:.{digits - 1}e}") for t in estimates]
-    thetas += [_snap(t) for t in estimates]
+    thetas += [snap(t) for t in estimates]
     for theta in dict.fromkeys(thetas):
         base = theta ** (-pairs * 2 / R)
-        factor = _snap(float(base[-1] / f[-1]))
+        factor = snap(float(base[-1] / f[-1]))
         if not (math.isfinite(factor) and factor > 0):
             continue
         if abs(factor - 1.0) < 1e-6:  # an unscaled table with an attention factor
@@ -345,7 +396,8 @@ def _yarn_from_bounds(m: RopeMeasurement, rotary_dim: int, theta: float, factor:
         return RopeConfig(style=m.style, rotary_dim=rotary_dim, theta=theta, scaling=RopeScaling.YARN,
                           factor=factor, original_max_positions=original, beta_fast=float(beta_fast),
                           beta_slow=float(beta_slow), truncate=truncate,
-                          attention_factor=_attention_factor_field(RopeScaling.YARN, factor, original, m.mscale))
+                          attention_factor=_attention_factor_field(RopeScaling.YARN, factor, original, m.mscale,
+                                                                   max(1e-6, m.eps)))
 
     # d(b) = (ln N - ln(2 pi b)) / log_theta: ln N for the default betas from each bound (mid-interval if rounded)
     shift = 0.5 if truncate else 0.0

@@ -41,6 +41,8 @@ VERBS = (
     Verb("compare", "pagedkv.builder.compare", "run original and rewritten graphs on the same prompts and "
                                                "compare logits and greedy tokens"),
     Verb("build", "pagedkv.builder.build", "build a TensorRT engine from a rewritten graph"),
+    # the runtime
+    Verb("generate", "pagedkv.runtime.generate", "generate text or token ids from a rewritten graph or an engine"),
 )
 
 
