@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from pagedkv import _lib
+from pagedkv.capabilities import capabilities
 from pagedkv.config import AttentionConfig, PoolConfig
 from pagedkv.layout import CacheDType, PageLayout, attends
 from pagedkv.step import StepMetadata
@@ -52,7 +53,8 @@ def _good_params(**over):
 BAD_FIELDS = [
     # (override by AttentionParams member, text the message must contain: the field named as the plugin
     # attribute / C API parameter is, snake_case)
-    ({"headDim": 96}, "head_dim=96"),
+    ({"headDim": 48}, "head_dim=48"),
+    ({"headDim": 112}, "head_dim=112"),
     ({"numQHeads": 30}, "num_q_heads=30"),
     ({"numQHeads": 0}, "num_q_heads=0"),
     ({"numKVHeads": 0}, "num_kv_heads=0"),
@@ -134,7 +136,7 @@ def test_null_params():
 @pytest.mark.parametrize("bad,needle", [((-1, 1, 32, 128, 100, 16), "num_tokens=-1"),
                                         ((1, -1, 32, 128, 100, 16), "num_seqs=-1"),
                                         ((1, 1, 0, 128, 100, 16), "num_q_heads=0"),
-                                        ((1, 1, 32, 80, 100, 16), "head_dim=80"),
+                                        ((1, 1, 32, 48, 100, 16), "head_dim=48"),
                                         ((1, 1, 32, 128, -7, 16), "max_kv_len=-7"),
                                         ((1, 1, 32, 128, 100, 0), "page_size=0")])
 def test_workspace_bytes_rejects_bad_bounds(bad, needle):
@@ -221,7 +223,7 @@ def test_decode_split_fills_whole_waves(B, L, ctas_per_sm, chunks):
 @pytest.mark.parametrize("seed", range(30))
 def test_plan_workspace_fits_any_launch_within_the_bounds(seed):
     rng = np.random.default_rng(seed)
-    cfg = _cfg(head_dim=int(rng.choice([64, 128, 256])))
+    cfg = _cfg(head_dim=int(rng.choice(capabilities().head_dims)))
     T_max, B_max = int(rng.integers(1, 9000)), 0
     B_max = int(rng.integers(1, T_max + 1))
     kv_max = int(rng.integers(1, 200000))
@@ -326,6 +328,11 @@ def _cases() -> list[Case]:
         Case(((700, 1), (650, 20)), 1, 4, 128, 16, window=128, sinks=20, cyclic_pages=10),  # sinks span a page
         Case(((400, 1), (380, 25), (0, 90)), 2, 4, 128, 16, holes=6),     # -1 pages inside the span
         Case(((900, 1), (850, 3)), 1, 4, 128, 16, window=64, holes=30),   # evicted pages below the window
+        # head dims 32, 80, 96 (tiles of the D = 64 / 128 kernels' shapes): prefill chunk + decodes, split
+        Case(((0, 70), (300, 1), (129, 2)), 2, 4, 32, 16, sm_count=16),
+        Case(((2000, 1), (500, 33)), 2, 4, 80, 24, window=300, sinks=4, sm_count=8),
+        Case(((700, 1), (650, 20)), 1, 3, 96, 16, window=128, sinks=4, cyclic_pages=10),
+        Case(((3000, 1), (40, 200)), 1, 8, 96, 32, holes=4, sm_count=4),
     ]
     for i in range(25):
         n = int(rng.integers(1, 7))
@@ -334,7 +341,7 @@ def _cases() -> list[Case]:
         window = int(rng.choice([0, 0, 50, 300]))
         cyclic = int(rng.choice([0, 0, 40])) if window and window + 70 < 40 * page else 0
         cases.append(Case(seqs, int(rng.choice([1, 2])), int(rng.choice([1, 2, 4, 8, 16, 32])),
-                          int(rng.choice([64, 128, 256])), page, window=window,
+                          int(rng.choice(capabilities().head_dims)), page, window=window,
                           sinks=int(rng.choice([0, 3, 16])) if window else 0, cyclic_pages=cyclic,
                           holes=int(rng.choice([0, 0, 3])), sm_count=int(rng.choice([2, 16, 132])), seed=i))
     return cases

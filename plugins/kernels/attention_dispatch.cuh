@@ -3,7 +3,7 @@
 // instantiates every kernel family for it. Anything outside the compiled set fails loudly with the field and
 // the value. Template parameters are kept to what changes the generated code (the MMA type, whether tiles go
 // through an 8-bit staging buffer, the head dim); fp8 vs int8, soft-cap, window and page geometry are uniform
-// runtime branches, so each kernel family has 2 x 2 x (head dims) = 12 instantiations today (the merge 2 x 3).
+// runtime branches, so each kernel family has 2 x 2 x (head dims) = 24 instantiations today (the merge 2 x 6).
 #pragma once
 
 #include <cuda_bf16.h>
