@@ -123,6 +123,10 @@ constexpr FieldDesc kPlanInfo[] = {
     PKV_FIELD(PagedKVAttentionPlanInfo, partial_chunks),   PKV_FIELD(PagedKVAttentionPlanInfo, max_span),
     PKV_FIELD(PagedKVAttentionPlanInfo, workspace_bytes),
 };
+constexpr FieldDesc kKernelShapes[] = {
+    PKV_FIELD(PagedKVAttentionKernelShapes, decode_threads), PKV_FIELD(PagedKVAttentionKernelShapes, decode_smem_bytes),
+    PKV_FIELD(PagedKVAttentionKernelShapes, multi_threads),  PKV_FIELD(PagedKVAttentionKernelShapes, multi_smem_bytes),
+};
 #undef PKV_FIELD
 
 static_assert(listsEveryField<KVLayout>(kKVLayout), "kKVLayout does not list KVLayout's members in order");
@@ -132,6 +136,7 @@ static_assert(listsEveryField<RopeParams>(kRopeParams), "kRopeParams does not li
 static_assert(listsEveryField<QKVWriteParams>(kQKVWriteParams), "kQKVWriteParams does not list its members");
 static_assert(listsEveryField<AttentionParams>(kAttentionParams), "kAttentionParams does not list its members");
 static_assert(listsEveryField<PagedKVAttentionPlanInfo>(kPlanInfo), "kPlanInfo does not list its members");
+static_assert(listsEveryField<PagedKVAttentionKernelShapes>(kKernelShapes), "kKernelShapes does not list its members");
 
 template <typename S, size_t N>
 std::string describe(char const* name, FieldDesc const (&fields)[N]) {
@@ -155,6 +160,9 @@ extern "C" const char* pagedkv_struct_layouts(void) {
                                     describe<RopeParams>("RopeParams", kRopeParams) + "," +
                                     describe<QKVWriteParams>("QKVWriteParams", kQKVWriteParams) + "," +
                                     describe<AttentionParams>("AttentionParams", kAttentionParams) + "," +
-                                    describe<PagedKVAttentionPlanInfo>("PagedKVAttentionPlanInfo", kPlanInfo) + "}";
+                                    describe<PagedKVAttentionPlanInfo>("PagedKVAttentionPlanInfo", kPlanInfo) + "," +
+                                    describe<PagedKVAttentionKernelShapes>("PagedKVAttentionKernelShapes",
+                                                                           kKernelShapes) +
+                                    "}";
     return json.c_str();
 }

@@ -493,6 +493,10 @@ struct DecodeFamily : DecodeConfig<CT, k8Bit, kD> {
 
 }  // namespace
 
+cudaError_t decodeKernelShape(IODType io, CacheDType cache, int32_t headDim, KernelShape& shape) {
+    return familyShape<DecodeFamily>(io, cache, headDim, shape);
+}
+
 cudaError_t decodeKernelOccupancy(IODType io, CacheDType cache, int32_t headDim, int32_t& ctasPerSm) {
     return prepareOrLaunch<DecodeFamily>(io, cache, headDim, ctasPerSm, nullptr, dim3(), nullptr);
 }

@@ -117,6 +117,16 @@ private:
 template <typename F>
 inline KernelSetup kernelSetup{};
 
+// The compiled shape (threads, dynamic shared memory) of one attention kernel family's instantiation.
+template <template <typename, bool, int> class Family>
+cudaError_t familyShape(IODType io, CacheDType cache, int32_t headDim, KernelShape& shape) {
+    return dispatchAttention(io, isCache8Bit(cache), headDim, [&](auto ct, auto k8, auto d) -> cudaError_t {
+        using F = Family<typename decltype(ct)::type, decltype(k8)::value, decltype(d)::value>;
+        shape = KernelShape{F::kThreads, F::kSmemBytes};
+        return cudaSuccess;
+    });
+}
+
 // The occupancy query (kp == nullptr) or the launch of one attention kernel family, through dispatchAttention:
 // Family<CT, k8Bit, kD> provides kThreads, kSmemBytes, kName and kernel() (the __global__ function).
 template <template <typename, bool, int> class Family>

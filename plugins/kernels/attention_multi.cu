@@ -318,6 +318,10 @@ struct MultiFamily : MultiConfig<CT, k8Bit, kD> {
 
 }  // namespace
 
+cudaError_t multiKernelShape(IODType io, CacheDType cache, int32_t headDim, KernelShape& shape) {
+    return familyShape<MultiFamily>(io, cache, headDim, shape);
+}
+
 cudaError_t multiKernelOccupancy(IODType io, CacheDType cache, int32_t headDim, int32_t& ctasPerSm) {
     return prepareOrLaunch<MultiFamily>(io, cache, headDim, ctasPerSm, nullptr, dim3(), nullptr);
 }
