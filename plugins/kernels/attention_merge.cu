@@ -6,10 +6,11 @@
 // were written.
 //
 // One CTA of 4 warps per row (grid T * H); warp w takes chunks w, w + 4, ..., kInFlight of them per batch,
-// lanes over the head dim (D / 32 dims each for D = 64, 128, 256; 4 dims on the first D / 4 lanes otherwise). A batch loads its chunks' LSEs and partial rows together (all independent) and
-// folds them into a running (max, sum, acc) like an online softmax, so a 32-chunk split (1 x 32K) costs ONE
-// L2 round trip per warp after the dependency wait, not one for the LSE max plus one per 8 chunks. The 4 warps'
-// states are combined in shared memory.
+// lanes over the head dim (D / 32 dims each for D = 64, 128, 256; 4 dims on the first D / 4 lanes otherwise).
+// A batch loads its chunks' LSEs and partial rows together (all independent) and folds them into a running
+// (max, sum, acc) like an online softmax, so a 32-chunk split (1 x 32K) costs ONE L2 round trip per warp after
+// the dependency wait, not one for the LSE max plus one per 8 chunks. The 4 warps' states are combined in
+// shared memory.
 //
 // Programmatic dependent launch (sm_90+): the launcher may start this kernel while the attention kernel before
 // it is still running (attention_launch.cpp); everything before gridDependencyWait() reads only the step
