@@ -198,6 +198,7 @@ HEAD_DIM_CASES = [
     Case(((17, 50), (2000, 1)), head_dim=80, cache=CacheDType.FP8_E4M3, seed=77),
     Case(((17, 50), (900, 1)), head_dim=96, cache=CacheDType.INT8, io="float16", layout=PageLayout.NHD, seed=78),
     Case(((17, 50), (900, 1)), head_dim=32, cache=CacheDType.INT8, io="bfloat16", seed=79),
+    Case(((17, 50), (900, 1)), head_dim=96, cache=CacheDType.FP8_E4M3, io="bfloat16", q_fp8=True, seed=88),
     Case(((900, 1), (500, 30), (40, 1)), head_dim=80, window=100, sinks=4, seed=80),
     Case(((900, 1), (500, 30)), head_dim=96, window=100, sinks=4, evict_below_window=True, seed=81),
     Case(((1000, 1), (700, 20), (3, 2)), head_dim=96, window=128, sinks=4, cyclic_pages=10, seed=82),

@@ -475,6 +475,8 @@ CHAIN_CASES = [
                            rope=RopeConfig(rotary_dim=32)), "fp16", False),
     ("bf16-d96-phi3", wcfg(num_q_heads=6, num_kv_heads=2, head_dim=96, page_size=32, cache_dtype=CacheDType.BF16),
      "bf16", False),
+    ("fp16-d96-fp8q-fp8cache", wcfg(num_q_heads=6, num_kv_heads=2, head_dim=96, cache_dtype=CacheDType.FP8_E4M3,
+                                    k_scale=0.05, v_scale=0.05, q_out_fp8=True, q_scale=0.03), "fp16", True),
 ]
 
 
