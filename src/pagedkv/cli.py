@@ -43,6 +43,7 @@ VERBS = (
     Verb("build", "pagedkv.builder.build", "build a TensorRT engine from a rewritten graph"),
     # the runtime
     Verb("generate", "pagedkv.runtime.generate", "generate text or token ids from a rewritten graph or an engine"),
+    Verb("serve", "pagedkv.runtime.serve", "serve a model over an OpenAI-compatible HTTP API (the serve extra)"),
 )
 
 
