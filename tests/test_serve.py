@@ -19,15 +19,14 @@ import threading
 import time
 
 import pytest
-from runtime_support import SMALL, needs_tokenizers, synthetic_rewritten, tokenizer_dir
+from runtime_support import SMALL, needs_tokenizers, serve_in_thread, synthetic_rewritten, tokenizer_dir
 
 pytest.importorskip("starlette", reason="the serve extra is not installed (pip install 'pagedkv[serve]')")
 pytest.importorskip("uvicorn", reason="the serve extra is not installed (pip install 'pagedkv[serve]')")
 httpx = pytest.importorskip("httpx", reason="the serve extra is not installed (pip install 'pagedkv[serve]')")
 
 from pagedkv.cli import main  # noqa: E402
-from pagedkv.runtime import LLM, SamplingParams, Worker  # noqa: E402
-from pagedkv.runtime.serve import bind, create_app  # noqa: E402
+from pagedkv.runtime import LLM, SamplingParams  # noqa: E402
 
 pytestmark = [needs_tokenizers, pytest.mark.timeout(120)]
 NAME = "tiny"
@@ -55,26 +54,8 @@ def expected(model_dir):
 @contextlib.contextmanager
 def serving(model_dir, *, max_pending: int = 64, **llm_kw):
     """A server on 127.0.0.1 (a free port) in a thread: yields (base URL, worker)."""
-    import uvicorn
-
-    with _llm(model_dir, **llm_kw) as llm:
-        worker = Worker(llm.engine, max_pending=max_pending)
-        app = create_app(worker, model_name=NAME)
-        sock = bind("127.0.0.1", 0)
-        server = uvicorn.Server(uvicorn.Config(app, log_level="error", timeout_graceful_shutdown=2))
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
-            time.sleep(0.01)
-        try:
-            yield f"http://127.0.0.1:{sock.getsockname()[1]}", worker
-        finally:
-            server.should_exit = True
-            thread.join(10)
-            worker.close()
-            sock.close()
+    with _llm(model_dir, **llm_kw) as llm, serve_in_thread(llm, model_name=NAME, max_pending=max_pending) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
@@ -428,3 +409,12 @@ def test_serve_cli_missing_model(tmp_path, capsys):
     assert main(["serve", str(tmp_path / "none.onnx")]) == 2
     assert "model: " in capsys.readouterr().err
 
+
+
+def test_serve_without_the_extra_says_what_to_install(model_dir, monkeypatch, capsys):
+    from pagedkv.runtime import serve
+
+    monkeypatch.setattr(serve, "SERVE_MODULES", serve.SERVE_MODULES + ("no_such_module_for_pagedkv",))
+    assert main(["serve", str(model_dir / "model.paged.onnx"), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "serving needs no_such_module_for_pagedkv (pip install 'pagedkv[serve]')" in err and err.count("\n") == 1

@@ -46,6 +46,7 @@ VERBS = (
     # the runtime
     Verb("generate", "pagedkv.runtime.generate", "generate text or token ids from a rewritten graph or an engine"),
     Verb("serve", "pagedkv.runtime.serve", "serve a model over an OpenAI-compatible HTTP API (the serve extra)"),
+    Verb("bench", "pagedkv.runtime.bench", "offline throughput and online latency (TTFT, ITL, end to end) of a model"),
 )
 
 

@@ -81,29 +81,41 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
 
 def read_input_ids(path) -> list[tuple[object, list[int]]]:
     """(id, token ids) of each line of a JSON-lines file ``{"id": ..., "input_ids": [...]}``."""
-    src = check_input_file(path, "--input-ids-file")
+    return [(rid, prompt) for rid, prompt, _ in read_prompt_lines(path, "--input-ids-file")]
+
+
+def read_prompt_lines(path, name: str, *, text: bool = False) -> list[tuple[object, object, dict]]:
+    """(id, prompt, the line's object) of each line of a JSON-lines file: ``{"id": ..., "input_ids": [...]}``
+    or, with ``text``, ``{"id": ..., "prompt": "..."}`` too; ids default to the line number and are unique."""
+    src = check_input_file(path, name)
     out, seen = [], set()
+    shape = '{"id": ..., "input_ids": [...]}' + (' or {"id": ..., "prompt": "..."}' if text else "")
     for n, line in enumerate(src.read_text().splitlines(), 1):
         if not line.strip():
             continue
-        where = f"--input-ids-file {src}:{n}"
+        where = f"{name} {src}:{n}"
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise UsageError(f"{where}: not JSON ({exc.msg})") from None
-        if not isinstance(record, dict) or "input_ids" not in record:
-            raise UsageError(f'{where}: expected an object {{"id": ..., "input_ids": [...]}}')
-        ids = record["input_ids"]
-        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
-                                                            for t in ids):
-            raise UsageError(f"{where}: input_ids must be a non-empty list of token ids >= 0")
+        if not isinstance(record, dict) or not ("input_ids" in record or text and "prompt" in record):
+            raise UsageError(f"{where}: expected an object {shape}")
+        if "input_ids" in record:
+            prompt = record["input_ids"]
+            if not isinstance(prompt, list) or not prompt or not all(
+                    isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
+                raise UsageError(f"{where}: input_ids must be a non-empty list of token ids >= 0")
+        else:
+            prompt = record["prompt"]
+            if not isinstance(prompt, str) or not prompt:
+                raise UsageError(f"{where}: prompt must be a non-empty string")
         rid = record.get("id", n)
         if not isinstance(rid, (str, int)) or isinstance(rid, bool) or rid in seen:
             raise UsageError(f"{where}: id must be a string or an integer, unique in the file; got {rid!r}")
         seen.add(rid)
-        out.append((rid, ids))
+        out.append((rid, prompt, record))
     if not out:
-        raise UsageError(f"--input-ids-file {src}: no prompts in it")
+        raise UsageError(f"{name} {src}: no prompts in it")
     return out
 
 
