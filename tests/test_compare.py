@@ -33,6 +33,10 @@ CASES = {
     "d128-llama3": BASE.replace(head_dim=128, rope=RopeConfig(scaling=RopeScaling.LLAMA3, factor=8.0,
                                                               original_max_positions=64)),
     "d256-mqa": BASE.replace(head_dim=256, num_heads=2, num_kv_heads=1),
+    # head dims outside 64/128/256: Phi-2's 80 with partial rotary (32 of 80), Phi-3-mini's 96 (fused QKV), 32
+    "d80-partial-rotary": BASE.replace(head_dim=80, num_heads=2, num_kv_heads=2, rope=RopeConfig(rotary_dim=32)),
+    "d96-fused": BASE.replace(head_dim=96, num_heads=2, num_kv_heads=1, fused_qkv=True),
+    "d32-gptj": BASE.replace(head_dim=32, rope=RopeConfig(style=RopeStyle.GPTJ)),
     "contrib-rotary": BASE.replace(attention_form="contrib_rotary"),
     "contrib-gqa": BASE.replace(attention_form="contrib_gqa"),
     "onnx23": BASE.replace(attention_form="onnx23"),
@@ -40,12 +44,21 @@ CASES = {
         scaling=RopeScaling.YARN, factor=4.0, original_max_positions=64, beta_fast=16.0)),
     "onnx23-yarn-given-factor": BASE.replace(attention_form="onnx23", rope=RopeConfig(
         scaling=RopeScaling.YARN, factor=8.0, original_max_positions=256, attention_factor=1.5)),
+    "d80-yarn-gptj": BASE.replace(head_dim=80, num_heads=2, num_kv_heads=1, rope=RopeConfig(
+        style=RopeStyle.GPTJ, scaling=RopeScaling.YARN, factor=4.0, original_max_positions=64)),
 }
 # LongRoPE switching past kv length 12: the prompts (5, 17, 33) start on both sides of it, and the 5-token one
 # crosses it while decoding.
-LONGROPE = BASE.replace(num_kv_heads=1, fused_qkv=True, rope=RopeConfig(
-    scaling=RopeScaling.LONGROPE, rotary_dim=48, original_max_positions=12, factor=16.0,
-    short_factors=tuple(1.0 + 0.03 * i for i in range(24)), long_factors=tuple(1.2 + 0.8 * i for i in range(24))))
+def _longrope(rotary_dim: int) -> RopeConfig:
+    pairs = rotary_dim // 2
+    return RopeConfig(scaling=RopeScaling.LONGROPE, rotary_dim=rotary_dim, original_max_positions=12, factor=16.0,
+                      short_factors=tuple(1.0 + 0.03 * i for i in range(pairs)),
+                      long_factors=tuple(1.2 + 0.8 * i for i in range(pairs)))
+
+
+LONGROPE = BASE.replace(num_kv_heads=1, fused_qkv=True, rope=_longrope(48))
+# and at Phi-3-mini's head dim 96 with 40 of 96 dims rotating (R / 2 = 20: the write kernel's shared-memory partners)
+LONGROPE_D96 = LONGROPE.replace(head_dim=96, num_heads=2, rope=_longrope(40))
 
 
 def _run(original, rewritten, **kw):
@@ -79,14 +92,16 @@ def test_synthetic_structures_match(name):
     assert whole.greedy_tokens == chunked.greedy_tokens
 
 
-def test_longrope_switches_per_sequence_like_the_original():
+@pytest.mark.parametrize("cfg", [LONGROPE, LONGROPE_D96], ids=["d64-r48", "d96-r40"])
+def test_longrope_switches_per_sequence_like_the_original(cfg):
     """Each step of each sequence takes the table of its kv length (the original graph runs one sequence per step
     with its dense past, as transformers' longrope update does): whole and chunked prefill both match. (Chunking
     changes which steps are long, so unlike the other structures their greedy tokens may differ.)"""
-    model = make_synthetic_model(LONGROPE)
+    model = make_synthetic_model(cfg)
     result = rewrite_model(model, RewriteOptions())
     rope = result.report.layers[0].rope
-    assert (rope.scaling, rope.original_max_positions, rope.rotary_dim) == (RopeScaling.LONGROPE, 12, 48)
+    assert (rope.scaling, rope.original_max_positions, rope.rotary_dim) == \
+        (RopeScaling.LONGROPE, 12, cfg.rope.rotary_dim)
     for chunk in (0, 8):
         report = _run(model, result.model, chunk_size=chunk)
         _assert_passed(report)

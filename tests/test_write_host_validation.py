@@ -252,6 +252,11 @@ ROPE_CASES = [
     (128, RopeConfig(scaling=RopeScaling.LONGROPE, rotary_dim=96, original_max_positions=4096, factor=32.0,
                      attention_factor=1.19, short_factors=tuple(1.0 + 0.01 * i for i in range(48)),
                      long_factors=tuple(1.0 + 0.5 * i for i in range(48)))),
+    # head dims 80 / 96 (Phi-2's partial rotary, Phi-3-mini's full LongRoPE)
+    (80, RopeConfig(rotary_dim=48, scaling=RopeScaling.YARN, factor=4.0, original_max_positions=64)),
+    (96, RopeConfig(scaling=RopeScaling.LONGROPE, original_max_positions=30, factor=16.0,
+                    short_factors=tuple(1.0 + 0.02 * i for i in range(48)),
+                    long_factors=tuple(1.5 + 0.5 * i for i in range(48)))),
 ]
 
 

@@ -39,6 +39,16 @@ CASES = {
         long_factors=tuple(1.2 + 0.8 * i for i in range(24)))), "fp16"),
     "softcap-window-d256": (BASE.replace(head_dim=256, num_heads=2, num_kv_heads=1, logit_softcap=2.5,
                                          sliding_window=8), "bf16"),
+    "d80-partial-rotary": (BASE.replace(head_dim=80, num_heads=2, num_kv_heads=2, rope=RopeConfig(rotary_dim=32)),
+                           "fp16"),
+    "d96-fused": (BASE.replace(head_dim=96, num_heads=2, num_kv_heads=1, fused_qkv=True), "bf16"),
+    # YaRN and LongRoPE past 64 / 128: idle lanes of the write kernel's passes at D = 80 / 96
+    "d80-yarn-gptj": (BASE.replace(head_dim=80, num_heads=2, num_kv_heads=1, rope=RopeConfig(
+        style=RopeStyle.GPTJ, scaling=RopeScaling.YARN, factor=4.0, original_max_positions=64)), "bf16"),
+    "d96-longrope-partial": (BASE.replace(head_dim=96, num_heads=2, num_kv_heads=1, fused_qkv=True, rope=RopeConfig(
+        scaling=RopeScaling.LONGROPE, rotary_dim=40, original_max_positions=12, factor=16.0,
+        short_factors=tuple(1.0 + 0.03 * i for i in range(20)),
+        long_factors=tuple(1.2 + 0.8 * i for i in range(20)))), "fp16"),
 }
 
 

@@ -173,13 +173,14 @@ def assert_stored_close(got_stored, exact, cache: CacheDType, scale: float, what
         np.testing.assert_allclose(deq, exact, atol=atol, rtol=rtol, err_msg=what)
 
 
-def exact_qkv(cfg: WriteConfig, qkv, bias, positions):
-    """float64 q, k (bias + RoPE) and v (bias) of each token [T, heads, D]: the values before any storage."""
+def exact_qkv(cfg: WriteConfig, qkv, bias, positions, kv_lens=None):
+    """float64 q, k (bias + RoPE) and v (bias) of each token [T, heads, D]: the values before any storage.
+    ``kv_lens`` [T]: each token's sequence's kv length after the step (LongRoPE picks its table by it)."""
     h, kvh, d = cfg.num_q_heads, cfg.pool.num_kv_heads, cfg.pool.head_dim
     x = qkv.astype(np.float64) + (0.0 if bias is None else bias.astype(np.float64))
     x = x.reshape(-1, h + 2 * kvh, d)
-    q = apply_rope(x[:, :h], positions, d, cfg.rope)
-    k = apply_rope(x[:, h:h + kvh], positions, d, cfg.rope)
+    q = apply_rope(x[:, :h], positions, d, cfg.rope, kv_lens)
+    k = apply_rope(x[:, h:h + kvh], positions, d, cfg.rope, kv_lens)
     return q, k, x[:, h + kvh:]
 
 
@@ -316,6 +317,23 @@ WRITE_CASES = [
               "fp16", Batch((0, 0), (30, 2)), Batch((30, 2), (8, 6))),
     WriteCase("fp16-no-rope-no-tail", wcfg(rope=RopeConfig(style=RopeStyle.NONE), zero_v_tail=False), "fp16",
               Batch((0, 0), (5, 0)), Batch((5, 0), (9, 17))),
+    # head dims 80 (Phi-2: partial rotary 32 of 80, bias) and 96 (Phi-3-mini: full rotary, fp8 cache, NHD)
+    WriteCase("fp16-d80-phi2-partial-bias", wcfg(num_q_heads=4, num_kv_heads=4, head_dim=80, has_bias=True,
+                                                 rope=RopeConfig(rotary_dim=32)),
+              "fp16", Batch((0,) * 4, (0, 37, 16, 5)), MIXED),
+    WriteCase("bf16-d96-fp8cache-nhd", wcfg(num_q_heads=6, num_kv_heads=2, head_dim=96, page_layout=PageLayout.NHD,
+                                            cache_dtype=CacheDType.FP8_E4M3, k_scale=0.05, v_scale=0.04),
+              "bf16", Batch((0,) * 4, (0, 37, 16, 5)), MIXED),
+    # the scalings' plugin fields through to the kernel at 80 / 96: YaRN on partial rotary; Phi-3-mini's LongRoPE
+    # switching past kv length 30, so MIXED's sequences (kv lengths 37, 38, 19, 25) take both tables in one launch
+    WriteCase("bf16-d80-yarn-partial-bias", wcfg(num_q_heads=4, num_kv_heads=2, head_dim=80, has_bias=True,
+                                                 rope=RopeConfig(rotary_dim=48, scaling=RopeScaling.YARN, factor=4.0,
+                                                                 original_max_positions=64)),
+              "bf16", Batch((0,) * 4, (0, 37, 16, 5)), MIXED),
+    WriteCase("fp16-d96-longrope-phi3", wcfg(num_q_heads=6, num_kv_heads=2, head_dim=96, rope=RopeConfig(
+        scaling=RopeScaling.LONGROPE, original_max_positions=30, factor=16.0,
+        short_factors=tuple(1.0 + 0.02 * i for i in range(48)), long_factors=tuple(1.5 + 0.5 * i for i in range(48)))),
+              "fp16", Batch((0,) * 4, (0, 37, 16, 5)), MIXED),
 ]
 
 
@@ -337,7 +355,7 @@ def test_write_plugin_matches_reference(host, tmp_path, case):
     qkv, bias = random_qkv(cfg, meta.num_tokens, io, rng)
     expected_pool = before.copy()
     qkv_write(qkv, bias, meta, expected_pool, cfg)  # the pool outside the token rows (tails, neighbours)
-    q_exact, k_exact, v_exact = exact_qkv(cfg, qkv, bias, meta.rope_positions)
+    q_exact, k_exact, v_exact = exact_qkv(cfg, qkv, bias, meta.rope_positions, meta.kv_lens[meta.token_seq])
 
     plan = Plan(tmp_path)
     add_pools(plan, cfg.pool, before)
@@ -414,6 +432,12 @@ ATTENTION_CASES = [
     ("bf16-fp8cache-d256", wcfg(num_q_heads=2, num_kv_heads=1, head_dim=256, cache_dtype=CacheDType.FP8_E4M3,
                                 k_scale=0.05, v_scale=0.04, pool_index=1), "bf16", {}),
     ("fp16-int8cache", wcfg(cache_dtype=CacheDType.INT8, k_scale=0.1, v_scale=0.08), "fp16", {}),
+    ("fp16-d80-window-softcap", wcfg(head_dim=80, page_size=8), "fp16", dict(window=9, attention_sinks=2,
+                                                                             logit_softcap=5.0)),
+    ("bf16-d96-gqa3-nhd", wcfg(num_q_heads=6, num_kv_heads=2, head_dim=96, page_layout=PageLayout.NHD,
+                               cache_dtype=CacheDType.BF16), "bf16", {}),
+    ("bf16-int8cache-d96", wcfg(num_q_heads=6, num_kv_heads=2, head_dim=96, cache_dtype=CacheDType.INT8,
+                                k_scale=0.1, v_scale=0.08), "bf16", {}),
 ]
 
 
@@ -458,6 +482,12 @@ CHAIN_CASES = [
     ("bf16-gqa4-d128", wcfg(num_q_heads=8, head_dim=128, page_size=32, cache_dtype=CacheDType.BF16), "bf16", False),
     ("fp16-fp8q-fp8cache", wcfg(cache_dtype=CacheDType.FP8_E4M3, k_scale=0.05, v_scale=0.05, q_out_fp8=True,
                                 q_scale=0.03), "fp16", True),
+    ("fp16-d80-phi2", wcfg(num_q_heads=4, num_kv_heads=4, head_dim=80, has_bias=True, cache_dtype=CacheDType.FP16,
+                           rope=RopeConfig(rotary_dim=32)), "fp16", False),
+    ("bf16-d96-phi3", wcfg(num_q_heads=6, num_kv_heads=2, head_dim=96, page_size=32, cache_dtype=CacheDType.BF16),
+     "bf16", False),
+    ("fp16-d96-fp8q-fp8cache", wcfg(num_q_heads=6, num_kv_heads=2, head_dim=96, cache_dtype=CacheDType.FP8_E4M3,
+                                    k_scale=0.05, v_scale=0.05, q_out_fp8=True, q_scale=0.03), "fp16", True),
 ]
 
 

@@ -228,8 +228,9 @@ class Engine:
         mgr.drain_copies()  # the storage executed them; the log would only grow
         for r, n in zip(reqs, counts.tolist()) if prefills else ((r, 1) for r in decodes):
             r.num_computed += n
-        self._last = (samplers, tokens)
-        finished = self._take_tokens(samplers, tokens, logprobs, top_tokens, top_logprobs)
+        self._last = (samplers, tokens[:len(samplers)])
+        # A step of prefill chunks short of their prompts' ends ran one placeholder row: no request takes it
+        finished = self._take_tokens(samplers, tokens, logprobs, top_tokens, top_logprobs) if samplers else []
         if finished:
             self.scheduler.finish_many(finished)
             for r in finished:
