@@ -383,10 +383,10 @@ class _Emitter:
         if bias is not None:
             inputs.append(bias)
         self.node(WRITE_PLUGIN_NAME, inputs, [q, status], f"{prefix}/{WRITE_PLUGIN_NAME}", domain=ONNX_DOMAIN,
-                  **write.to_attributes())
+                  **write.to_node_attributes())
         out = self.var(f"{prefix}/attn_out", self.dtype, [NUM_TOKENS, q_width])
         self.node(ATTENTION_PLUGIN_NAME, [q, *inputs[1:5], status], [out], f"{prefix}/{ATTENTION_PLUGIN_NAME}",
-                  domain=ONNX_DOMAIN, **attention.to_attributes())
+                  domain=ONNX_DOMAIN, **attention.to_node_attributes())
         # The o_proj input keeps its name and its consumers stay untouched: only its producer changes.
         merged = self.tensors[m.out]
         merged.inputs.clear()

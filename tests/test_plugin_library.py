@@ -25,8 +25,9 @@ import pytest
 
 from pagedkv import _lib
 from pagedkv.capabilities import capabilities
-from pagedkv.config import (ATTENTION_PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION, WRITE_PLUGIN_NAME,
-                            AttentionConfig, PoolConfig, RopeConfig, RopeScaling, RopeStyle, WriteConfig)
+from pagedkv.config import (ATTENTION_PLUGIN_NAME, FLOAT, PLUGIN_NAMESPACE, PLUGIN_VERSION, WRITE_PLUGIN_NAME,
+                            AttentionConfig, PoolConfig, RopeConfig, RopeScaling, RopeStyle, WriteConfig,
+                            attribute_types)
 from pagedkv.layout import CacheDType, PageLayout
 from pagedkv.step import POOL_DESC_FIELDS, STATUS_FIELDS
 
@@ -319,9 +320,13 @@ ATTENTION_CASES = [
     ("fp16-d64", attn_cfg(), "kHALF"),
     ("bf16-d128-window-sinks-softcap", attn_cfg(num_q_heads=8, pool_kw=dict(head_dim=128), window=128,
                                                attention_sinks=4, logit_softcap=30.0, softmax_scale=0.1), "kBF16"),
-    ("fp8q-fp8cache-d256", attn_cfg(pool_kw=dict(head_dim=256, cache_dtype=CacheDType.FP8_E4M3, k_scale=0.5),
-                                    q_fp8=True, q_scale=0.25), "kFP8"),
+    ("fp8q-fp8cache-d256-bf16out", attn_cfg(pool_kw=dict(head_dim=256, cache_dtype=CacheDType.FP8_E4M3,
+                                                         k_scale=0.5), q_fp8=True, q_scale=0.25, out_dtype=1), "kFP8"),
+    ("fp8q-int8cache-fp16out", attn_cfg(pool_kw=dict(cache_dtype=CacheDType.INT8, k_scale=0.5), q_fp8=True,
+                                        out_dtype=0), "kFP8"),
+    ("bf16-out-dtype-named", attn_cfg(out_dtype=1), "kBF16"),
 ]
+OUT_TYPES = {-1: None, 0: "kHALF", 1: "kBF16"}
 
 
 @pytest.mark.parametrize("name,cfg,q_type", ATTENTION_CASES, ids=[c[0] for c in ATTENTION_CASES])
@@ -331,12 +336,12 @@ def test_attention_plugin_build_and_runtime_interface(host, tmp_path, name, cfg,
     assert status == 0
     assert_clean_check(report, len(inputs), 1)
     assert report["identity"]["name"] == ATTENTION_PLUGIN_NAME
-    out_type = "kHALF" if cfg.q_fp8 else q_type  # an fp8 q produces fp16 (docs/plugin_io.md, known gap)
+    out_type = OUT_TYPES[cfg.out_dtype] or q_type  # out_dtype, else q's type
     assert report["output_types"] == [out_type]
     (out_shape,) = report["output_shapes"]
     h, d = cfg.num_q_heads, cfg.pool.head_dim
     assert out_shape["exprs"] == ["T", str(h * d)] and out_shape["values"] == [BINDINGS["T"], h * d]
-    q_types = ["kFP8"] if cfg.q_fp8 else ["kHALF", "kBF16"]
+    q_types = ["kFP8"] if cfg.q_fp8 else [OUT_TYPES[cfg.out_dtype]] if cfg.out_dtype >= 0 else ["kHALF", "kBF16"]
     assert report["formats"]["supported_types"] == [q_types, ["kINT64"], ["kINT32"], ["kINT32"], ["kINT32"],
                                                     ["kINT32"], [out_type]]
     assert_fields_equal(report["serialized_fields"], cfg.to_attributes())
@@ -559,6 +564,47 @@ def test_defaults_fill_optional_attributes(host, tmp_path):
         report = create(host, tmp_path, plugin, required)
         assert report["created"] and report["messages"] == []
         assert_fields_equal(report["fields"], cfg.to_attributes())
+
+
+# Integral values a user or a model config gives for float fields (Llama 3's rope_theta=500000, factor 8, ...);
+# rope_high_freq_factor > rope_low_freq_factor holds with the defaults.
+INTEGRAL_FLOATS = {"rope_theta": 500000, "rope_factor": 8, "rope_low_freq_factor": 1, "rope_high_freq_factor": 4,
+                   "q_scale": 2, "k_scale": 2, "v_scale": 3, "softmax_scale": 1, "logit_softcap": 30}
+
+
+def _with_field(plugin: str, name: str, value):
+    """A config of ``plugin`` with attribute ``name`` set to ``value`` (rope_* on the RoPE, pool fields on the pool)."""
+    cfg = write_cfg() if plugin == WRITE_PLUGIN_NAME else attn_cfg()
+    if name.startswith("rope_"):
+        return dataclasses.replace(cfg, rope=dataclasses.replace(cfg.rope, **{name[len("rope_"):]: value}))
+    if name in {f.name for f in dataclasses.fields(PoolConfig)}:
+        return dataclasses.replace(cfg, pool=dataclasses.replace(cfg.pool, **{name: value}))
+    return dataclasses.replace(cfg, **{name: value})
+
+
+@pytest.mark.parametrize("plugin,cls", [(WRITE_PLUGIN_NAME, WriteConfig), (ATTENTION_PLUGIN_NAME, AttentionConfig)])
+def test_every_float_field_is_a_float_attribute_even_for_an_integral_value(host, tmp_path, plugin, cls):
+    """config.py emits each attribute by its field's declared type: ``theta=500000`` (an int) is a FLOAT attribute,
+    so the parser hands the plugin the kFLOAT32 it expects. As an INT attribute the plugin refuses it, naming the
+    field (the bug this guards against)."""
+    floats = [name for name, kind in attribute_types(cls).items() if kind == FLOAT]
+    assert set(floats) <= set(INTEGRAL_FLOATS), "a new float field needs an integral test value here"
+    _, info, _ = run_host(host, "info", tmp_path)
+    creator_types = {f["name"]: f["type"] for c in info["creators"] if c["name"] == plugin for f in c["fields"]}
+    assert {n for n, t in creator_types.items() if t == "kFLOAT32"} == set(floats)
+    for name in floats:
+        attrs = _with_field(plugin, name, INTEGRAL_FLOATS[name]).to_attributes()
+        assert type(attrs[name]) is float and attrs[name] == INTEGRAL_FLOATS[name], name
+        report = create(host, tmp_path, plugin, attrs)  # json writes 500000.0: an ONNX FLOAT
+        assert report["created"] and report["fields_given"][name]["type"] == "kFLOAT32", (name, report["messages"])
+        assert_rejected(create(host, tmp_path, plugin, dict(attrs, **{name: INTEGRAL_FLOATS[name]})),
+                        f"'{name}'", "expected a float field", "kINT32")
+
+
+def test_an_integer_field_refuses_a_fractional_value():
+    with pytest.raises(ValueError, match="window: an integer attribute, got 64.5"):
+        attn_cfg(window=64.5).to_attributes()
+    assert attn_cfg(window=64.0).to_attributes()["window"] == 64
 
 
 def test_onnx_int_attributes_are_truncated_to_int32(host, tmp_path):
