@@ -132,8 +132,7 @@ def assert_fields_equal(reported: dict, attrs: dict):
 
 # ================================================================================================ loading
 def test_library_loads_in_a_plain_python_process(host):
-    """ctypes.CDLL (polygraphy --plugins) without TensorRT: loads, registers nothing, logs nothing, and
-    getCreators still answers."""
+    """ctypes.CDLL without TensorRT: loads, registers nothing, logs nothing, and getCreators still answers."""
     _, lib = host
     code = textwrap.dedent(f"""
         import ctypes
@@ -188,13 +187,21 @@ def test_host_expression_builder_follows_tensorrt_semantics(host):
 
 
 # ================================================================================================ selfreg
-def run_selfreg(host, tmp_path, scenario):
-    status, report, stderr = run_host(host, "selfreg", tmp_path, extra=["--scenario", scenario])
+@pytest.fixture(scope="module")
+def selfreg_lib():
+    lib = _lib.find_file(_lib.SELFREG_NAME)
+    if lib is None:
+        pytest.fail(f"{_lib.SELFREG_NAME} not found in {[str(d) for d in _lib.lib_dirs()]}")
+    return str(lib)
+
+
+def run_selfreg(host, tmp_path, scenario, library):
+    exe, _ = host
+    status, report, stderr = run_host((exe, library), "selfreg", tmp_path, extra=["--scenario", scenario])
     assert status == 0, stderr
     if not report["symbol_visible"]:
-        pytest.fail("pagedkv_testhost does not export getPluginRegistry, so the library's load-time "
-                    "registration cannot find the host registry: the executable needs ENABLE_EXPORTS "
-                    "(-rdynamic) in plugins/CMakeLists.txt")
+        pytest.fail("pagedkv_testhost does not export getPluginRegistry, so the libraries cannot find the host's "
+                    "registry: see the test host's link options in plugins/CMakeLists.txt")
     assert report["loaded"], report
     return report, stderr
 
@@ -203,10 +210,10 @@ OURS = [{"name": WRITE_PLUGIN_NAME, "version": PLUGIN_VERSION, "namespace": PLUG
         {"name": ATTENTION_PLUGIN_NAME, "version": PLUGIN_VERSION, "namespace": PLUGIN_NAMESPACE}]
 
 
-def test_self_registration_on_plain_dlopen(host, tmp_path):
-    """trtexec --staticPlugins / polygraphy --plugins: a dlopen registers both creators in the process's
-    registry under namespace 'pagedkv'; unloading the library takes them out again."""
-    report, stderr = run_selfreg(host, tmp_path, "static")
+def test_companion_registers_on_plain_dlopen(host, tmp_path, selfreg_lib):
+    """trtexec --staticPlugins / polygraphy --plugins take libpagedkv_plugins_selfreg.so: a dlopen registers both
+    creators in the process's registry under namespace 'pagedkv'; unloading it takes them out again."""
+    report, stderr = run_selfreg(host, tmp_path, "dlopen", selfreg_lib)
     assert report["entries_after_load"] == OURS
     if report["unloaded"]:
         assert report["entries_after_unload"] == []
@@ -215,31 +222,60 @@ def test_self_registration_on_plain_dlopen(host, tmp_path):
     assert stderr == ""
 
 
-def test_self_registration_then_load_library_registers_once(host, tmp_path):
-    """IPluginRegistry::loadLibrary dlopens (load-time registration runs), then registers getCreators' creators
-    itself and fails on any duplicate: getCreators must hand the registrations over."""
-    report, _ = run_selfreg(host, tmp_path, "load_library")
-    assert report["events"][-1] == "loadLibrary: ok", report["events"]
-    assert report["entries_after_load"] == OURS
-    assert not [e for e in report["events"] if "refused" in e]
-
-
-def test_no_registry_in_the_process(host, tmp_path):
-    """No libnvinfer (getPluginRegistry returns null): the library loads, registers nothing, serves getCreators."""
-    report, stderr = run_selfreg(host, tmp_path, "no_registry")
-    assert report["entries_after_load"] == []
-    assert report["creators_from_get_creators"] == 2
-    assert report["events"] == []
+def test_plugin_library_registers_nothing_itself(host, tmp_path):
+    """libpagedkv_plugins.so is getCreators-only: a plain dlopen with a registry in the process touches nothing."""
+    report, stderr = run_selfreg(host, tmp_path, "dlopen", host[1])
+    assert report["entries_after_load"] == [] and report["events"] == []
     assert stderr == ""
 
 
-def test_self_registration_skips_names_already_registered(host, tmp_path):
+def test_load_library_is_the_only_registrar(host, tmp_path):
+    """IPluginRegistry::loadLibrary dlopens, calls setLoggerFinder and getCreators and registers each creator: the
+    library makes no registry call of its own inside that dlopen (no duplicate, no re-entry)."""
+    report, _ = run_selfreg(host, tmp_path, "load_library", host[1])
+    assert report["events"] == [f"loadLibrary {host[1]}", f"register {WRITE_PLUGIN_NAME}/1/pagedkv: ok",
+                                f"register {ATTENTION_PLUGIN_NAME}/1/pagedkv: ok", "loadLibrary: ok"]
+    assert report["entries_after_load"] == OURS
+
+
+def test_no_registry_in_the_process(host, tmp_path, selfreg_lib):
+    """No TensorRT (getPluginRegistry returns null): the companion loads, registers nothing, says nothing."""
+    report, stderr = run_selfreg(host, tmp_path, "no_registry", selfreg_lib)
+    assert report["entries_after_load"] == [] and report["events"] == []
+    assert stderr == ""
+
+
+def test_companion_skips_names_already_registered(host, tmp_path, selfreg_lib):
     """Another copy of the library already owns PagedKVQKVWrite/1/pagedkv: no duplicate, no error."""
-    report, stderr = run_selfreg(host, tmp_path, "preregistered")
+    report, stderr = run_selfreg(host, tmp_path, "preregistered", selfreg_lib)
     names = [(e["name"], e["namespace"]) for e in report["entries_after_load"]]
     assert names == [(WRITE_PLUGIN_NAME, PLUGIN_NAMESPACE), (ATTENTION_PLUGIN_NAME, PLUGIN_NAMESPACE)]
     assert not [e for e in report["events"] if "refused" in e]
     assert stderr == ""
+
+
+def test_companion_leaves_another_api_alone(host, tmp_path, selfreg_lib):
+    """A TensorRT whose API major is not the headers' (TensorRT-RTX 1.x, TensorRT 11): its IPluginRegistry has
+    another virtual table, so the companion calls nothing on it and says what to do instead."""
+    report, stderr = run_selfreg(host, tmp_path, "api_mismatch", selfreg_lib)
+    assert report["entries_after_load"] == [] and report["events"] == []
+    assert "registers no creators" in stderr and "API major 1" in stderr and "loadLibrary" in stderr, stderr
+
+
+@pytest.mark.parametrize("logger", ["finder", "null"])
+def test_errors_reach_the_logger_tensorrt_hands_over_and_are_kept(host, tmp_path, logger):
+    """A createPlugin error goes to the logger of the finder TensorRT handed over; when the finder answers nullptr
+    (TensorRT-RTX 1.7 does, for the parser and the builder) it goes to stderr. Either way the library keeps it for
+    the application (pagedkv_plugin_messages, which pagedkv's builder reads)."""
+    spec = {"plugin": ATTENTION_PLUGIN_NAME, "attrs": dict(attn_cfg().to_attributes(), head_dim=80), "logger": logger}
+    status, report, stderr = run_host(host, "create", tmp_path, spec)
+    assert status == 1 and not report["created"]
+    text = f"[pagedkv] {ATTENTION_PLUGIN_NAME}::createPlugin: layer 'layer0' (build phase): field 'head_dim'=80"
+    if logger == "finder":
+        assert any(text in m for m in errors(report["messages"])) and stderr == ""
+    else:
+        assert report["messages"] == [] and text in stderr
+    assert report["kept_messages"].startswith("ERROR: " + text), report["kept_messages"]
 
 
 # ================================================================================================ check

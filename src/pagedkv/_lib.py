@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 CAPI_NAME = "libpagedkv_capi.so"
-PLUGINS_NAME = "libpagedkv_plugins.so"
+PLUGINS_NAME = "libpagedkv_plugins.so"  # getCreators: IPluginRegistry.load_library, trtexec --dynamicPlugins
+SELFREG_NAME = "libpagedkv_plugins_selfreg.so"  # registers itself: polygraphy --plugins, trtexec --staticPlugins
 TESTHOST_NAME = "pagedkv_testhost"
 
 
@@ -49,8 +50,14 @@ def require_file(name: str) -> Path:
 
 
 def plugin_library_path() -> Path:
-    """Path of the TensorRT plugin library (for ``IPluginRegistry.load_library`` / polygraphy ``--plugins``)."""
+    """Path of the TensorRT plugin library (for ``IPluginRegistry.load_library``, trtexec ``--dynamicPlugins``)."""
     return require_file(PLUGINS_NAME)
+
+
+def selfreg_library_path() -> Path:
+    """Path of its self-registering companion (for loaders that only dlopen: polygraphy ``--plugins``, trtexec
+    ``--staticPlugins``)."""
+    return require_file(SELFREG_NAME)
 
 
 @functools.lru_cache(maxsize=None)
