@@ -721,6 +721,9 @@ CORRUPTIONS = [
      ["'q_scale'=nan"]),
     ("float64-overflows-float32", WRITE_PLUGIN_NAME,
      lambda f: dict(f, rope_theta={"raw_type": "kFLOAT64", "values": [1e300]}), ["'rope_theta'", "overflows"]),
+    # positive as a double, 0 as the float32 the plugin computes with: refused, not zero after a round trip
+    ("float64-underflows-to-zero", ATTENTION_PLUGIN_NAME,
+     lambda f: dict(f, k_scale={"raw_type": "kFLOAT64", "values": [1e-46]}), ["'k_scale'=0", "> 0"]),
     ("inconsistent-heads", ATTENTION_PLUGIN_NAME,
      lambda f: dict(f, num_kv_heads={"raw_type": "kINT32", "values": [3]}), ["'num_q_heads'=4", "num_kv_heads=3"]),
 ]
@@ -731,6 +734,15 @@ def test_corrupt_serialized_fields_fail_with_a_message(host, tmp_path, serialize
     fields = mutate(dict(serialized[plugin]))
     report = create(host, tmp_path, plugin, fields, phase="runtime", caller="direct")
     assert_rejected(report, *words)
+
+
+def test_a_garbage_field_name_is_escaped_in_the_warning(host, tmp_path, serialized):
+    """A name from corrupt data can hold any bytes: the warning shows them escaped and cut, never raw."""
+    fields = dict(serialized[WRITE_PLUGIN_NAME], **{"\u00ff\u0001" + "x" * 100: {"raw_type": "kINT32", "values": [1]}})
+    report = create(host, tmp_path, WRITE_PLUGIN_NAME, fields, phase="runtime", caller="direct")
+    assert report["created"]
+    (warning,) = [m["message"] for m in report["messages"]]
+    assert warning.endswith("ignoring unknown field '\\xc3\\xbf\\x01" + "x" * 61 + "...'"), warning
 
 
 def test_duplicate_field_is_rejected(host, tmp_path, serialized):

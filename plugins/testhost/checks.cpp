@@ -220,8 +220,23 @@ Json runFuzz(PluginLibrary& library, Json const& cases) {
     for (Json const& c : cases.items()) {
         nvinfer1::IPluginCreatorV3One* creator = library.creator(c.at("plugin").asString());
         FieldSet fields = c.has("blob") ? FieldSet::fromBlob(fromHex(c.at("blob").asString())) : fieldSetOf(creator, c);
+        // "collection": a malformed PluginFieldCollection itself: "null", "negative_count" or "null_fields".
+        std::string const collection = c.has("collection") ? c.at("collection").asString() : "";
+        nvinfer1::PluginFieldCollection malformed{};
+        nvinfer1::PluginFieldCollection const* fc = fields.get();
+        if (collection == "null") {
+            fc = nullptr;
+        } else if (collection == "negative_count") {
+            malformed = nvinfer1::PluginFieldCollection{-3, fc->fields};
+            fc = &malformed;
+        } else if (collection == "null_fields") {
+            malformed = nvinfer1::PluginFieldCollection{3, nullptr};
+            fc = &malformed;
+        } else if (!collection.empty()) {
+            throw std::runtime_error("case 'collection': expected null, negative_count or null_fields");
+        }
         logger().drain();
-        PluginPtr plugin(creator->createPlugin("layer0", fields.get(), phaseOf(c)));
+        PluginPtr plugin(creator->createPlugin("layer0", fc, phaseOf(c)));
         Json r = Json::object().set("created", plugin != nullptr);
         if (plugin) {
             // What an accepted collection becomes must itself be accepted: serialize, deserialize, clone.

@@ -47,7 +47,8 @@ Json runInfo(PluginLibrary& library);
 Json runCreate(PluginLibrary& library, Json const& spec);
 
 // `fuzz`: createPlugin on each case of a JSON array, in one process: {"plugin", "phase", "caller", "attrs"} (as
-// `create`) or {"plugin", "phase", "blob": hex} (FieldSet::fromBlob). An accepted case is serialized, deserialized
+// `create`) or {"plugin", "phase", "blob": hex} (FieldSet::fromBlob); "collection": "null" | "negative_count" |
+// "null_fields" malforms the PluginFieldCollection itself. An accepted case is serialized, deserialized
 // and cloned as well. {"results": [{"created", "round_trip", "messages": ["ERROR: ...", ...]}, ...]}.
 Json runFuzz(PluginLibrary& library, Json const& cases);
 
