@@ -1,11 +1,11 @@
-"""Markers: `gpu` tests skip without a CUDA device and `trt` tests without TensorRT, each naming why.
+"""Markers, each skip naming why: `gpu` tests skip without a CUDA device, `trt` tests without a TensorRT that can
+run an engine on this GPU (pagedkv.runtime.trt.why_no_engine_runtime), `trt_builder` tests without a TensorRT
+builder (TensorRT on a GPU, or TensorRT-RTX, which builds without one).
 
 Tolerances per dtype are stated once, in pagedkv.tolerances (TOLERANCES, re-exported here).
 """
 
 from __future__ import annotations
-
-import importlib.util
 
 import pytest
 
@@ -14,17 +14,28 @@ from pagedkv import cuda
 from pagedkv.tolerances import TOLERANCES  # noqa: E402,F401  (stated once, in the package)
 
 
-def _trt_missing() -> str | None:
-    if importlib.util.find_spec("tensorrt") is None:
-        return "TensorRT Python runtime not installed (it is not installable in this workplace)"
-    return None
+def why_no_trt_builder() -> str | None:
+    """None when an engine can be built here: TensorRT-RTX installed, or TensorRT and a GPU."""
+    from pagedkv import trt_library
+
+    if trt_library.why_unavailable(trt_library.TENSORRT_RTX) is None:
+        return None
+    if trt_library.why_unavailable(trt_library.TENSORRT) is None and cuda.why_no_gpu() is None:
+        return None
+    return (f"no TensorRT builder: {trt_library.why_unavailable(trt_library.TENSORRT_RTX)}; TensorRT needs a GPU as "
+            "well")
 
 
 def pytest_collection_modifyitems(config, items):
+    from pagedkv.runtime.trt import why_no_engine_runtime
+
     no_gpu = cuda.why_no_gpu()
-    no_trt = _trt_missing()
+    no_trt = why_no_engine_runtime()
+    no_builder = why_no_trt_builder()
     for item in items:
         if no_gpu and "gpu" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=f"gpu: {no_gpu}"))
         if no_trt and "trt" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=f"trt: {no_trt}"))
+        if no_builder and "trt_builder" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=f"trt_builder: {no_builder}"))

@@ -25,6 +25,9 @@ constexpr TypeName kTypeNames[] = {
     {PluginFieldType::kINT4, "kINT4"},       {PluginFieldType::kFP4, "kFP4"},
 };
 
+// After a blob's count: bytes TensorRT-RTX's plans hold there (zeros or an unexplained value), skipped.
+constexpr size_t kBlobReservedBytes = 8;
+
 // Raw fields larger than this are refused by the host (a fuzzed length must not make the host allocate gigabytes).
 constexpr int64_t kMaxFieldBytes = int64_t(1) << 24;
 
@@ -155,7 +158,8 @@ FieldSet FieldSet::fromBlob(std::vector<uint8_t> const& blob) {
         return true;
     };
     uint32_t count = 0;
-    if (!readU32(count)) return set;
+    if (!readU32(count) || blob.size() - at < kBlobReservedBytes) return set;
+    at += kBlobReservedBytes;
     for (uint32_t i = 0; i < count; ++i) {
         uint32_t nameLength = 0, type = 0, length = 0;
         if (!readU32(nameLength) || blob.size() - at < nameLength) break;
@@ -182,6 +186,7 @@ std::vector<uint8_t> FieldSet::toBlob() const {
         out.insert(out.end(), b, b + 4);
     };
     putU32(static_cast<uint32_t>(mEntries.size()));
+    out.insert(out.end(), kBlobReservedBytes, 0);
     for (Entry const& e : mEntries) {
         putU32(static_cast<uint32_t>(e.name.size() + 1));
         out.insert(out.end(), e.name.begin(), e.name.end());

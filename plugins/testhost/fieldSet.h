@@ -7,10 +7,11 @@
 //    {"raw_type": "kINT64" (or any integer, valid or not), "values": [...], "length": n, "null_data": true,
 //     "null_name": true} to build malformed input.
 //  - copyOf: a deep copy of what getFieldsToSerialize returned (what an engine stores).
-//  - fromBlob / toBlob: the field collection as bytes, the way TensorRT-RTX stores a plugin's fields in an engine
-//    (read off a built engine): u32 count, then per field u32 name length (NUL included), the name, u32
-//    PluginFieldType, u32 length, the data (length elements of the type). fromBlob decodes whatever bytes it is
-//    given as far as they hold complete fields, as a lenient reader would, so that corrupt blobs reach the plugin.
+//  - fromBlob / toBlob: the field collection as bytes, the way TensorRT-RTX 1.7 stores a plugin's fields in an
+//    engine (read off built plans): u32 count, 8 bytes we do not interpret (toBlob writes zeros), then per field
+//    u32 name length (NUL included), the name, u32 PluginFieldType, u32 length, the data (length elements of the
+//    type). fromBlob decodes whatever bytes it is given as far as they hold complete fields, as a lenient reader
+//    would, so that corrupt blobs reach the plugin.
 #pragma once
 
 #include <NvInferRuntime.h>
