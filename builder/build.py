@@ -136,9 +136,6 @@ class BuildOptions:
     plugin_library: str | Path | None = None  # default: the installed libpagedkv_plugins.so
 
 
-RTX_DEFAULT_TARGETS = (80, 86, 89, 120)  # TensorRT-RTX's targets when none are set (its documentation)
-
-
 @dataclass
 class BuildPlan:
     """Everything the build needs, checked before TensorRT is imported (``preflight``)."""
@@ -235,20 +232,24 @@ def _check_targets(plan: BuildPlan) -> None:
     runnable = _runnable_targets()
     if requested:
         for cc in requested:
+            if cc not in trt_library.RTX_COMPUTE_CAPABILITIES:
+                raise UsageError(f"compute-capability {cc}: not a TensorRT-RTX target (its targets: "
+                                 f"{', '.join(map(str, trt_library.RTX_COMPUTE_CAPABILITIES))})")
             if cc not in runnable:
                 raise UsageError(f"compute-capability {cc}: the plugin library has no code that runs on it (built for "
                                  f"CUDA architectures {_architectures_text()}); runnable: "
                                  f"{', '.join(map(str, sorted(runnable)))}")
         plan.targets = tuple(requested)
         return
-    plan.targets = tuple(cc for cc in RTX_DEFAULT_TARGETS if cc in runnable)
+    plan.targets = tuple(cc for cc in trt_library.RTX_DEFAULT_TARGETS if cc in runnable)
     if not plan.targets:
-        raise UsageError(f"compute-capability: none of TensorRT-RTX's default targets {RTX_DEFAULT_TARGETS} can run "
-                         f"the plugin library (built for {_architectures_text()}); rebuild pagedkv for them "
-                         "(PAGEDKV_CUDA_ARCHS) or pass --compute-capability")
-    if plan.targets != RTX_DEFAULT_TARGETS:
+        raise UsageError(f"compute-capability: none of TensorRT-RTX's default targets "
+                         f"{trt_library.RTX_DEFAULT_TARGETS} can run the plugin library (built for "
+                         f"{_architectures_text()}); rebuild pagedkv for them (PAGEDKV_CUDA_ARCHS) or pass "
+                         "--compute-capability")
+    if plan.targets != trt_library.RTX_DEFAULT_TARGETS:
         plan.notes.append(f"targets {', '.join(map(str, plan.targets))}: the plugin library has no code for "
-                          f"{', '.join(str(c) for c in RTX_DEFAULT_TARGETS if c not in plan.targets)}")
+                          f"{', '.join(str(c) for c in trt_library.RTX_DEFAULT_TARGETS if c not in plan.targets)}")
 
 
 def _architectures_text() -> str:
@@ -257,9 +258,9 @@ def _architectures_text() -> str:
     return _lib.build_info().get("cuda_architectures", "?")
 
 
-def _runnable_targets(candidates=(75, 80, 86, 87, 89, 90, 100, 120, 121)) -> set[int]:
-    """Compute capabilities the plugin library's code runs on: SASS of the same major and no newer minor, or PTX
-    of no newer architecture (CMake's 'NN' is SASS + PTX, 'NN-real' SASS, 'NN-virtual' PTX)."""
+def _runnable_targets(candidates=trt_library.RTX_COMPUTE_CAPABILITIES) -> set[int]:
+    """The TensorRT-RTX targets the plugin library's code runs on: SASS of the same major and no newer minor, or
+    PTX of no newer architecture (CMake's 'NN' is SASS + PTX, 'NN-real' SASS, 'NN-virtual' PTX)."""
     sass, ptx = set(), set()
     for item in _architectures_text().replace(";", ",").split(","):
         arch, _, kind = item.strip().partition("-")

@@ -58,6 +58,11 @@ TENSORRT_RTX = Flavour("tensorrt_rtx", "TensorRT-RTX", "tensorrt_rtx_cu13==1.7.1
 FLAVOURS = {f.name: f for f in (TENSORRT, TENSORRT_RTX)}
 BUILDER_CHOICES = ("auto", *FLAVOURS)
 
+# TensorRT-RTX 1.7's compute capabilities (trt.ComputeCapability.SM75 ...): what it builds for and runs on; 9.0 is
+# not among them (an H200 refuses its engines). RTX_DEFAULT_TARGETS: its targets when none are set (its docs).
+RTX_COMPUTE_CAPABILITIES = (75, 80, 86, 89, 120, 121)
+RTX_DEFAULT_TARGETS = (80, 86, 89, 120)
+
 RTX_LIBS_PACKAGE = "tensorrt_rtx_libs"  # the wheel that holds libtensorrt_rtx.so.1
 RTX_SONAME, RTX_UNVERSIONED = "libtensorrt_rtx.so.1", "libtensorrt_rtx.so"
 

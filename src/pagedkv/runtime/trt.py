@@ -27,10 +27,6 @@ from pagedkv import trt_library
 from pagedkv.runtime.backends import BackendUnavailable
 from pagedkv.runtime.session import ManagedKVSession
 
-# Compute capabilities TensorRT-RTX 1.7 runs engines on (its targets); anything else, 9.0 included, it refuses.
-RTX_RUNS_ON = ("7.5", "8.0", "8.6", "8.9", "12.0", "12.1")
-
-
 def why_no_engine_runtime(flavour: trt_library.Flavour | None = None) -> str | None:
     """None when an engine can run here (a flavour installed, a GPU it supports), else the reason."""
     from pagedkv import cuda
@@ -46,8 +42,9 @@ def why_no_engine_runtime(flavour: trt_library.Flavour | None = None) -> str | N
     if no_gpu:
         return f"{f.title} runs engines on a GPU: {no_gpu}"
     cc = cuda.compute_capability()
-    if f is trt_library.TENSORRT_RTX and cc not in RTX_RUNS_ON:
-        return (f"TensorRT-RTX does not run engines on compute capability {cc} (it runs on {', '.join(RTX_RUNS_ON)}); "
+    runs_on = [f"{c // 10}.{c % 10}" for c in trt_library.RTX_COMPUTE_CAPABILITIES]
+    if f is trt_library.TENSORRT_RTX and cc not in runs_on:
+        return (f"TensorRT-RTX does not run engines on compute capability {cc} (it runs on {', '.join(runs_on)}); "
                 "TensorRT (pip install tensorrt) does")
     return None
 
