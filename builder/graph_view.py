@@ -54,7 +54,7 @@ SHAPE_PRESERVING_FOREIGN_OPS = {
 }
 
 
-def _infer_shapes(model: onnx.ModelProto) -> onnx.GraphProto:
+def infer_shapes(model: onnx.ModelProto) -> onnx.GraphProto:
     """The model's graph with shape inference's value_info; ORT's shape-preserving fused ops stand in as
     Identity nodes for the inference only (the nodes returned are the model's own)."""
     nodes, changed = [], False
@@ -85,7 +85,7 @@ def _infer_shapes(model: onnx.ModelProto) -> onnx.GraphProto:
 class GraphView:
     def __init__(self, model: onnx.ModelProto):
         self.model = model
-        self.graph = _infer_shapes(model)
+        self.graph = infer_shapes(model)
         self.opsets = {o.domain: o.version for o in model.opset_import}
         self.nodes = list(self.graph.node)
         self.producer: dict[str, onnx.NodeProto] = {}
@@ -254,16 +254,20 @@ class GraphView:
         and the graph inputs as ``step`` sets them, in ONNX Runtime on the CPU."""
         import onnxruntime as ort
 
+        from pagedkv.builder.precision import emulate_in_float32
+
         key = (tuple(outputs), tuple(sorted(feeds)))
         if key not in self._sessions:
             model, shape_feeds = self._extract(outputs, feeds, step)
+            model = emulate_in_float32(model)  # 16-bit graphs: float32 math, each result rounded (no bf16 CPU kernels)
             options = ort.SessionOptions()
             options.log_severity_level = 4  # a sin/cos table too short for a probe is expected, not news
             self._sessions[key] = (ort.InferenceSession(model.SerializeToString(), options,
                                                         providers=["CPUExecutionProvider"]), shape_feeds)
         session, shape_feeds = self._sessions[key]
         names = {i.name for i in session.get_inputs()}
-        inputs = dict(feeds)
+        wide = {i.name for i in session.get_inputs() if i.type == "tensor(float)"}
+        inputs = {k: np.asarray(v, np.float32) if k in wide else v for k, v in feeds.items()}
         for name, node in shape_feeds.items():
             shape = np.asarray(step.shape(self.source_input(node.input[0])), dtype=np.int64)
             start, end = self.attr(node, "start", 0), self.attr(node, "end", None)

@@ -25,9 +25,21 @@ def rewritten_path(tmp_path_factory):
     orig = export_synthetic(BASE, d / "orig.onnx")
     import onnx
 
-    path = d / "rewritten.onnx"
-    onnx.save(rewrite_model(str(orig), RewriteOptions()).model, str(path))
+    path = d / "rewritten.onnx"  # fp16: the plugins take 16-bit activations only
+    onnx.save(rewrite_model(str(orig), RewriteOptions(dtype="fp16")).model, str(path))
     return orig, path
+
+
+def test_a_float32_graph_is_refused_before_tensorrt_is_asked(tmp_path):
+    import onnx
+
+    orig = export_synthetic(BASE, tmp_path / "orig.onnx")
+    path = tmp_path / "float32.onnx"
+    onnx.save(rewrite_model(str(orig)).model, str(path))
+    with pytest.raises(ValueError, match=r"plugin activations are float32; the plugins take float16 or bfloat16: "
+                                         r"rewrite with --dtype fp16\|bf16"):
+        build.build_engine(path, tmp_path / "m.engine")
+    assert not (tmp_path / "m.engine").exists()
 
 
 def test_profile_covers_every_engine_input(rewritten_path):

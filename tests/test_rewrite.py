@@ -286,11 +286,11 @@ def test_option_errors_name_the_field(bad, message):
 def test_cli_arguments_map_to_options():
     parser = add_rewrite_arguments(argparse.ArgumentParser())
     args = parser.parse_args(["in.onnx", "-o", "out.onnx", "--page-size", "64", "--cache-dtype", "int8",
-                              "--k-scale", "0.1", "--window", "0", "--pool-grouping", "per_layer",
-                              "--explicit-positions", "--allow-no-rope"])
-    assert options_from_args(args) == RewriteOptions(page_size=64, cache_dtype="int8", k_scale=0.1, window=0,
-                                                     pool_grouping="per_layer", explicit_positions=True,
-                                                     require_rope=False)
+                              "--k-scale", "0.1", "--v-scale", "0.2", "--window", "0", "--pool-grouping",
+                              "per_layer", "--explicit-positions", "--allow-no-rope", "--dtype", "bf16"])
+    assert options_from_args(args) == RewriteOptions(page_size=64, cache_dtype="int8", k_scale=0.1, v_scale=0.2,
+                                                     window=0, pool_grouping="per_layer", explicit_positions=True,
+                                                     require_rope=False, dtype="bfloat16")
     assert (args.input, args.output) == ("in.onnx", "out.onnx")
 
 

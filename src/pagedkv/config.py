@@ -30,6 +30,45 @@ PLUGIN_VERSION = "1"
 PLUGIN_NAMESPACE_ATTRIBUTE, PLUGIN_VERSION_ATTRIBUTE = "plugin_namespace", "plugin_version"  # the parser's names
 OUT_DTYPE_LIKE_Q = -1  # AttentionConfig.out_dtype: the output takes q's dtype
 
+# capability: the plugins' activation dtypes: qkv, bias, q and the attention output (attention_plan.cpp ioDType;
+# docs/plugin_io.md), as numpy names. The rewrite converts graphs to them (`--dtype`). [C++ table: io_dtypes]
+SUPPORTED_IO_DTYPES = ("float16", "bfloat16")
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+FLOAT32_MAX = 3.4028234663852886e38
+# capability: integer attribute ranges, inclusive, as the plugin creators check them (FieldSpec in
+# plugins/plugins/common/poolAttributes.cpp, qkvWritePlugin.cpp, attentionPlugin.cpp). [C++ table:
+# max_heads, min/max_page_size, max_layers, max_pools, max_rotary_dim; the int32 bounds are the field type's]
+ATTRIBUTE_RANGES = {
+    "num_q_heads": (1, 1024), "num_kv_heads": (1, 1024),
+    "page_size": (1, 4096),
+    "num_layers": (1, 4096), "layer_index": (0, 4095),
+    "pool_index": (0, 65535),
+    "ring_sink_tokens": (0, INT32_MAX), "cyclic_len": (0, INT32_MAX),
+    "rope_rotary_dim": (0, 256), "rope_original_max_positions": (1, INT32_MAX),
+    "window": (INT32_MIN, INT32_MAX), "attention_sinks": (0, INT32_MAX),
+}
+# capability: float attributes that must be finite and > 0 (FieldSpec::positiveFloat) or >= 0
+# (FieldSpec::nonNegativeFloat), and fit float32
+POSITIVE_FLOAT_ATTRIBUTES = ("k_scale", "v_scale", "q_scale", "rope_theta", "rope_factor", "rope_low_freq_factor",
+                             "rope_high_freq_factor")
+NON_NEGATIVE_FLOAT_ATTRIBUTES = ("softmax_scale", "logit_softcap")
+
+
+def check_attribute_values(attrs: dict) -> None:
+    """Every attribute in the range the plugins accept (the capability tables above), else ValueError naming
+    the attribute, the value and the range."""
+    for name, value in attrs.items():
+        if name in ATTRIBUTE_RANGES:
+            low, high = ATTRIBUTE_RANGES[name]
+            if not low <= value <= high:
+                raise ValueError(f"{name}: expected a value in [{low}, {high}], got {value}")
+        elif name in POSITIVE_FLOAT_ATTRIBUTES or name in NON_NEGATIVE_FLOAT_ATTRIBUTES:
+            positive = name in POSITIVE_FLOAT_ATTRIBUTES
+            if not (math.isfinite(value) and (value > 0 if positive else value >= 0) and value <= FLOAT32_MAX):
+                raise ValueError(f"{name}: expected a finite value {'>' if positive else '>='} 0 (float32), "
+                                 f"got {value}")
+
 
 class RopeStyle(enum.IntEnum):
     NONE = 0
@@ -185,6 +224,7 @@ class WriteConfig(_PluginAttributes):
         _check_common(self.num_q_heads, self.pool)
         if self.rope.style != RopeStyle.NONE:
             self.rope.resolved_rotary_dim(self.pool.head_dim)
+        check_attribute_values(self.to_attributes())
 
 
 @dataclass(frozen=True)
@@ -208,6 +248,7 @@ class AttentionConfig(_PluginAttributes):
         accepted = (OUT_DTYPE_LIKE_Q, *capabilities().io_dtypes)
         if self.out_dtype not in accepted:
             raise ValueError(f"out_dtype: expected one of {accepted} (-1 like q, 0 fp16, 1 bf16), got {self.out_dtype}")
+        check_attribute_values(self.to_attributes())
 
     def to_node_attributes(self) -> dict:
         # The kernels take the output dtype as a launch argument; a plugin node must carry it (the plugin
