@@ -66,7 +66,9 @@ class BuildLimits:
     def resolved(self) -> "BuildLimits":
         """With the opt defaults filled in; each value checked (``UsageError`` naming the option)."""
         for name in ("max_batch", "max_tokens", "max_context"):
-            check_int(_option(name), getattr(self, name), low=1, high=INT32_MAX)
+            if check_int(_option(name), getattr(self, name), low=1) > INT32_MAX:
+                raise UsageError(f"{_option(name)}: expected at most {INT32_MAX} (the plugins' int32 extents), got "
+                                 f"{getattr(self, name)}")
         opt_batch = self.max_batch if self.opt_batch is None else self.opt_batch
         opt_tokens = min(opt_batch, self.max_tokens) if self.opt_tokens is None else self.opt_tokens
         opt_context = self.max_context if self.opt_context is None else self.opt_context
@@ -196,6 +198,9 @@ def preflight(source, output, limits: BuildLimits = BuildLimits(), options: Buil
         raise UsageError(f"serialize-plugins: {flavour.title} engines do not embed plugin libraries "
                          "(IBuilderConfig.plugins_to_serialize with a version-compatible engine is TensorRT's)")
     if options.timing_cache is not None:
+        if not flavour.has_timing_cache:
+            raise UsageError(f"timing-cache: {flavour.title}'s timing cache operations are no-ops (deprecated since "
+                             "TensorRT-RTX 1.2; it tunes at run time, with its runtime cache)")
         cache = Path(options.timing_cache)
         if cache.is_dir():
             raise UsageError(f"timing-cache: {str(cache)!r} is a directory, expected a file")

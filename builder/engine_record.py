@@ -45,14 +45,18 @@ def layer_metadata(layers: list[dict], record: dict) -> list[str]:
     the layer's own entry plus a chunk of ``record``, every string within TensorRT's limit."""
     text = json.dumps(record, sort_keys=True, separators=(",", ":"))
     own = [json.dumps({RECORD_KEY: RECORD_VERSION, "layer": entry}, separators=(",", ":")) for entry in layers]
-    # room left on each layer for a chunk: the chunk travels as a JSON string (escapes can double a character)
-    room = [(MAX_LAYER_METADATA - len(o) - 64) // 2 for o in own]
-    if not layers or min(room) < 1:
+    # room left on each layer for a chunk: what the entry leaves, less `,"record":[i,n,...]`; the chunk travels as
+    # a JSON string, so it is cut where its escaped form fits
+    room = [MAX_LAYER_METADATA - len(o) - 32 for o in own]
+    if not layers or min(room) < 8:
         raise ValueError(f"layer metadata: a plugin layer's own entry leaves no room within {MAX_LAYER_METADATA} bytes")
     chunks, at = [], 0
     for r in room:
-        chunks.append(text[at:at + r])
-        at += r
+        n = r
+        while len(json.dumps(text[at:at + n])) > r:
+            n -= len(json.dumps(text[at:at + n])) - r
+        chunks.append(text[at:at + n])
+        at += n
     if at < len(text):
         raise ValueError(f"layer metadata: the build record ({len(text)} bytes) does not fit in {len(layers)} plugin "
                          f"layers' metadata")

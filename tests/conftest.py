@@ -26,6 +26,21 @@ def why_no_trt_builder() -> str | None:
             "well")
 
 
+_hf_exports: dict = {}
+
+
+def hf_export(family: str, exporter: str, tmp_path_factory):
+    """The family's tiny Hugging Face model (random weights) exported once per test session, shared by the modules
+    that start from it (test_export_hf, test_engine_build)."""
+    from pagedkv.onnx_export import hf
+
+    key = (family, exporter)
+    if key not in _hf_exports:
+        path = tmp_path_factory.mktemp("hf") / f"{family}_{exporter}.onnx"
+        _hf_exports[key] = hf.export_hf(family, path, exporter=exporter, seed=0)
+    return _hf_exports[key]
+
+
 def pytest_collection_modifyitems(config, items):
     from pagedkv.runtime.trt import why_no_engine_runtime
 

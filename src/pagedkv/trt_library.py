@@ -49,12 +49,13 @@ class Flavour:
     install: str  # what to pip install
     builds_without_gpu: bool  # ahead-of-time build for listed compute capabilities
     can_serialize_plugins: bool  # IBuilderConfig.plugins_to_serialize into a version-compatible engine
+    has_timing_cache: bool  # TensorRT-RTX: timing cache calls are no-ops (deprecated since 1.2)
 
 
 TENSORRT = Flavour("tensorrt", "TensorRT", "tensorrt (>= 10, on a machine with a GPU)", builds_without_gpu=False,
-                   can_serialize_plugins=True)
+                   can_serialize_plugins=True, has_timing_cache=True)
 TENSORRT_RTX = Flavour("tensorrt_rtx", "TensorRT-RTX", "tensorrt_rtx_cu13==1.7.1.116", builds_without_gpu=True,
-                       can_serialize_plugins=False)
+                       can_serialize_plugins=False, has_timing_cache=False)
 FLAVOURS = {f.name: f for f in (TENSORRT, TENSORRT_RTX)}
 BUILDER_CHOICES = ("auto", *FLAVOURS)
 
