@@ -15,9 +15,9 @@ command lines are printed all the same (``equivalent_commands``).
 
 Pre-flight (``preflight``, before TensorRT is imported), each failure one ``UsageError`` line: the input exists and
 is a rewritten graph (``RewrittenGraph``), its plugin activations have a dtype of the capability table
-(``pagedkv.capabilities``: float16 or bfloat16; ``pagedkv rewrite --dtype`` converts) and its engine inputs the
-dtypes of ``pagedkv.engine_io``, the limits are sane, the plugin library exists and has code for every target, the
-flavour is installed and can build here.
+(``pagedkv.config.SUPPORTED_IO_DTYPES``: float16 or bfloat16; ``pagedkv rewrite --dtype`` converts) and its engine
+inputs the dtypes of ``pagedkv.engine_io``, the limits are sane, the plugin library exists and has code for every
+target, the flavour is installed and can build here.
 
 Optimization profile (``BuildLimits.profile``): from what the engine must serve, in the user's terms. ``max_tokens``
 is T (new tokens of a step, all sequences), ``max_batch`` B (sequences of a step), ``max_context`` the tokens a
@@ -158,7 +158,7 @@ class BuildPlan:
 def preflight(source, output, limits: BuildLimits = BuildLimits(), options: BuildOptions = BuildOptions()) -> BuildPlan:
     """Every check that needs no TensorRT (module docstring), in that order; ``UsageError`` on the first failure."""
     from pagedkv import _lib
-    from pagedkv.capabilities import capabilities
+    from pagedkv.config import SUPPORTED_IO_DTYPES
     from pagedkv.runtime.graph import GraphError, RewrittenGraph
 
     src = check_input_file(source, "input")
@@ -169,13 +169,10 @@ def preflight(source, output, limits: BuildLimits = BuildLimits(), options: Buil
         raise UsageError(f"input: {str(src)!r} is not a rewritten graph: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - not ONNX at all
         raise UsageError(f"input: {str(src)!r} cannot be read as ONNX: {type(exc).__name__}: {exc}") from None
-    io_names = {int(v): name for v, name in ((0, "float16"), (1, "bfloat16"))}
-    accepted = [io_names[int(v)] for v in capabilities().io_dtypes]
     dtypes = sorted({layer.io_dtype for layer in graph.layers})
-    bad = [d for d in dtypes if d not in accepted]
-    if bad or len(dtypes) != 1:
+    if any(d not in SUPPORTED_IO_DTYPES for d in dtypes) or len(dtypes) != 1:
         raise UsageError(f"input: the plugin activations are {'/'.join(dtypes)}; the plugins take "
-                         f"{' or '.join(accepted)} (capabilities.h), one for all layers: convert with "
+                         f"{' or '.join(SUPPORTED_IO_DTYPES)} (capabilities.h), one for all layers: convert with "
                          "`pagedkv rewrite --dtype fp16|bf16`")
     _check_engine_input_dtypes(graph)
     resolved = limits.resolved()
@@ -383,11 +380,12 @@ def _sha256(path: Path) -> str:
 def _attach_record(trt, network, plan: BuildPlan, targets: list[str]) -> None:
     """The build record and each plugin layer's fields, into the plugin layers' metadata (engine_record.py)."""
     from pagedkv.builder import engine_record
+    from pagedkv.config import ATTENTION_PLUGIN_NAME, WRITE_PLUGIN_NAME
 
     nodes = {}
     for layer in plan.graph.layers:
-        nodes[layer.write_node] = ("PagedKVQKVWrite", layer.write.to_attributes())
-        nodes[layer.attention_node] = ("PagedKVAttention", layer.attention.to_attributes())
+        nodes[layer.write_node] = (WRITE_PLUGIN_NAME, layer.write.to_attributes())
+        nodes[layer.attention_node] = (ATTENTION_PLUGIN_NAME, layer.attention.to_attributes())
     plugin_layers, entries = [], []
     for i in range(network.num_layers):
         layer = network.get_layer(i)
@@ -406,8 +404,7 @@ def _attach_record(trt, network, plan: BuildPlan, targets: list[str]) -> None:
         "strongly_typed": bool(network.get_flag(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)),
         "version_compatible": plan.options.serialize_plugins,
         "plugins_serialized": [plan.plugin_library.name] if plan.options.serialize_plugins else [],
-        "limits": {**{k: v for k, v in asdict(plan.limits).items()},
-                   "page_size": plan.graph.groups[0].layout.page_size},
+        "limits": {**asdict(plan.limits), "page_size": plan.graph.groups[0].layout.page_size},
         "profile": {name: [list(s) for s in shapes] for name, shapes in plan.shapes.items()},
         "io": io,
         "io_dtype": plan.io_dtype,

@@ -47,10 +47,10 @@ def pytest_collection_modifyitems(config, items):
     no_gpu = cuda.why_no_gpu()
     no_trt = why_no_engine_runtime()
     no_builder = why_no_trt_builder()
-    for item in items:
-        if no_gpu and "gpu" in item.keywords:
+    for item in items:  # markers, not keywords: a parameter id "trt" is a keyword too
+        if no_gpu and item.get_closest_marker("gpu"):
             item.add_marker(pytest.mark.skip(reason=f"gpu: {no_gpu}"))
-        if no_trt and "trt" in item.keywords:
+        if no_trt and item.get_closest_marker("trt"):
             item.add_marker(pytest.mark.skip(reason=f"trt: {no_trt}"))
-        if no_builder and "trt_builder" in item.keywords:
+        if no_builder and item.get_closest_marker("trt_builder"):
             item.add_marker(pytest.mark.skip(reason=f"trt_builder: {no_builder}"))

@@ -212,6 +212,16 @@ def test_float32_and_non_rewritten_graphs_are_refused_before_tensorrt(synthetic,
     assert lines[3] == "[]", "TensorRT was imported before the pre-flight refused"
 
 
+def test_build_phases_reach_the_progress_bars(fp16_graph, tmp_path, monkeypatch):
+    """TensorRT's IProgressMonitor phases become userio.progress bars (shown on a terminal, not with --quiet)."""
+    import pagedkv.userio
+
+    phases, original = [], pagedkv.userio.progress
+    monkeypatch.setattr(pagedkv.userio, "progress", lambda *a, **k: phases.append(k["desc"]) or original(*a, **k))
+    build_engine(fp16_graph, tmp_path / "m.engine", limits=LIMITS)
+    assert phases and phases[0] == "Building engine", phases
+
+
 # ---- the CLI and a tampered engine --------------------------------------------------------------------------------
 def test_cli_build_then_inspect(fp16_graph, tmp_path, capsys):
     engine = tmp_path / "m.engine"
