@@ -411,6 +411,10 @@ def _attach_record(trt, network, plan: BuildPlan, targets: list[str]) -> None:
         "source": {"file": plan.source.name, "sha256": _sha256(plan.source)},
         "plugin_library": {"file": plan.plugin_library.name, "sha256": _sha256(plan.plugin_library)},
     }
+    if plugin_layers and not hasattr(plugin_layers[0], "metadata"):  # an older TensorRT 10 without ILayer.metadata
+        plan.notes.append(f"{plan.flavour.title} {trt.__version__} has no ILayer.metadata: the engine carries no "
+                          "build record (pagedkv inspect reads the header and plugin records only)")
+        return
     for layer, text in zip(plugin_layers, engine_record.layer_metadata(entries, record)):
         layer.metadata = text
 
