@@ -79,6 +79,14 @@ if has bench; then
       tail -40 "$OUT/bench_$b.log" | tee -a "$OUT/summary.txt"
     fi
   done
+  # Head dims 80 / 96 on their own (FlashInfer may JIT-compile or refuse them): a slow peer cannot cost the rows above.
+  for b in write attention; do
+    log "benchmark $b, head dims"
+    timeout ${PAGEDKV_BENCH_HEADDIM_TIMEOUT:-300} python3 benchmarks/bench_$b.py --cases headdim \
+      --json "$OUT/bench_${b}_headdim.json" > "$OUT/bench_${b}_headdim.log" 2>&1
+    t=$?; [ $t -ne 0 ] && { log "bench $b headdim exit $t"; rc=$t; }
+    tail -16 "$OUT/bench_${b}_headdim.log" | tee -a "$OUT/summary.txt"
+  done
 fi
 log "done rc=$rc"
 exit $rc

@@ -23,8 +23,12 @@ Optimization profile (``BuildLimits.profile``): from what the engine must serve,
 is T (new tokens of a step, all sequences), ``max_batch`` B (sequences of a step), ``max_context`` the tokens a
 sequence may hold, which sizes MB (block-table columns) through each pool group's layout (``pages_needed``: a
 cyclic group needs no more than its ring). Minima are 1 (T, B, MB) and 2 (B + 1); the shapes tuned for (opt) are
-a decode step of the full batch over ``opt_context``. A dim the graph fixes is kept (``pagedkv rewrite
---max-blocks`` makes MB static: ``max_context`` must then fit in it).
+a decode step of the full batch over ``opt_context``. The heads' dims follow from the same limits: R (logits
+rows) runs from 1 to T (``compare`` asks for every row; tuned for a decode step's one per sequence) and W
+(penalty tokens per row: the distinct tokens of a sequence's prompt and output) from 1 to ``max_context``, at
+most the vocabulary (tuned for 1: no penalties). A dim the graph fixes is kept (``pagedkv rewrite
+--max-blocks`` makes MB static: ``max_context`` must then fit in it). The engine runs in
+``pagedkv.runtime.trt.TrtExecutor``.
 
 Targets: TensorRT builds for the GPU it runs on. TensorRT-RTX builds for compute capabilities (``--compute-
 capability``; default its own default set, 80, 86, 89 and 120), each of which the plugin library must have code
@@ -49,6 +53,10 @@ from pagedkv.userio import UsageError, atomic_output, check_input_file, check_in
 
 DEFAULT_WORKSPACE_MIB = None  # TensorRT's default: the device's memory
 INT32_MAX = 2 ** 31 - 1
+# The option that bounds each symbolic dim of the profile (``BuildLimits.profile``), for errors that name it
+DIM_LIMITS = {engine_io.NUM_TOKENS: "--max-tokens", engine_io.BATCH: "--max-batch",
+              engine_io.BATCH_PLUS_1: "--max-batch", engine_io.MAX_BLOCKS: "--max-context",
+              engine_io.NUM_LOGITS: "--max-tokens", engine_io.PENALTY_WIDTH: "--max-context"}
 
 
 # ---- limits and the optimization profile ------------------------------------------------------------------
@@ -89,7 +97,9 @@ class BuildLimits:
         bounds = {engine_io.NUM_TOKENS: (1, lim.opt_tokens, lim.max_tokens),
                   engine_io.BATCH: (1, lim.opt_batch, lim.max_batch),
                   engine_io.BATCH_PLUS_1: (2, lim.opt_batch + 1, lim.max_batch + 1),
-                  engine_io.MAX_BLOCKS: (1, mb_opt, mb_max)}
+                  engine_io.MAX_BLOCKS: (1, mb_opt, mb_max),
+                  engine_io.NUM_LOGITS: (1, lim.opt_batch, lim.max_tokens),
+                  engine_io.PENALTY_WIDTH: (1, 1, min(lim.max_context, graph.vocab))}
         page_size = graph.groups[0].layout.page_size
         if mb_max * page_size > INT32_MAX:
             raise UsageError(f"max-context={lim.max_context}: {mb_max} pages of {page_size} tokens exceed int32 cache "
@@ -208,7 +218,7 @@ def preflight(source, output, limits: BuildLimits = BuildLimits(), options: Buil
 def _check_engine_input_dtypes(graph) -> None:
     import onnx
 
-    specs = dict(engine_io.engine_inputs(graph.num_groups, graph.explicit_positions))
+    specs = dict(engine_io.engine_inputs(graph.num_groups, graph.explicit_positions, graph.sampling))
     for vi in graph.model.graph.input:
         spec = specs.get(vi.name)
         got = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type).name

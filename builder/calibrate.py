@@ -76,7 +76,11 @@ def random_prompts(vocab: int, num: int = DEFAULT_PROMPTS, length: int = DEFAULT
 def _tokenizer(directory):
     directory = Path(directory)
     if (directory / "tokenizer.json").is_file():
-        from tokenizers import Tokenizer
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise CalibrationError("tokenizer: reading tokenizer.json needs HF tokenizers (pip install "
+                                   "'pagedkv[export]')") from None
 
         tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
         return lambda text: tok.encode(text).ids

@@ -9,7 +9,7 @@ graphs, with one schedule (``pagedkv.runtime.loop.Schedule``) so the inputs are 
 * original: ONNX Runtime, dense past K/V, one sequence per run (``pagedkv.runtime.session.DenseSession``);
 * rewritten: the chosen backend — ``reference`` (ONNX Runtime + numpy pools + float64 references),
   ``cuda`` (ONNX Runtime + device pools + CUDA kernels through the C API), ``trt`` (an engine built here with
-  ``pagedkv.builder.build``, run by ``pagedkv.runtime.trt.TrtSession``) — every step packs all sequences
+  ``pagedkv.builder.build``, run by ``pagedkv.runtime.trt.TrtExecutor``) — every step packs all sequences
   (mixed prefill chunks and decodes).
 
 The next token of each sequence is the argmax of the *original's* logits, fed to both, so a single
@@ -190,9 +190,9 @@ def open_rewritten(rewritten, backend: str, num_blocks):
     """A session with ``.step`` / ``.free`` / ``.has_sequence`` over the rewritten graph (path or ModelProto);
     for ``trt``, an engine is built from it first (into a temporary directory, gone once the session has it)."""
     if backend in ("reference", "cuda"):
-        from pagedkv.runtime.session import PagedSession
+        from pagedkv.runtime.session import OrtExecutor
 
-        return PagedSession(rewritten, backend=backend, num_blocks=num_blocks)
+        return OrtExecutor(rewritten, backend=backend, num_blocks=num_blocks)
     if backend == "trt":
         import tempfile
         from pathlib import Path
@@ -209,7 +209,7 @@ def open_rewritten(rewritten, backend: str, num_blocks):
                 source = Path(tmp) / "rewritten.onnx"
                 onnx.save(rewritten, str(source))
             engine = build_engine(source, Path(tmp) / "model.engine").engine
-            return trt.TrtSession(rewritten, engine=engine, num_blocks=num_blocks)
+            return trt.TrtExecutor(rewritten, engine=engine, num_blocks=num_blocks)
     raise ValueError(f"backend: expected one of {REWRITTEN_BACKENDS}, got {backend!r}")
 
 
@@ -230,7 +230,7 @@ def compare(original, rewritten, *, backend: str = "reference", num_prompts: int
     import onnx
 
     from pagedkv.runtime.graph import RewrittenGraph
-    from pagedkv.runtime.loop import Request, Schedule
+    from pagedkv.runtime.loop import Prompt, Schedule
     from pagedkv.runtime.session import DenseSession
 
     from pagedkv.builder.precision import emulate_in_float32
@@ -263,7 +263,7 @@ def compare(original, rewritten, *, backend: str = "reference", num_prompts: int
     kv_atol = atol if kv_atol is None else kv_atol
     kv_rtol = rtol if kv_rtol is None else kv_rtol
 
-    sched = Schedule([Request(f"s{i}", p) for i, p in enumerate(prompts)], decode_steps=decode_steps,
+    sched = Schedule([Prompt(f"s{i}", p) for i, p in enumerate(prompts)], decode_steps=decode_steps,
                      chunk_size=chunk_size)
     paged = open_rewritten(rewritten, backend, num_blocks)
     try:

@@ -15,9 +15,11 @@ How (``docs/builder.md`` has the full story):
 4. On a copy: one packed QKV MatMul (or, when a q/k norm sits before RoPE, the kept q/k/v re-concatenated),
    the two plugin nodes, a Reshape into the o_proj; past/present, mask and RoPE plumbing become dead and are
    removed. ``dtype`` converts weights, activations and the plugin I/O (``pagedkv.builder.precision``); quantized
-   caches take per-layer scales, given or calibrated on the input graph (``pagedkv.builder.calibrate``). Every
-   plugin attribute is checked against the plugins' capability table (``pagedkv.config``), the result with
-   ``onnx.checker``, strict shape inference and ``precision.check_types`` before it is returned.
+   caches take per-layer scales, given or calibrated on the input graph (``pagedkv.builder.calibrate``). The logits
+   heads go on top (``logits_head``: the LM head computes only the ``logits_rows`` rows; the sampling head picks the
+   next tokens on the device). Every plugin attribute is checked against the plugins' capability table
+   (``pagedkv.config``), the result with ``onnx.checker``, strict shape inference and ``precision.check_types``
+   before it is returned.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from pagedkv import engine_io
-from pagedkv.builder import patterns
+from pagedkv.builder import logits_head, patterns
 from pagedkv.builder.calibrate import CalibrationError, CalibrationPlan, KVCalibration
 from pagedkv.builder.graph_view import GraphView, ProbeStep, RewriteError, describe
 from pagedkv.builder.measure import (fit_rope_config, measure_head_mapping, measure_mask, measure_rope,
@@ -69,6 +71,9 @@ class RewriteOptions:
     explicit_positions: bool | None = None  # None: only when nodes outside attention still read position_ids
     require_rope: bool = True  # attention without RoPE is an error (every supported family has RoPE)
     zero_v_tail: bool = True
+    sampling: bool = True  # append the sampling head (logits_head); False: logits only
+    sampling_candidates: int = 1024  # K of top-k / top-p (TensorRT's TopK allows <= 3840)
+    top_logprobs: int = 20  # N best tokens reported per row (OpenAI's maximum)
 
     def __post_init__(self):
         object.__setattr__(self, "cache_dtype", CacheDType.parse(self.cache_dtype))
@@ -96,6 +101,9 @@ class RewriteOptions:
         elif self.calibration is None and len(given) < 2:
             raise ValueError(f"cache_dtype={cache}: a quantized cache needs K and V scales; calibrate them on the "
                              "original graph (--calibrate [--calib-data FILE]) or give --k-scale and --v-scale")
+        for name in ("sampling_candidates", "top_logprobs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass
@@ -137,6 +145,7 @@ class RewriteReport:
     dtype: str = "float32"  # of the weights, activations and plugin I/O
     conversion: str = ""  # what the dtype conversion did (empty: none asked)
     notes: list[str] = field(default_factory=list)
+    heads: logits_head.HeadReport | None = None
 
     def __str__(self) -> str:
         lines = [f"rewrote {len(self.layers)} attention layer(s); nodes {self.nodes_before} -> {self.nodes_after}; "
@@ -157,6 +166,8 @@ class RewriteReport:
                 f"qk_norm={int(r.qk_norm)} window={r.window} sinks={r.attention_sinks} "
                 f"scale={r.softmax_scale:.6g} softcap={r.logit_softcap:g} qkv={r.projection} "
                 f"pool_group={r.pool_group}{scales}")
+        if self.heads is not None:
+            lines.append(f"  {self.heads}")
         lines.append(f"  removed inputs: {', '.join(self.removed_inputs)}")
         lines.append(f"  removed outputs: {', '.join(self.removed_outputs)}")
         lines += [f"  note: {n}" for n in self.notes]
@@ -478,14 +489,15 @@ def _engine_tensor(name: str, spec: engine_io.TensorSpec, dims: dict[str, int]) 
     return gs.Variable(name, dtype=spec.dtype, shape=list(engine_io.resolve_shape(spec, dims)))
 
 
-def _emit(model, view, plans, groups, roles, options, explicit: bool) -> tuple[gs.Graph, list, list]:
+def _emit(model, view, plans, groups, roles, options, explicit: bool) -> tuple[gs.Graph, list, list, object]:
     em = _Emitter(model, view, roles)
     em.dtype = _model_float(view, plans)
     dims = {engine_io.NUM_POOL_GROUPS: len(groups)}
     if options.max_blocks:
         dims[engine_io.MAX_BLOCKS] = options.max_blocks
     # every engine input but input_ids, which the graph has (its shape is set below)
-    engine = {name: _engine_tensor(name, spec, dims) for name, spec in engine_io.engine_inputs(len(groups), explicit)
+    engine = {name: _engine_tensor(name, spec, dims)
+              for name, spec in engine_io.engine_inputs(len(groups), explicit, options.sampling)
               if name != engine_io.INPUT_IDS}
     old_inputs = {t.name: t for t in em.graph.inputs}
     position_role = [n for n, role in roles.items() if role == "position_ids"]
@@ -517,9 +529,19 @@ def _emit(model, view, plans, groups, roles, options, explicit: bool) -> tuple[g
     for t in em.graph.outputs:
         if t.shape is not None and len(t.shape) == 3 and t not in statuses:
             t.shape = [1, NUM_TOKENS, t.shape[2]]
+    heads = logits_head.attach(em, engine, vocab=_vocab(em.graph), sampling=options.sampling,
+                               candidates=options.sampling_candidates, top_logprobs=options.top_logprobs)
     em.graph.cleanup(remove_unused_graph_inputs=False).toposort()
     removed_inputs = [n for n in replaced if n in old_inputs]
-    return em.graph, removed_inputs, removed_outputs
+    return em.graph, removed_inputs, removed_outputs, heads
+
+
+def _vocab(graph: gs.Graph) -> int:
+    logits = next((t for t in graph.outputs if t.name == engine_io.LOGITS), None)
+    if logits is None or not logits.shape or not isinstance(logits.shape[-1], (int, np.integer)):
+        raise RewriteError(f"the graph's `{engine_io.LOGITS}` output needs a static vocabulary dimension, has shape "
+                           f"{None if logits is None else logits.shape}")
+    return int(logits.shape[-1])
 
 
 def _fold_shape_reads(graph: gs.Graph, reads: dict, roles: dict, past_shape: dict) -> None:
@@ -620,7 +642,7 @@ def rewrite_model(model: onnx.ModelProto | str | Path, options: RewriteOptions |
         calibration = calibration.run(model, quiet=quiet)
     groups = _pool_groups(plans, options, calibration)
     explicit = bool(options.explicit_positions)
-    graph, removed_inputs, removed_outputs = _emit(model, view, plans, groups, roles, options, explicit)
+    graph, removed_inputs, removed_outputs, heads = _emit(model, view, plans, groups, roles, options, explicit)
     reads = _still_read(graph, {n for n, role in roles.items() if role != "input_ids"})
     position_reads = {n for n in reads if roles[n] == "position_ids"}
     if position_reads and not explicit:
@@ -628,7 +650,7 @@ def rewrite_model(model: onnx.ModelProto | str | Path, options: RewriteOptions |
             raise RewriteError(f"explicit_positions=False, but nodes outside attention read position_ids: "
                                f"{reads[next(iter(position_reads))]}")
         explicit = True
-        graph, removed_inputs, removed_outputs = _emit(model, view, plans, groups, roles, options, explicit)
+        graph, removed_inputs, removed_outputs, heads = _emit(model, view, plans, groups, roles, options, explicit)
         reads = _still_read(graph, {n for n, role in roles.items() if role not in ("input_ids", "position_ids")})
     _fold_shape_reads(graph, reads, roles, past_shape)
     reads = _still_read(graph, {n for n in reads if roles[n] != "position_ids" or not explicit})
@@ -649,7 +671,7 @@ def rewrite_model(model: onnx.ModelProto | str | Path, options: RewriteOptions |
     report = RewriteReport([p.report for p in plans], explicit, sorted(removed_inputs), removed_outputs,
                            len(model.graph.node), len(out.graph.node), page_size=options.page_size,
                            cache_dtype=cache.name.lower(), scales=scales, calibration=calibration, dtype=io_dtype,
-                           conversion=conversion, notes=notes)
+                           conversion=conversion, notes=notes, heads=heads)
     return RewriteResult(out, report, groups)
 
 
@@ -687,6 +709,11 @@ def add_rewrite_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
                         help="add a position_ids engine input (default: only when needed)")
     parser.add_argument("--allow-no-rope", action="store_true", help="accept attention without RoPE")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--no-sampling", action="store_true",
+                        help="no sampling head: the graph gives logits only (the runtime then samples on the host)")
+    parser.add_argument("--sampling-candidates", type=int, default=1024,
+                        help="top-k / top-p candidates of the sampling head (default 1024; TensorRT: <= 3840)")
+    parser.add_argument("--top-logprobs", type=int, default=20, help="top logprobs reported per token (default 20)")
     return parser
 
 
@@ -713,7 +740,9 @@ def options_from_args(args: argparse.Namespace) -> RewriteOptions:
     return RewriteOptions(page_size=args.page_size, cache_dtype=args.cache_dtype, k_scale=args.k_scale,
                           v_scale=args.v_scale, calibration=_calibration_from_args(args), dtype=args.dtype,
                           window=args.window, max_blocks=args.max_blocks, pool_grouping=args.pool_grouping,
-                          explicit_positions=args.explicit_positions, require_rope=not args.allow_no_rope)
+                          explicit_positions=args.explicit_positions, require_rope=not args.allow_no_rope,
+                          sampling=not args.no_sampling, sampling_candidates=args.sampling_candidates,
+                          top_logprobs=args.top_logprobs)
 
 
 def run_rewrite(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ from pagedkv.builder import build
 from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
 from pagedkv.onnx_export.synthetic import SyntheticConfig, export_synthetic
 from pagedkv.runtime import RewrittenGraph
-from pagedkv.runtime.trt import TrtSession
+from pagedkv.runtime.trt import TrtExecutor
 from pagedkv.userio import UsageError
 
 BASE = SyntheticConfig(num_layers=2, hidden=64, vocab=128, intermediate=128)
@@ -105,19 +105,30 @@ def test_runnable_targets_follow_the_library_architectures(monkeypatch):
         assert build._runnable_targets() == expected, text
 
 
-# ---- the session against the engine's profile ---------------------------------------------------------------
-def test_a_step_is_fit_to_the_engine_profile():
-    """Without an engine: the profile check and the block-table padding TrtSession.step applies."""
-    session = object.__new__(TrtSession)
-    session.profile = {"block_table_0": ((1, 8), (4, 8), (8, 8)), "input_ids": ((1, 1), (1, 8), (1, 64))}
-    table = np.array([[3, 1], [0, -1]], np.int32)
-    padded = session._fit_to_profile("block_table_0", table)
-    assert padded.shape == (2, 8) and (padded[:, :2] == table).all() and (padded[:, 2:] == -1).all()
+# ---- the executor against the engine's profile ---------------------------------------------------------------
+def test_a_step_outside_the_engine_profile_names_the_limit():
+    """Without an engine: TrtExecutor's profile check names the input, the dim and the pagedkv build option that
+    bounds it (rt15's R and W dims included); a static dim is the graph's."""
+    executor = object.__new__(TrtExecutor)
+    executor.profile = {"block_table_0": ((1, 1), (4, 8), (8, 16)), "input_ids": ((1, 1), (1, 8), (1, 64)),
+                        "logits_rows": ((1,), (4,), (64,)), "penalty_tokens": ((1, 1), (4, 1), (64, 300)),
+                        "kv_pools": ((1, 4), (1, 4), (1, 4))}
+    executor._check_profile("block_table_0", (8, 16))  # the max itself fits
+    executor._check_profile("penalty_tokens", (3, 1))
     with pytest.raises(ValueError, match=r"input_ids: this step's shape \[1, 65\] is outside the engine's profile "
-                                         r"\[1, 1\]..\[1, 64\]; rebuild the engine with a larger --max-tokens"):
-        session._fit_to_profile("input_ids", np.zeros((1, 65), np.int64))
-    with pytest.raises(ValueError, match="block_table_0.*--max-context"):
-        session._fit_to_profile("block_table_0", np.zeros((2, 9), np.int32))
+                                         r"\[1, 1\]..\[1, 64\] \(dim num_tokens\): rebuild the engine with a larger "
+                                         r"--max-tokens"):
+        executor._check_profile("input_ids", (1, 65))
+    with pytest.raises(ValueError, match=r"block_table_0.*\(dim max_blocks\).*--max-context"):
+        executor._check_profile("block_table_0", (2, 17))
+    with pytest.raises(ValueError, match=r"block_table_0.*\(dim batch\).*--max-batch"):
+        executor._check_profile("block_table_0", (9, 3))
+    with pytest.raises(ValueError, match=r"logits_rows.*\(dim num_logits\).*--max-tokens"):
+        executor._check_profile("logits_rows", (65,))
+    with pytest.raises(ValueError, match=r"penalty_tokens.*\(dim penalty_width\).*--max-context"):
+        executor._check_profile("penalty_tokens", (2, 301))
+    with pytest.raises(ValueError, match=r"kv_pools: .*: the graph fixes it"):
+        executor._check_profile("kv_pools", (2, 4))
 
 
 # ---- engines that run (TensorRT on a GPU) ------------------------------------------------------------------------
@@ -148,7 +159,7 @@ def test_engine_reports_invalid_pages(rewritten_path, tmp_path):
 
     _, rew = rewritten_path
     engine = build.build_engine(rew, tmp_path / "m.engine", limits=build.BuildLimits(4, 128, 128)).engine
-    with TrtSession(str(rew), engine=engine, num_blocks=2) as sess:
+    with TrtExecutor(str(rew), engine=engine, num_blocks=2) as sess:
         sess.step([("a", np.arange(20))])  # two pages of 16
         # sabotage: drop the sequence's second page from the manager's table (a -1 inside the live range)
         sess.manager._tables[0][sess.manager.state("a").row, 1] = -1
@@ -169,3 +180,54 @@ def test_timing_cache_and_serialized_plugins(rewritten_path, tmp_path):
     second = build.build_engine(rew, tmp_path / "b.engine", limits=SMALL, options=options)
     report = inspect_engine(second.engine)
     assert report.ok and report.io_source == "runtime", report.contract + report.problems + report.notes
+
+
+@pytest.mark.trt
+@pytest.mark.gpu
+@pytest.mark.parametrize("cuda_graphs", [True, False], ids=["cuda-graphs", "eager"])
+def test_trt_engine_generates_what_the_reference_does(rewritten_path, tmp_path, cuda_graphs):
+    """The engine over a TensorRT executor: greedy and seeded tokens follow the reference executor (16-bit
+    kernels may flip near-ties, so most, not all, requests must agree), decode steps replay captured CUDA
+    graphs (one per bucket of sequences and block-table width), and nothing stays allocated."""
+    import numpy as np
+
+    from pagedkv.runtime import Engine, OrtExecutor, SamplingParams, SchedulerConfig
+    from pagedkv.runtime.executor import PAD_SEQUENCE
+    from pagedkv.runtime.trt import TrtExecutor
+
+    _, rew = rewritten_path
+    engine_path = build.build_engine(rew, tmp_path / "m.engine", limits=SMALL).engine
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(0, BASE.vocab, n) for n in (5, 17, 33, 12, 3)]
+    params = [SamplingParams(max_new_tokens=12), SamplingParams(max_new_tokens=12, temperature=0.8, top_k=20, seed=9)]
+    outs = {}
+    for name in ("reference", "trt"):
+        ex = (OrtExecutor(str(rew), num_blocks=64) if name == "reference" else
+              TrtExecutor(str(rew), engine=engine_path, num_blocks=64, cuda_graphs=cuda_graphs))
+        with ex:
+            engine = Engine(ex, SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, chunk_size=8))
+            reqs = [engine.add_request((i, j), p, sp) for i, p in enumerate(prompts) for j, sp in enumerate(params)]
+            engine.run()
+            outs[name] = [r.output for r in reqs]
+            if name == "trt":
+                assert (ex.num_graphs > 0) == cuda_graphs
+                assert set(ex.manager.sequences) <= {PAD_SEQUENCE}  # only the padding rows' blocks stay held
+    same = sum(a == b for a, b in zip(outs["reference"], outs["trt"]))
+    assert same >= len(outs["trt"]) // 2, outs
+
+
+@pytest.mark.trt
+@pytest.mark.gpu
+def test_trt_executor_refuses_an_engine_of_another_graph(rewritten_path, tmp_path):
+    from pagedkv.runtime.graph import GraphError
+    from pagedkv.runtime.trt import TrtExecutor
+
+    _, rew = rewritten_path
+    engine_path = build.build_engine(rew, tmp_path / "m.engine",
+                                   limits=build.BuildLimits(max_batch=4, max_tokens=64, max_context=128)).engine
+    other = tmp_path / "other.onnx"
+    import onnx
+
+    onnx.save(rewrite_model(str(rewritten_path[0]), RewriteOptions(sampling=False)).model, str(other))
+    with pytest.raises(GraphError, match="differ from the rewritten graph's"):
+        TrtExecutor(str(other), engine=engine_path, num_blocks=4)

@@ -137,7 +137,8 @@ def test_prompts_from_json_lines_and_text(tmp_path):
     ids.write_text('{"input_ids": [1, 2, 3]}\n\n{"input_ids": [4, 5]}\n', encoding="utf-8")
     assert [p.tolist() for p in load_prompts(ids)] == [[1, 2, 3], [4, 5]]
 
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    tokenizers = pytest.importorskip("tokenizers", reason="HF tokenizers (the export extra) not installed")
+    Tokenizer, models, pre_tokenizers = tokenizers.Tokenizer, tokenizers.models, tokenizers.pre_tokenizers
 
     vocab = {"[UNK]": 0, "the": 1, "cache": 2, "holds": 3, "keys": 4}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))

@@ -39,7 +39,8 @@ def test_each_verb_lives_in_its_module(verb):
                                                         "rewrite": ["in.onnx", "-o", "out.onnx"],
                                                         "compare": ["a.onnx", "b.onnx"],
                                                         "build": ["in.onnx", "-o", "x.engine"],
-                                                        "inspect": ["x.engine"]}.get(verb.name, []))
+                                                        "inspect": ["x.engine"],
+                                                        "generate": ["m.onnx"]}.get(verb.name, []))
     assert args.func is getattr(module, f"run_{verb.name}")
 
 

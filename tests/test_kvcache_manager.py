@@ -61,6 +61,13 @@ def test_errors_name_the_sequence_and_values():
         mgr.commit(1, 4)
     with pytest.raises(ValueError, match="token_ids has 1 entries for 2 tokens"):
         mgr.commit(1, 2, [5])
+    with pytest.raises(ValueError, match="token_ids of sequence 1 must fit int32"):
+        mgr.commit(1, 1, [2 ** 31])  # not wrapped into a negative id
+    assert mgr.state(1).known_tokens().size == 0
+    free_rows = len(mgr._free_rows)
+    with pytest.raises(ValueError, match="prompt_tokens: token ids must fit int32"):
+        mgr.add_sequence(3, [1, -2 ** 31 - 1])
+    assert len(mgr._free_rows) == free_rows and 3 not in mgr  # the refused sequence took no table row
     with pytest.raises(ValueError, match=r"sequence 1 has 3 reserved slot\(s\) for 5 new token"):
         mgr.build_step([(1, 5)])
     with pytest.raises(ValueError, match="appears twice"):

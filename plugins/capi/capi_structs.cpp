@@ -1,13 +1,8 @@
-// pagedkv_struct_layouts(): every struct the C API takes or fills, described field by field for bindings that
-// build their mirrors from the library (src/pagedkv/kernels/_structs.py) instead of copying them by hand.
-//
-// Each struct's field list below is checked against the struct at compile time (listsEveryField): the fields
-// must follow one another as the C++ layout rules place them and end at sizeof, so a member added to a
-// struct (or reordered, or retyped) without its entry here fails the build instead of shifting a binding.
-#include <cstddef>
-#include <cstdint>
+// pagedkv_struct_layouts(): every struct the C API takes or fills, described field by field
+// (pagedkv/struct_description.h) for bindings that build their mirrors from the library
+// (src/pagedkv/kernels/_structs.py) instead of copying them by hand. Each list below is checked against its
+// struct at compile time (listsEveryField).
 #include <string>
-#include <type_traits>
 
 #include "capi_attention.h"
 #include "capi_write.h"
@@ -15,62 +10,22 @@
 #include "pagedkv/kv_layout.h"
 #include "pagedkv/qkv_write.h"
 #include "pagedkv/step_metadata.h"
+#include "pagedkv/struct_description.h"
 #include "pagedkv_capi.h"
+
+// The nested structs' names in the descriptions.
+namespace pagedkv::structdesc {
+template <> struct TypeName<KVLayout> { static constexpr char const* value = "KVLayout"; };
+template <> struct TypeName<StepMetadata> { static constexpr char const* value = "StepMetadata"; };
+template <> struct TypeName<RopeParams> { static constexpr char const* value = "RopeParams"; };
+}  // namespace pagedkv::structdesc
 
 namespace {
 
 using namespace pagedkv;
-
-struct FieldDesc {
-    char const* name;
-    size_t offset;
-    size_t size;   // of the whole member (all elements of an array)
-    size_t align;
-    char const* type;  // i32, i64, u64, f32, bool, ptr, or a described struct's name
-    size_t count;      // array elements; 0 for a scalar
-};
-
-template <typename T>
-struct TypeName;
-template <> struct TypeName<int32_t> { static constexpr char const* value = "i32"; };
-template <> struct TypeName<int64_t> { static constexpr char const* value = "i64"; };
-template <> struct TypeName<uint64_t> { static constexpr char const* value = "u64"; };
-template <> struct TypeName<float> { static constexpr char const* value = "f32"; };
-template <> struct TypeName<bool> { static constexpr char const* value = "bool"; };
-template <> struct TypeName<KVLayout> { static constexpr char const* value = "KVLayout"; };
-template <> struct TypeName<StepMetadata> { static constexpr char const* value = "StepMetadata"; };
-template <> struct TypeName<RopeParams> { static constexpr char const* value = "RopeParams"; };
-static_assert(std::is_same_v<size_t, uint64_t>, "size_t fields are described as u64");
-
-template <typename T>
-constexpr char const* typeName() {
-    using E = std::remove_all_extents_t<T>;
-    if constexpr (std::is_pointer_v<E>) {
-        return "ptr";
-    } else if constexpr (std::is_enum_v<E>) {
-        return TypeName<std::underlying_type_t<E>>::value;
-    } else {
-        return TypeName<E>::value;
-    }
-}
-
-#define PKV_FIELD(S, f)                                                                                  \
-    FieldDesc {                                                                                          \
-        #f, offsetof(S, f), sizeof(S::f), alignof(std::remove_all_extents_t<decltype(S::f)>),            \
-            typeName<decltype(S::f)>(), std::extent_v<decltype(S::f)>                                    \
-    }
-
-template <typename S, size_t N>
-constexpr bool listsEveryField(FieldDesc const (&fields)[N]) {
-    static_assert(std::is_standard_layout_v<S> && std::is_trivially_copyable_v<S>, "C API structs are PODs");
-    size_t end = 0;
-    for (size_t i = 0; i < N; ++i) {
-        size_t const start = (end + fields[i].align - 1) / fields[i].align * fields[i].align;
-        if (fields[i].offset != start) return false;
-        end = start + fields[i].size;
-    }
-    return (end + alignof(S) - 1) / alignof(S) * alignof(S) == sizeof(S);
-}
+using structdesc::describeStruct;
+using structdesc::FieldDesc;
+using structdesc::listsEveryField;
 
 constexpr FieldDesc kKVLayout[] = {
     PKV_FIELD(KVLayout, numLayers),   PKV_FIELD(KVLayout, numKVHeads),     PKV_FIELD(KVLayout, pageSize),
@@ -123,7 +78,10 @@ constexpr FieldDesc kPlanInfo[] = {
     PKV_FIELD(PagedKVAttentionPlanInfo, partial_chunks),   PKV_FIELD(PagedKVAttentionPlanInfo, max_span),
     PKV_FIELD(PagedKVAttentionPlanInfo, workspace_bytes),
 };
-#undef PKV_FIELD
+constexpr FieldDesc kKernelShapes[] = {
+    PKV_FIELD(PagedKVAttentionKernelShapes, decode_threads), PKV_FIELD(PagedKVAttentionKernelShapes, decode_smem_bytes),
+    PKV_FIELD(PagedKVAttentionKernelShapes, multi_threads),  PKV_FIELD(PagedKVAttentionKernelShapes, multi_smem_bytes),
+};
 
 static_assert(listsEveryField<KVLayout>(kKVLayout), "kKVLayout does not list KVLayout's members in order");
 static_assert(listsEveryField<StepMetadata>(kStepMetadata), "kStepMetadata does not list StepMetadata's members");
@@ -132,29 +90,20 @@ static_assert(listsEveryField<RopeParams>(kRopeParams), "kRopeParams does not li
 static_assert(listsEveryField<QKVWriteParams>(kQKVWriteParams), "kQKVWriteParams does not list its members");
 static_assert(listsEveryField<AttentionParams>(kAttentionParams), "kAttentionParams does not list its members");
 static_assert(listsEveryField<PagedKVAttentionPlanInfo>(kPlanInfo), "kPlanInfo does not list its members");
-
-template <typename S, size_t N>
-std::string describe(char const* name, FieldDesc const (&fields)[N]) {
-    std::string out = std::string("\"") + name + "\":{\"size\":" + std::to_string(sizeof(S)) +
-                      ",\"align\":" + std::to_string(alignof(S)) + ",\"fields\":[";
-    for (size_t i = 0; i < N; ++i) {
-        FieldDesc const& f = fields[i];
-        out += std::string(i ? "," : "") + "{\"name\":\"" + f.name + "\",\"type\":\"" + f.type +
-               "\",\"offset\":" + std::to_string(f.offset) + ",\"size\":" + std::to_string(f.size) +
-               (f.count ? ",\"count\":" + std::to_string(f.count) : "") + "}";
-    }
-    return out + "]}";
-}
+static_assert(listsEveryField<PagedKVAttentionKernelShapes>(kKernelShapes), "kKernelShapes does not list its members");
 
 }  // namespace
 
 extern "C" const char* pagedkv_struct_layouts(void) {
-    static std::string const json = "{" + describe<KVLayout>("KVLayout", kKVLayout) + "," +
-                                    describe<StepMetadata>("StepMetadata", kStepMetadata) + "," +
-                                    describe<RopeConfig>("RopeConfig", kRopeConfig) + "," +
-                                    describe<RopeParams>("RopeParams", kRopeParams) + "," +
-                                    describe<QKVWriteParams>("QKVWriteParams", kQKVWriteParams) + "," +
-                                    describe<AttentionParams>("AttentionParams", kAttentionParams) + "," +
-                                    describe<PagedKVAttentionPlanInfo>("PagedKVAttentionPlanInfo", kPlanInfo) + "}";
+    static std::string const json = "{" + describeStruct<KVLayout>("KVLayout", kKVLayout) + "," +
+                                    describeStruct<StepMetadata>("StepMetadata", kStepMetadata) + "," +
+                                    describeStruct<RopeConfig>("RopeConfig", kRopeConfig) + "," +
+                                    describeStruct<RopeParams>("RopeParams", kRopeParams) + "," +
+                                    describeStruct<QKVWriteParams>("QKVWriteParams", kQKVWriteParams) + "," +
+                                    describeStruct<AttentionParams>("AttentionParams", kAttentionParams) + "," +
+                                    describeStruct<PagedKVAttentionPlanInfo>("PagedKVAttentionPlanInfo", kPlanInfo) + "," +
+                                    describeStruct<PagedKVAttentionKernelShapes>("PagedKVAttentionKernelShapes",
+                                                                           kKernelShapes) +
+                                    "}";
     return json.c_str();
 }

@@ -15,6 +15,8 @@ CAPI_NAME = "libpagedkv_capi.so"
 PLUGINS_NAME = "libpagedkv_plugins.so"  # getCreators: IPluginRegistry.load_library, trtexec --dynamicPlugins
 SELFREG_NAME = "libpagedkv_plugins_selfreg.so"  # registers itself: polygraphy --plugins, trtexec --staticPlugins
 TESTHOST_NAME = "pagedkv_testhost"
+RUNTIME_NAME = "libpagedkv_runtime.so"        # the C++ runtime (host C++ only: no CUDA, no TensorRT)
+RUNTIME_CHECK_NAME = "pagedkv_runtime_check"  # its C++ tests and benchmark
 
 
 def lib_dirs() -> list[Path]:
@@ -70,6 +72,12 @@ def capi() -> ctypes.CDLL:
     lib.pagedkv_capabilities.restype = ctypes.c_char_p
     lib.pagedkv_struct_layouts.restype = ctypes.c_char_p
     return lib
+
+
+@functools.lru_cache(maxsize=None)
+def runtime() -> ctypes.CDLL:
+    """The C++ runtime library, loaded once; ``pagedkv.kvcache.native`` declares its signatures."""
+    return ctypes.CDLL(str(require_file(RUNTIME_NAME)))
 
 
 def build_info() -> dict[str, str]:

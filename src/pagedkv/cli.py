@@ -43,6 +43,8 @@ VERBS = (
     Verb("build", "pagedkv.builder.build", "build a TensorRT or TensorRT-RTX engine from a rewritten graph"),
     Verb("inspect", "pagedkv.builder.inspect_engine", "what an engine holds (I/O, profile, plugins, flavour, "
                                                       "targets), checked against the engine-I/O contract"),
+    # the runtime
+    Verb("generate", "pagedkv.runtime.generate", "generate text or token ids from a rewritten graph or an engine"),
 )
 
 

@@ -30,37 +30,56 @@ PLUGIN_VERSION = "1"
 PLUGIN_NAMESPACE_ATTRIBUTE, PLUGIN_VERSION_ATTRIBUTE = "plugin_namespace", "plugin_version"  # the parser's names
 OUT_DTYPE_LIKE_Q = -1  # AttentionConfig.out_dtype: the output takes q's dtype
 
-# capability: the plugins' activation dtypes: qkv, bias, q and the attention output (attention_plan.cpp ioDType;
-# docs/plugin_io.md), as numpy names. The rewrite converts graphs to them (`--dtype`). [C++ table: io_dtypes]
-SUPPORTED_IO_DTYPES = ("float16", "bfloat16")
-
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 FLOAT32_MAX = 3.4028234663852886e38
-# capability: integer attribute ranges, inclusive, as the plugin creators check them (FieldSpec in
-# plugins/plugins/common/poolAttributes.cpp, qkvWritePlugin.cpp, attentionPlugin.cpp). [C++ table:
-# max_heads, min/max_page_size, max_layers, max_pools, max_rotary_dim; the int32 bounds are the field type's]
-ATTRIBUTE_RANGES = {
-    "num_q_heads": (1, 1024), "num_kv_heads": (1, 1024),
-    "page_size": (1, 4096),
-    "num_layers": (1, 4096), "layer_index": (0, 4095),
-    "pool_index": (0, 65535),
-    "ring_sink_tokens": (0, INT32_MAX), "cyclic_len": (0, INT32_MAX),
-    "rope_rotary_dim": (0, 256), "rope_original_max_positions": (1, INT32_MAX),
-    "window": (INT32_MIN, INT32_MAX), "attention_sinks": (0, INT32_MAX),
-}
-# capability: float attributes that must be finite and > 0 (FieldSpec::positiveFloat) or >= 0
-# (FieldSpec::nonNegativeFloat), and fit float32
+# Float attributes that must be finite and > 0 (FieldSpec::positiveFloat) or >= 0 (FieldSpec::nonNegativeFloat),
+# and fit float32, as the plugin creators check them.
 POSITIVE_FLOAT_ATTRIBUTES = ("k_scale", "v_scale", "q_scale", "rope_theta", "rope_factor", "rope_low_freq_factor",
                              "rope_high_freq_factor")
 NON_NEGATIVE_FLOAT_ATTRIBUTES = ("softmax_scale", "logit_softcap")
 
 
+@functools.lru_cache(maxsize=None)
+def attribute_ranges() -> dict[str, tuple[int, int]]:
+    """Integer attribute ranges, inclusive, as the plugin creators check them: the C++ capability table's limits
+    (``pagedkv.capabilities``), the int32 field type's bounds elsewhere. Also ``config.ATTRIBUTE_RANGES``."""
+    cap = capabilities()
+    return {
+        "num_q_heads": (1, cap.max_heads), "num_kv_heads": (1, cap.max_heads),
+        "page_size": (cap.min_page_size, cap.max_page_size),
+        "num_layers": (1, cap.max_layers), "layer_index": (0, cap.max_layers - 1),
+        "pool_index": (0, cap.max_pools - 1),
+        "ring_sink_tokens": (0, INT32_MAX), "cyclic_len": (0, INT32_MAX),
+        "rope_rotary_dim": (0, cap.max_rotary_dim), "rope_original_max_positions": (1, INT32_MAX),
+        "window": (INT32_MIN, INT32_MAX), "attention_sinks": (0, INT32_MAX),
+    }
+
+
+@functools.lru_cache(maxsize=None)
+def supported_io_dtypes() -> tuple[str, ...]:
+    """numpy names of the plugins' activation dtypes (qkv, bias, q, attention output): the capability table's
+    I/O dtypes. The rewrite converts graphs to them (``--dtype``). Also ``config.SUPPORTED_IO_DTYPES``."""
+    from pagedkv.kernels.write import IODType
+
+    return tuple(IODType(v).numpy_dtype.name for v in capabilities().io_dtypes)
+
+
+def __getattr__(name: str):
+    # The capability-derived tables read the library on first use, not at import (``pagedkv --help`` needs none).
+    if name == "ATTRIBUTE_RANGES":
+        return attribute_ranges()
+    if name == "SUPPORTED_IO_DTYPES":
+        return supported_io_dtypes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def check_attribute_values(attrs: dict) -> None:
-    """Every attribute in the range the plugins accept (the capability tables above), else ValueError naming
-    the attribute, the value and the range."""
+    """Every attribute in the range the plugins accept (``attribute_ranges()`` and the float rules above), else
+    ValueError naming the attribute, the value and the range."""
+    ranges = attribute_ranges()
     for name, value in attrs.items():
-        if name in ATTRIBUTE_RANGES:
-            low, high = ATTRIBUTE_RANGES[name]
+        if name in ranges:
+            low, high = ranges[name]
             if not low <= value <= high:
                 raise ValueError(f"{name}: expected a value in [{low}, {high}], got {value}")
         elif name in POSITIVE_FLOAT_ATTRIBUTES or name in NON_NEGATIVE_FLOAT_ATTRIBUTES:

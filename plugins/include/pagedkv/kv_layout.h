@@ -54,6 +54,14 @@ PKV_HD int32_t log2IfPow2(int32_t x) {
 
 PKV_HD int32_t ceilDiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
 
+// Length formula shared by the KV manager and the read side: (pages - 1) * P + last_page_len.
+PKV_HD int32_t lengthFromPages(int32_t numPages, int32_t lastPageLen, int32_t pageSize) {
+    return numPages == 0 ? 0 : (numPages - 1) * pageSize + lastPageLen;
+}
+PKV_HD int32_t lastPageLen(int32_t length, int32_t pageSize) {
+    return length == 0 ? 0 : (length - 1) % pageSize + 1;
+}
+
 // Geometry of one pool group plus its cyclic-window parameters. Build it with makeKVLayout (host).
 // All strides are in elements of the cache dtype.
 // The C API takes this struct as it is (plugins/capi): it stays a standard-layout POD, and a member added here
@@ -81,6 +89,19 @@ struct KVLayout {
     PKV_HD int32_t tokenSlot(int32_t pos) const {
         if (cyclicLen == 0 || pos < ringSinkTokens) return pos;
         return ringSinkTokens + bubbleLen + (pos - ringSinkTokens) % cyclicLen;
+    }
+
+    // Slots a sequence of `length` tokens occupies (the block list must cover ceilDiv(slots, P) pages).
+    PKV_HD int32_t slotsUsed(int32_t length) const {
+        if (cyclicLen == 0 || length <= ringSinkTokens) return length;
+        int32_t ring = length - ringSinkTokens;
+        return ringSinkTokens + bubbleLen + (ring < cyclicLen ? ring : cyclicLen);
+    }
+
+    // Block-list entries a sequence of `length` tokens needs (the Python twin's pages_needed). 64-bit
+    // rounding: the KV manager asks for lengths up to 2^31 - 1.
+    PKV_HD int32_t pagesNeeded(int32_t length) const {
+        return int32_t((int64_t(slotsUsed(length)) + pageSize - 1) / pageSize);
     }
 
     // Slot -> (page index within the sequence, offset within the page): shift and mask or divmod.
