@@ -71,10 +71,11 @@ if has sanitize; then
 fi
 
 if has bench; then
-  for b in write attention; do
+  for b in write attention runtime serving; do
+    extra=""; [ "$b" = runtime ] && extra="--backend cuda"  # + the kernels' decode step, eager vs CUDA graph
     if [ -f benchmarks/bench_$b.py ]; then
       log "benchmark $b"
-      timeout ${PAGEDKV_BENCH_TIMEOUT:-540} python3 benchmarks/bench_$b.py --json "$OUT/bench_$b.json" > "$OUT/bench_$b.log" 2>&1
+      timeout ${PAGEDKV_BENCH_TIMEOUT:-540} python3 benchmarks/bench_$b.py $extra --json "$OUT/bench_$b.json" > "$OUT/bench_$b.log" 2>&1
       t=$?; [ $t -ne 0 ] && { log "bench $b exit $t"; rc=$t; }
       tail -40 "$OUT/bench_$b.log" | tee -a "$OUT/summary.txt"
     fi

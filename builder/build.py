@@ -104,23 +104,29 @@ class BuildLimits:
         if mb_max * page_size > INT32_MAX:
             raise UsageError(f"max-context={lim.max_context}: {mb_max} pages of {page_size} tokens exceed int32 cache "
                              "positions (the plugins' bound)")
+        if graph.max_blocks is not None:  # the graph fixes MB (pagedkv rewrite --max-blocks)
+            if graph.max_blocks < mb_max:
+                raise UsageError(f"max-context={lim.max_context}: a sequence needs up to {mb_max} pages, but the "
+                                 f"graph's block tables are static with max_blocks={graph.max_blocks} (pagedkv "
+                                 f"rewrite --max-blocks): rewrite with --max-blocks >= {mb_max} or lower --max-context")
+            bounds[engine_io.MAX_BLOCKS] = (graph.max_blocks,) * 3
+        bounds[engine_io.NUM_POOL_GROUPS] = (graph.num_groups,) * 3
+        specs = dict(engine_io.engine_inputs(graph.num_groups, graph.explicit_positions, graph.sampling))
+        unknown = sorted(set(graph.input_names) - set(specs))
+        if unknown:
+            raise UsageError(f"input: engine inputs {unknown} are not in the engine-I/O contract (pagedkv.engine_io); "
+                             "cannot size a profile")
+        shapes = {name: tuple(engine_io.resolve_shape(specs[name], {d: b[k] for d, b in bounds.items()})
+                              for k in range(3)) for name in graph.input_names}
+        unsized = sorted({d for lo, _, _ in shapes.values() for d in lo if isinstance(d, str)})
+        if unsized:  # a symbolic dim the contract gained without a bound here
+            raise UsageError(f"input: the engine-I/O contract's dims {unsized} have no profile bound; cannot size a "
+                             "profile")
         dims = _graph_input_dims(graph.model)
-        shapes = {}
-        for name in graph.input_names:
-            per_dim = []
-            for axis, dim in enumerate(dims[name]):
-                if isinstance(dim, int):
-                    if name.startswith(engine_io.SPECS[engine_io.BLOCK_TABLE].prefix) and axis == 1 and dim < mb_max:
-                        raise UsageError(f"max-context={lim.max_context}: a sequence needs up to {mb_max} pages, but "
-                                         f"the graph's block tables are static with max_blocks={dim} (pagedkv rewrite "
-                                         f"--max-blocks): rewrite with --max-blocks >= {mb_max} or lower --max-context")
-                    per_dim.append((dim, dim, dim))
-                elif dim in bounds:
-                    per_dim.append(bounds[dim])
-                else:
-                    raise UsageError(f"input: engine input {name!r} dim {axis} is {dim!r}, not one of pagedkv.engine_io's "
-                                     f"symbolic dims {list(bounds)}; cannot size a profile")
-            shapes[name] = tuple(tuple(d[k] for d in per_dim) for k in range(3))
+        for name, (lo, _, _) in shapes.items():  # what the graph says must agree with the contract
+            if len(dims[name]) != len(lo) or any(isinstance(g, int) and g != d for g, d in zip(dims[name], lo)):
+                raise UsageError(f"input: engine input {name!r} has dims {dims[name]}; the engine-I/O contract "
+                                 f"says {list(specs[name].shape)}")
         return shapes
 
 

@@ -130,15 +130,10 @@ def _read_runtime(report: InspectReport, data: bytes, record) -> None:
         report.problems.append(f"{trt_library.flavour_of(trt).title} could not deserialize the engine"
                                + trt_library.with_plugin_messages())
         return
-    io, profile = [], {}
-    for i in range(engine.num_io_tensors):
-        n = engine.get_tensor_name(i)
-        is_input = engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT
-        io.append({"name": n, "mode": "input" if is_input else "output",
-                   "dtype": trt_library.dtype_name(trt, engine.get_tensor_dtype(n)),
-                   "shape": list(engine.get_tensor_shape(n))})
-        if is_input:
-            profile[n] = [list(s) for s in engine.get_tensor_profile_shape(n, 0)]
+    tensors, shapes = trt_library.engine_tensors(trt, engine)
+    io = [{"name": n, "mode": "input" if is_input else "output", "dtype": d, "shape": s}
+          for n, is_input, d, s in tensors]
+    profile = {n: [list(s) for s in v] for n, v in shapes.items()}
     if report.io and (io != report.io or profile != report.profile):
         report.problems.append(f"the engine's I/O or profile ({RUNTIME}) differs from the {RECORD}'s")
     report.io, report.profile, report.io_source = io, profile, RUNTIME

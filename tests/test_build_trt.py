@@ -44,6 +44,32 @@ def test_profile_covers_every_engine_input(rewritten_path):
     assert shapes["past_lens"] == ((1,), (2,), (8,))
     assert shapes["block_table_0"] == ((1, 1), (2, 7), (8, 32))  # 100 / 500 tokens in pages of 16
     assert shapes["kv_pools"] == ((1, 4),) * 3
+    # rt15's heads: R logits rows 1..T (tuned for one per sequence), W penalty tokens 1..min(context, vocab)
+    assert graph.sampling and shapes["logits_rows"] == ((1,), (2,), (512,))
+    assert shapes["sampling_params"] == tuple((r, 8) for r in (1, 2, 512))
+    assert shapes["penalty_tokens"] == shapes["penalty_counts"] == ((1, 1), (2, 1), (512, 128))  # vocab 128 < 500
+
+
+def test_the_profile_is_the_contracts_shapes(rewritten_path, monkeypatch):
+    """Shapes come from pagedkv.engine_io's specs: a symbolic dim the contract gains without a bound here, or a
+    graph input whose dims disagree with the contract, is refused naming it."""
+    import dataclasses
+
+    from pagedkv import engine_io
+
+    graph = RewrittenGraph.load(str(rewritten_path[1]))
+    limits = build.BuildLimits(max_batch=4, max_tokens=64, max_context=64)
+    spec = engine_io.SPECS[engine_io.PAST_LENS]
+    changed = dataclasses.replace(spec, shape=(engine_io.BATCH, "new_dim"))
+    real = engine_io.engine_inputs
+    monkeypatch.setattr(engine_io, "engine_inputs", lambda *a: [(n, changed if n == spec.name else s)
+                                                                 for n, s in real(*a)])
+    with pytest.raises(UsageError, match=r"dims \['new_dim'\] have no profile bound"):
+        limits.profile(graph)
+    changed = dataclasses.replace(spec, shape=(engine_io.BATCH, 3))
+    with pytest.raises(UsageError, match=r"engine input 'past_lens' has dims \['batch'\]; the engine-I/O contract "
+                                         r"says \['batch', 3\]"):
+        limits.profile(graph)
 
 
 def test_defaults_tune_for_a_decode_step_of_the_full_batch(rewritten_path):

@@ -206,3 +206,17 @@ def numpy_dtype(trt, dtype) -> np.dtype:
 def dtype_name(trt, dtype) -> str:
     """A ``trt.DataType`` as the numpy name ``pagedkv.engine_io`` uses ("int64", "bfloat16", ...)."""
     return numpy_dtype(trt, dtype).name
+
+
+def engine_tensors(trt, engine) -> tuple[list[tuple[str, bool, str, list[int]]], dict[str, tuple]]:
+    """An ``ICudaEngine``'s I/O as ``pagedkv.engine_io.check_engine_io`` takes it: (name, is_input, dtype name,
+    shape with -1 for dynamic dims) per tensor, and each input's (min, opt, max) shapes of profile 0."""
+    tensors, profile = [], {}
+    for i in range(engine.num_io_tensors):
+        name = engine.get_tensor_name(i)
+        is_input = engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT
+        tensors.append((name, is_input, dtype_name(trt, engine.get_tensor_dtype(name)),
+                        list(engine.get_tensor_shape(name))))
+        if is_input:
+            profile[name] = tuple(tuple(s) for s in engine.get_tensor_profile_shape(name, 0))
+    return tensors, profile

@@ -17,7 +17,9 @@ instantiated; later steps of that bucket only upload their inputs and ``cudaGrap
 steps run eagerly. The plugins launch kernels only (no allocation, no synchronization), so they capture.
 
 Host views of the tensors take their numpy dtype from ``pagedkv.trt_library.numpy_dtype`` (bfloat16 and fp8
-included, which ``trt.nptype`` lacks). The engine's own optimization profile bounds every step: each input's shape
+included, which ``trt.nptype`` lacks). A loaded engine's I/O and profile are checked against the engine-I/O
+contract (``pagedkv.engine_io.check_engine_io``, as ``pagedkv inspect`` does) and against the rewritten graph's
+tensors. The engine's own optimization profile bounds every step: each input's shape
 is checked against the profile's (min, max) before anything is copied, and a too-large step fails naming the
 input, the dim and the ``pagedkv build`` limit to raise.
 
@@ -169,15 +171,19 @@ class TrtExecutor(Executor):
         if self.engine is None:
             raise RuntimeError(f"{trt_library.flavour_of(trt).title} could not deserialize {engine}"
                                + trt_library.with_plugin_messages(plugin_library))
-        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        tensors, self.profile = trt_library.engine_tensors(trt, self.engine)
+        problems = engine_io.check_engine_io(tensors, self.profile)
+        if problems:
+            raise GraphError(f"engine {engine}: its I/O breaks the engine-I/O contract (pagedkv.engine_io): "
+                             + "; ".join(problems))
+        names = [name for name, _, _, _ in tensors]
         expected = set(self.graph.input_names) | set(self.graph.output_names)
         if set(names) != expected:
             raise GraphError(f"engine {engine}: its tensors {sorted(set(names) ^ expected)} differ from the rewritten "
                              "graph's (was it built from this graph?)")
         self.context = self.engine.create_execution_context()
-        self._inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        self._inputs = [name for name, is_input, _, _ in tensors if is_input]
         self._dtype = {n: trt_library.numpy_dtype(trt, self.engine.get_tensor_dtype(n)) for n in names}
-        self.profile = {n: tuple(tuple(s) for s in self.engine.get_tensor_profile_shape(n, 0)) for n in self._inputs}
         self.cuda_graphs, self.max_graphs = bool(cuda_graphs), int(max_graphs)
         self.manager = KVCacheManager(self.graph.groups, num_blocks, storage="device", **(manager_kwargs or {}))
         try:
