@@ -588,7 +588,7 @@ def _finish(graph: gs.Graph, model: onnx.ModelProto, dtype: str | None) -> tuple
     out.metadata_props.extend(model.metadata_props)
     conversion = ""
     if dtype is not None:
-        out, report = convert_float_dtype(out, dtype)
+        out, report = convert_float_dtype(out, dtype, float32_prefixes=(logits_head.SAMPLING_PREFIX,))
         conversion = str(report)
     _check(out, model)
     return out, conversion

@@ -159,10 +159,10 @@ def test_a_failed_build_leaves_nothing_and_names_the_plugins_reason(fp16_graph, 
     model = onnx.load(str(fp16_graph))
     for node in model.graph.node:
         if node.op_type == "PagedKVAttention":
-            next(a for a in node.attribute if a.name == "head_dim").i = 80
+            next(a for a in node.attribute if a.name == "head_dim").i = 72  # no kernel for D=72
     plan.source = tmp_path / "broken.onnx"
     onnx.save(model, str(plan.source))
-    with pytest.raises(RuntimeError, match=r"ONNX parser refused .*field 'head_dim'=80: expected one of"):
+    with pytest.raises(RuntimeError, match=r"ONNX parser refused .*field 'head_dim'=72: expected one of"):
         build(plan)
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
 

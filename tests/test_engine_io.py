@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import onnx
 import pytest
@@ -30,8 +31,12 @@ def _dims(value_info) -> tuple:
 @pytest.mark.parametrize("options,num_groups", [
     (RewriteOptions(), 1),
     (RewriteOptions(pool_grouping="per_layer", explicit_positions=True, max_blocks=24), 3),
-], ids=["one-group", "per-layer-explicit-static-width"])
+    (RewriteOptions(dtype="fp16"), 1),
+    (RewriteOptions(dtype="bf16", explicit_positions=True), 1),
+], ids=["one-group", "per-layer-explicit-static-width", "fp16", "bf16-explicit"])
 def test_the_rewrite_emits_exactly_the_contract(options, num_groups):
+    """Also under ``--dtype``: the model-dtype tensors move to it, the sampling head's float32 inputs and outputs
+    stay float32 as the contract fixes them (the conversion keeps the head in float32)."""
     cfg = SyntheticConfig(num_layers=3, hidden=64, vocab=96, intermediate=128)
     model = rewrite_model(make_synthetic_model(cfg), options).model
     explicit = bool(options.explicit_positions)
@@ -45,7 +50,8 @@ def test_the_rewrite_emits_exactly_the_contract(options, num_groups):
         for v, (name, spec) in zip(values, expected):
             assert _dims(v) == engine_io.resolve_shape(spec, dims), name
             dtype = onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)
-            assert dtype == (spec.dtype if spec.dtype is not None else np.float32), name
+            model_dtype = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}.get(options.dtype, np.float32)
+            assert dtype == (spec.dtype if spec.dtype is not None else model_dtype), name
     graph = RewrittenGraph.load(model)
     assert graph.status_outputs == tuple(engine_io.status_name(i) for i in range(cfg.num_layers))
     # the build profile sizes every one of them, from the same symbolic dims
