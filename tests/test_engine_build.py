@@ -3,7 +3,8 @@
 The matrix: every tiny Hugging Face family x {fp16, bf16} activations x {fp16, fp8, int8} cache: export (float32),
 ``rewrite --dtype`` (explicit K/V scales for the quantized caches), ``pagedkv build`` with TensorRT-RTX's default
 targets, then ``inspect``: the engine record, the TensorRT-RTX header and the plugins' own field records agree,
-the engine's I/O holds the engine-I/O contract, the logits have the activations' dtype and every plugin layer's
+the engine's I/O holds the engine-I/O contract (with the sampling head, float32, and ``logits_rows``: the rewrite's
+default), the logits have the activations' dtype and every plugin layer's
 fields are those of the rewritten graph's nodes. Beyond it: the header's target bits re-measured one target at a
 time, a static ``--max-blocks``, failures that leave nothing behind and name the plugin's reason,
 a tampered engine, the CLI, and the TensorRT-RTX facts the plugin libraries rely on (load_library registers, the
@@ -24,7 +25,7 @@ import onnx
 import pytest
 from conftest import hf_export
 
-from pagedkv import _lib, trt_library
+from pagedkv import _lib, engine_io, trt_library
 from pagedkv.builder import engine_record
 from pagedkv.builder.build import BuildLimits, BuildOptions, build, build_engine, preflight
 from pagedkv.builder.inspect_engine import inspect_engine
@@ -88,8 +89,12 @@ def test_every_family_dtype_and_cache_builds_and_inspects(family, dtype, cache, 
     assert report.built_with["flavour"] == "tensorrt_rtx" and report.built_with["version"] == result.version
     assert report.header["decoded"] and report.header["plan_bytes"] == report.bytes
     assert sorted(report.header["targets"]) == sorted(result.targets) == sorted(report.targets["compute_capabilities"])
-    logits = next(t for t in report.io if t["name"] == "logits")
-    assert logits["dtype"] == DTYPES[dtype]
+    io = {t["name"]: t for t in report.io}
+    assert io["logits"]["dtype"] == DTYPES[dtype]
+    # the graph as the rewrite emits it by default: rows gathered at logits_rows, the float32 sampling head on top
+    assert {engine_io.LOGITS_ROWS, *engine_io.SAMPLING_INPUTS, *engine_io.SAMPLING_OUTPUTS} <= set(io)
+    assert {io[n]["dtype"] for n in (engine_io.SAMPLING_PARAMS, engine_io.PENALTY_COUNTS, engine_io.NEXT_LOGPROBS,
+                                     engine_io.TOP_LOGPROBS)} == {"float32"}
     expected = recorded_plugin_fields(graph)
     assert {p["layer"]: (p["plugin"], p["fields"]) for p in report.plugins} == expected
     assert all(p["in_plan"] for p in report.plugins), "every plugin layer's fields are in the plan's own records"
