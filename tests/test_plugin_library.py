@@ -267,10 +267,10 @@ def test_errors_reach_the_logger_tensorrt_hands_over_and_are_kept(host, tmp_path
     """A createPlugin error goes to the logger of the finder TensorRT handed over; when the finder answers nullptr
     (TensorRT-RTX 1.7 does, for the parser and the builder) it goes to stderr. Either way the library keeps it for
     the application (pagedkv_plugin_messages, which pagedkv's builder reads)."""
-    spec = {"plugin": ATTENTION_PLUGIN_NAME, "attrs": dict(attn_cfg().to_attributes(), head_dim=80), "logger": logger}
+    spec = {"plugin": ATTENTION_PLUGIN_NAME, "attrs": dict(attn_cfg().to_attributes(), head_dim=72), "logger": logger}
     status, report, stderr = run_host(host, "create", tmp_path, spec)
     assert status == 1 and not report["created"]
-    text = f"[pagedkv] {ATTENTION_PLUGIN_NAME}::createPlugin: layer 'layer0' (build phase): field 'head_dim'=80"
+    text = f"[pagedkv] {ATTENTION_PLUGIN_NAME}::createPlugin: layer 'layer0' (build phase): field 'head_dim'=72"
     if logger == "finder":
         assert any(text in m for m in errors(report["messages"])) and stderr == ""
     else:
