@@ -74,7 +74,7 @@ def test_runtime_library_exports_and_links_nothing_of_cuda_or_tensorrt():
     assert any(n.startswith("pagedkv_kv_create") for n in names)
     assert any(n.startswith("pagedkv::runtime::KVManager::reserve(") for n in names)
     assert any(n == "typeinfo for pagedkv::runtime::KVCacheExhaustedError" for n in names)
-    leaked = [n for n in names if not (n.startswith(("pagedkv_kv_", "pagedkv::runtime::", "typeinfo for pagedkv::",
+    leaked = [n for n in names if not (n.startswith(("pagedkv_kv_", "pagedkv_rt_", "pagedkv::runtime::", "typeinfo for pagedkv::",
                                                      "typeinfo name for pagedkv::", "vtable for pagedkv::"))
                                        or n in ("PAGEDKV_KV",))]
     assert not leaked, leaked[:10]

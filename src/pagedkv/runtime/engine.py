@@ -229,7 +229,8 @@ class Engine:
         for r, n in zip(reqs, counts.tolist()) if prefills else ((r, 1) for r in decodes):
             r.num_computed += n
         self._last = (samplers, tokens)
-        finished = self._take_tokens(samplers, tokens, logprobs, top_tokens, top_logprobs)
+        # (a step of prefill chunks short of their prompts' ends samples nothing: its one row is ignored)
+        finished = self._take_tokens(samplers, tokens, logprobs, top_tokens, top_logprobs) if samplers else []
         if finished:
             self.scheduler.finish_many(finished)
             for r in finished:
