@@ -291,9 +291,11 @@ int32_t KVManager::addSequence(SeqId id, int32_t const* promptTokens, int32_t pr
     return s.length;
 }
 
-void KVManager::reserve(SeqId id, int32_t numTokens) {
-    Impl& m = *impl_;
-    Sequence& s = m.live(id, "reserve");
+void KVManager::reserve(SeqId id, int32_t numTokens) { impl_->reserve(impl_->live(id, "reserve"), numTokens); }
+
+void KVManager::Impl::reserve(Sequence& s, int32_t numTokens) {
+    Impl& m = *this;
+    SeqId const id = s.id;
     if (numTokens < 0)
         throw KVArgumentError(cat("reserve: num_tokens must be >= 0, got ", numTokens, " (sequence ", id, ")"), id);
     int32_t const L = s.length;
@@ -415,25 +417,30 @@ void KVManager::reserveMany(SeqId const* seqs, int32_t const* counts, int32_t n)
         } else {
             // A linear page L / P held and shared: of the k batch sequences writing one block of refcount c,
             // the first k - 1 copy it, the last one too when c > k (what sequential reserves do).
-            writers.clear();
-            rank.clear();
             auto writtenBlock = [&](int32_t i) -> int32_t {
                 Sequence const& s = m.slots[slots[i]];
                 auto const& blocks = s.groups[g].blocks;
                 int32_t page = s.length / spec.pageSize();
                 return total[i] > 0 && page < int32_t(blocks.size()) ? blocks[page] : kInvalidBlock;
             };
+            bool shared = false;  // a block of refcount 1 has one holder: only shared blocks can be copied
             for (int32_t i = 0; i < n; ++i) {
                 Sequence const& s = m.slots[slots[i]];
                 grow += std::max(0, spec.layout.pagesNeeded(s.length + total[i]) - int32_t(s.groups[g].blocks.size()));
                 int32_t b = writtenBlock(i);
-                if (b >= 0) ++writers[b];
+                shared = shared || (b >= 0 && m.allocators[g].refcount(b) > 1);
             }
-            for (int32_t i = 0; i < n; ++i) {
-                int32_t b = writtenBlock(i);
-                if (b < 0) continue;
-                int32_t k = writers[b];
-                copies += rank[b]++ < k - 1 || m.allocators[g].refcount(b) > k;
+            if (shared) {
+                writers.clear();
+                rank.clear();
+                for (int32_t i = 0; i < n; ++i)
+                    if (int32_t b = writtenBlock(i); b >= 0) ++writers[b];
+                for (int32_t i = 0; i < n; ++i) {
+                    int32_t b = writtenBlock(i);
+                    if (b < 0) continue;
+                    int32_t k = writers[b];
+                    copies += rank[b]++ < k - 1 || m.allocators[g].refcount(b) > k;
+                }
             }
         }
         int64_t count = grow + copies;
@@ -442,7 +449,13 @@ void KVManager::reserveMany(SeqId const* seqs, int32_t const* counts, int32_t n)
                                         cat("reserve_many of ", n, " sequences: ", grow, " new page(s), ", copies,
                                             " copy-on-write"));
     }
-    for (int32_t i = 0; i < n; ++i) reserve(seqs[i], counts[i]);  // fits: the same blocks as planned above
+    size_t const logged = m.copyLog.size();
+    for (int32_t i = 0; i < n; ++i) m.reserve(m.slots[slots[i]], counts[i]);  // fits: the blocks planned above
+    bool const ring = std::any_of(m.groups.begin(), m.groups.end(),
+                                  [](PoolGroup const& g) { return g.mode == WindowMode::kCyclic; });
+    if (!ring)  // Python plans linear groups one after the other: their copies are logged group by group
+        std::stable_sort(m.copyLog.begin() + logged, m.copyLog.end(),
+                         [](BlockCopy const& a, BlockCopy const& b) { return a.group < b.group; });
 }
 
 void KVManager::unreserve(SeqId id) {
