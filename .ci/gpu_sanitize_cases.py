@@ -28,6 +28,10 @@ CASES = [
     (4, 4, 64, 24, CacheDType.FP16, PageLayout.NHD, 0, 0, 0),
     (8, 1, 256, 32, CacheDType.FP8_E4M3, PageLayout.HND, 0, 0, 0),
     (8, 2, 128, 16, CacheDType.INT8, PageLayout.HND, 48, 4, 96),
+    # head dims 80 and 96: 16-bit tiles in 128-element rows, flat-order KV copies, idle write lanes, the 8-bit
+    # decode's per-warp conversion
+    (4, 2, 80, 16, CacheDType.FP16, PageLayout.NHD, 0, 0, 0),
+    (6, 2, 96, 24, CacheDType.FP8_E4M3, PageLayout.HND, 48, 4, 96),
 ]
 
 

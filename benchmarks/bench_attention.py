@@ -10,6 +10,11 @@ cache at 64x4K against xqa's fp8 decode (and our bf16), and the TensorRT plugin'
 (max_q_len = T, max_kv_len = MB * page_size) at 64x4K and 256x1K.
 Prefill: 4 sequences x a 2048-token chunk over 8192 cached tokens and 1 x 8192 over nothing (causal), against
 ``BatchPrefillWithPagedKVCacheWrapper(backend="fa3")`` (and fa2 with ``--peers``).
+Head dims (``--cases headdim``): decode P16 64x4K and prefill P16 4x2048 over 8192 at D = 80 (Phi-2) and 96
+(Phi-3-mini), same H and KVH, each row's note with its time relative to ours at D = 128 (the decode / prefill row
+of the same run, or timed for the purpose when those cases did not run); the peers are tried at those head dims
+too (a peer without a kernel for them reports its failure in the note). Not in the default cases: FlashInfer
+may JIT-compile (or refuse) these head dims, so .ci/gpu-run.sh runs them on their own, under their own timeout.
 
 Timing: median of ``triton.testing.do_bench`` (L2 flushed between repetitions) after warm-up, plain launches
 (no CUDA graphs: both libraries pay their Python launch cost, hidden behind the GPU time for these sizes).
@@ -19,7 +24,7 @@ time over ours: > 1 means ours is faster); the note has every peer's time, ratio
 benchmarks/NOTES-attention.md has the byte counts, floors and predictions.
 
 Run on the GPU machine from the repository root (pagedkv built, torch + triton, FlashInfer importable):
-    python benchmarks/bench_attention.py [--json out.json] [--cases decode,prefill,fp8,plugin] [--peers ...]
+    python benchmarks/bench_attention.py [--json out.json] [--cases decode,prefill,fp8,plugin,headdim] [--peers ...]
 FlashInfer 0.7.2 compiles each kernel on first use (``.whl/flashinfer-env.sh`` sets its JIT up there).
 """
 
@@ -35,6 +40,7 @@ from dataclasses import asdict, dataclass
 
 COPY_CEILING_TBS = 4.28
 H, KVH, D = 32, 8, 128
+HEAD_DIMS = (80, 96)  # --cases headdim: the 64x4K decode and the 4x2048-over-8192 prefill (P16) at these D
 DECODE_SHAPES = [(1, 32768), (1, 131072), (16, 8192), (64, 4096), (128, 2048), (256, 1024)]
 PREFILLS = [dict(num_seqs=4, chunk=2048, cached=8192), dict(num_seqs=1, chunk=8192, cached=0)]
 DEFAULT_PEERS = ("tc_fa2", "xqa", "fa3")
@@ -60,12 +66,13 @@ class Step:
     """One step on the GPU (torch tensors): shuffled block table, our HND pool, queries, our launch args."""
 
     def __init__(self, torch, *, num_seqs: int, q_len: int, past_len: int, page_size: int, cache: str = "bf16",
-                 seed: int = 0):
+                 head_dim: int = D, seed: int = 0):
         from pagedkv.config import AttentionConfig, PoolConfig
         from pagedkv.layout import CacheDType
 
         self.torch = torch
         self.num_seqs, self.q_len, self.past_len, self.page_size = num_seqs, q_len, past_len, page_size
+        self.head_dim = head_dim
         self.kv_len = past_len + q_len
         self.tokens = num_seqs * q_len
         self.pages = -(-self.kv_len // page_size)
@@ -75,11 +82,11 @@ class Step:
         self.block_table = perm.view(num_seqs, self.pages).contiguous()
         self.cu_q_lens = torch.arange(num_seqs + 1, device="cuda", dtype=torch.int32) * q_len
         self.past_lens = torch.full((num_seqs,), past_len, device="cuda", dtype=torch.int32)
-        self.q = torch.randn(self.tokens, H * D, device="cuda", dtype=torch.bfloat16, generator=g)
+        self.q = torch.randn(self.tokens, H * head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
         self.cache = cache
         cache_dtype = {"bf16": CacheDType.BF16, "fp8": CacheDType.FP8_E4M3}[cache]
         self.cfg = AttentionConfig(num_q_heads=H, pool=PoolConfig(
-            num_kv_heads=KVH, head_dim=D, page_size=page_size, num_layers=1, layer_index=0, cache_dtype=cache_dtype,
+            num_kv_heads=KVH, head_dim=head_dim, page_size=page_size, num_layers=1, layer_index=0, cache_dtype=cache_dtype,
             k_scale=1.0, v_scale=1.0))
         shape = self.cfg.pool.layout().pool_shape(self.num_blocks)  # HND [NB, 1, 2, KVH, P, D]
         # Every slot holds a value (positions past a sequence's end included): N(0, 1) in the cache dtype.
@@ -87,11 +94,11 @@ class Step:
         if cache == "fp8":
             self.pool = self.pool.to(torch.float8_e4m3fn)
         self.descs = torch.tensor([[self.pool.data_ptr(), self.num_blocks, 0, 0]], device="cuda", dtype=torch.int64)
-        self.out = torch.empty(self.tokens, H * D, device="cuda", dtype=torch.bfloat16)
+        self.out = torch.empty(self.tokens, H * head_dim, device="cuda", dtype=torch.bfloat16)
 
     @property
     def kv_bytes(self) -> int:
-        return self.num_seqs * self.kv_len * KVH * D * 2 * (2 if self.cache == "bf16" else 1)
+        return self.num_seqs * self.kv_len * KVH * self.head_dim * 2 * (2 if self.cache == "bf16" else 1)
 
     @property
     def attended_pairs(self) -> int:
@@ -105,7 +112,7 @@ class Step:
         torch = self.torch
         max_q = self.tokens if plugin_bounds else self.q_len
         max_kv = self.pages * self.page_size if plugin_bounds else self.kv_len
-        ws_bytes = A.attention_workspace_bytes(self.tokens, self.num_seqs, H, D, max_kv, self.page_size)
+        ws_bytes = A.attention_workspace_bytes(self.tokens, self.num_seqs, H, self.head_dim, max_kv, self.page_size)
         ws = torch.empty(max(ws_bytes, 16), device="cuda", dtype=torch.uint8)
         args = A.attention_params(
             self.cfg, io_dtype=A.IODType.BF16, num_tokens=self.tokens, num_seqs=self.num_seqs, max_blocks=self.pages,
@@ -149,7 +156,8 @@ class Peers:
     def decode(self, step: Step, peer: str):
         torch, fi = self.torch, self.fi
         kv, indptr, indices, last = step.flashinfer_layout()
-        q = step.q.view(step.tokens, H, D)
+        head_dim = step.head_dim
+        q = step.q.view(step.tokens, H, head_dim)
         out = torch.empty_like(q)
         if peer == "xqa":
             block_tables = step.block_table
@@ -158,13 +166,13 @@ class Peers:
             def launch():
                 return fi.decode.trtllm_batch_decode_with_kv_cache(
                     query=q, kv_cache=kv, workspace_buffer=self.xqa_workspace, block_tables=block_tables,
-                    seq_lens=seq_lens, max_seq_len=step.kv_len, bmm1_scale=1.0 / math.sqrt(D), bmm2_scale=1.0,
+                    seq_lens=seq_lens, max_seq_len=step.kv_len, bmm1_scale=1.0 / math.sqrt(head_dim), bmm2_scale=1.0,
                     out=out, kv_layout="NHD", backend="xqa")
             launch.keep = (kv, block_tables, seq_lens, out)
             return launch
         wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=(peer == "tc_fa2"),
                                                         backend="fa2")
-        wrapper.plan(indptr, indices, last, H, KVH, D, step.page_size, q_data_type=torch.bfloat16,
+        wrapper.plan(indptr, indices, last, H, KVH, head_dim, step.page_size, q_data_type=torch.bfloat16,
                      kv_data_type=kv.dtype, o_data_type=torch.bfloat16)
 
         def launch():
@@ -177,9 +185,9 @@ class Peers:
         kv, indptr, indices, last = step.flashinfer_layout()
         backend = {"fa2_prefill": "fa2", "fa3": "fa3"}[peer]
         wrapper = self.fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=backend)
-        wrapper.plan(step.cu_q_lens, indptr, indices, last, H, KVH, D, step.page_size, causal=True,
+        wrapper.plan(step.cu_q_lens, indptr, indices, last, H, KVH, step.head_dim, step.page_size, causal=True,
                      q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
-        q = step.q.view(step.tokens, H, D)
+        q = step.q.view(step.tokens, H, step.head_dim)
 
         def launch():
             return wrapper.run(q, kv)
@@ -267,8 +275,8 @@ def run(which: set[str], peers: tuple[str, ...]) -> list[Result]:
                     del step
                 torch.cuda.empty_cache()
 
+    prefill_peers = [p for p in peers if p in ("fa2_prefill", "fa3")]
     if "prefill" in which:
-        prefill_peers = [p for p in peers if p in ("fa2_prefill", "fa3")]
         for shape in PREFILLS:
             for page in (16, 64):
                 step = Step(torch, num_seqs=shape["num_seqs"], q_len=shape["chunk"], past_len=shape["cached"],
@@ -281,6 +289,45 @@ def run(which: set[str], peers: tuple[str, ...]) -> list[Result]:
                 row(name, "pagedkv bf16", step, ours, us, times, notes, tflops=flops / (us * 1e-6) / 1e12)
                 del step
                 torch.cuda.empty_cache()
+
+    if "headdim" in which:
+        def d128_us(case: str, make) -> float:
+            # The D = 128 row of this run, or (headdim alone) ours timed at D = 128 here, without peers.
+            found = next((r.us for r in results if r.case == case and r.impl == "pagedkv bf16"), None)
+            if found is None:
+                step = make(D)
+                ours = step.our_launcher()
+                found = time_us(ours, torch, triton)
+                row(case, "pagedkv bf16", step, ours, found, {}, ["D = 128 reference for the head-dim rows"])
+                del step
+            return found
+
+        def decode_step(d):
+            return Step(torch, num_seqs=64, q_len=1, past_len=4095, page_size=16, head_dim=d, seed=80 + d)
+
+        def prefill_step(d):
+            return Step(torch, num_seqs=4, q_len=2048, past_len=8192, page_size=16, head_dim=d, seed=7)
+
+        base_decode = d128_us("decode P16 64x4096", decode_step)
+        base_prefill = d128_us("prefill P16 4x2048 over 8192", prefill_step)
+        for d in HEAD_DIMS:
+            step = decode_step(d)
+            ours = step.our_launcher()
+            us = ours.us = time_us(ours, torch, triton)
+            times, notes = time_peers(step, ours, "decode", decode_peers)
+            row(f"decode P16 64x4096 D{d}", "pagedkv bf16", step, ours, us, times, notes,
+                tbs=step.kv_bytes / (us * 1e-6) / 1e12,
+                extra=f"[split {ours.plan['decode_grid'][2]}] {us / base_decode:.2f}x the D = 128 time")
+            del step
+            step = prefill_step(d)
+            flops = 4 * H * d * step.attended_pairs
+            ours = step.our_launcher()
+            us = ours.us = time_us(ours, torch, triton)
+            times, notes = time_peers(step, ours, "prefill", prefill_peers, flops)
+            row(f"prefill P16 4x2048 over 8192 D{d}", "pagedkv bf16", step, ours, us, times, notes,
+                tflops=flops / (us * 1e-6) / 1e12, extra=f"{us / base_prefill:.2f}x the D = 128 time")
+            del step
+            torch.cuda.empty_cache()
     return results
 
 
@@ -303,12 +350,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", help="write the results to this file")
     ap.add_argument("--cases", default="decode,fp8,plugin,prefill",
-                    help="comma-separated subset of: decode, fp8, plugin, prefill")
+                    help="comma-separated subset of: decode, fp8, plugin, prefill, headdim")
     ap.add_argument("--peers", default=",".join(DEFAULT_PEERS),
                     help=f"comma-separated FlashInfer paths to time, of: {', '.join(PEERS)} (default %(default)s)")
     args = ap.parse_args()
     which = set(args.cases.split(","))
-    unknown = which - {"decode", "fp8", "plugin", "prefill"}
+    unknown = which - {"decode", "fp8", "plugin", "prefill", "headdim"}
     if unknown:
         ap.error(f"--cases: unknown {sorted(unknown)}")
     peers = tuple(p for p in args.peers.split(",") if p)

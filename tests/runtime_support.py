@@ -5,6 +5,7 @@ comparison scenario.
 serialized model (bytes: every test opens its own executor on it). ``tokenizer_dir(path, vocab)`` writes a BPE
 tokenizer trained here on a few sentences, small enough for the tiny models' vocabularies, with a chat
 template, a generation_config (EOS) and a config (context length): what a Hugging Face model directory holds.
+``serve_in_thread(llm)`` runs ``pagedkv serve``'s app for an ``LLM`` on 127.0.0.1 (a free port) in a thread.
 ``hf_scenario(family, tmp, backend=..., tolerance=...)`` runs one engine over a tiny random HF model (ragged
 batch, chunked prefill mixed with decodes, arrivals mid-stream, a shared prefix) and compares every request's
 greedy tokens with ``model.generate`` of its prompt alone (tests/test_runtime_hf.py, tests/gpu/).
@@ -12,9 +13,12 @@ greedy tokens with ``model.generate`` of its prompt alone (tests/test_runtime_hf
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import json
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +64,35 @@ def tokenizer_dir(path: Path, vocab: int = 128, max_positions: int = 512) -> Pat
 
 def random_prompts(rng: np.random.Generator, lengths, vocab: int) -> list[np.ndarray]:
     return [rng.integers(0, vocab, int(n)) for n in lengths]
+
+
+@contextlib.contextmanager
+def serve_in_thread(llm, *, model_name: str = "tiny", max_pending: int = 64):
+    """The OpenAI-compatible server over ``llm``'s engine (a ``Worker``), uvicorn on 127.0.0.1 at a free port, in
+    a thread: yields (base URL, worker); stops both at the end."""
+    import uvicorn
+
+    from pagedkv.runtime.api import Worker
+    from pagedkv.runtime.serve import bind
+    from pagedkv.runtime.server import create_app
+
+    worker = Worker(llm.engine, max_pending=max_pending)
+    sock = bind("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(create_app(worker, model_name=model_name), log_level="error",
+                                           timeout_graceful_shutdown=2))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", worker
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        worker.close()
+        sock.close()
 
 
 # ---- the Hugging Face scenario -------------------------------------------------------------------------

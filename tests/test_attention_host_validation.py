@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from pagedkv import _lib
+from pagedkv.capabilities import capabilities
 from pagedkv.config import AttentionConfig, PoolConfig
 from pagedkv.layout import CacheDType, PageLayout, attends
 from pagedkv.step import StepMetadata
@@ -52,7 +54,8 @@ def _good_params(**over):
 BAD_FIELDS = [
     # (override by AttentionParams member, text the message must contain: the field named as the plugin
     # attribute / C API parameter is, snake_case)
-    ({"headDim": 96}, "head_dim=96"),
+    ({"headDim": 48}, "head_dim=48"),
+    ({"headDim": 112}, "head_dim=112"),
     ({"numQHeads": 30}, "num_q_heads=30"),
     ({"numQHeads": 0}, "num_q_heads=0"),
     ({"numKVHeads": 0}, "num_kv_heads=0"),
@@ -134,7 +137,7 @@ def test_null_params():
 @pytest.mark.parametrize("bad,needle", [((-1, 1, 32, 128, 100, 16), "num_tokens=-1"),
                                         ((1, -1, 32, 128, 100, 16), "num_seqs=-1"),
                                         ((1, 1, 0, 128, 100, 16), "num_q_heads=0"),
-                                        ((1, 1, 32, 80, 100, 16), "head_dim=80"),
+                                        ((1, 1, 32, 48, 100, 16), "head_dim=48"),
                                         ((1, 1, 32, 128, -7, 16), "max_kv_len=-7"),
                                         ((1, 1, 32, 128, 100, 0), "page_size=0")])
 def test_workspace_bytes_rejects_bad_bounds(bad, needle):
@@ -153,6 +156,60 @@ def test_workspace_bytes_shape():
     huge_t = A.attention_workspace_bytes(8192, 64, 32, 128, 131072, 16)
     assert huge_t == A.attention_workspace_bytes(16384, 64, 32, 128, 131072, 16) > 0
     assert A.attention_workspace_bytes(1, 1, 32, 256, 131072, 16) > large  # D + 1 floats per partial row
+
+
+# Per-block opt-in shared-memory limits (cudaDevAttrMaxSharedMemoryPerBlockOptin), as docs/plugin_io.md states them.
+SMEM_LIMITS = {"sm_80": 166912, "sm_86/89": 101376, "sm_90": 232448}
+SMEM_COLUMNS = (("decode", CacheDType.BF16), ("decode", CacheDType.FP8_E4M3), ("multi", CacheDType.BF16),
+                ("multi", CacheDType.FP8_E4M3))
+
+
+def _docs_smem_table() -> dict[int, list[str]]:
+    text = (Path(__file__).resolve().parents[1] / "docs" / "plugin_io.md").read_text()
+    section = text.split("## Shared memory per CTA", 1)[1].split("\n## ", 1)[0]
+    for arch, limit in SMEM_LIMITS.items():
+        assert str(limit) in section, f"the section states the {arch} limit {limit}"
+    rows = [line.strip("|").split("|") for line in section.splitlines() if line.startswith("| ") and
+            line.split("|")[1].strip().isdigit()]
+    return {int(r[0]): [c.strip() for c in r[1:]] for r in rows}
+
+
+def test_docs_shared_memory_table_matches_the_kernels():
+    # docs/plugin_io.md tabulates each kernel's shared memory per CTA for every head dim of the capability table
+    # and which GPUs cannot host it; the library's compiled numbers must say the same, for both I/O dtypes and
+    # both 8-bit dtypes (they share the kernels).
+    table = _docs_smem_table()
+    assert sorted(table) == list(capabilities().head_dims)
+    for d, cells in table.items():
+        refused = []
+        for (kernel, cache), cell in zip(SMEM_COLUMNS, cells, strict=False):
+            shapes = {A.kernel_shapes(io, c, d)[f"{kernel}_smem_bytes"] for io in A.IODType
+                      for c in ((CacheDType.FP8_E4M3, CacheDType.INT8) if cache == CacheDType.FP8_E4M3 else
+                                (CacheDType.FP16, CacheDType.BF16))}
+            assert len(shapes) == 1, (d, kernel, cache, shapes)
+            smem = shapes.pop()
+            assert cell == f"{smem} ({smem / 1024:.1f})", (d, kernel, cache, cell, smem)
+            assert smem <= SMEM_LIMITS["sm_90"], "sm_90 hosts every kernel (the launcher's message says so)"
+            bits = "16-bit" if cache == CacheDType.BF16 else "8-bit"
+            refused += [(arch, f"{kernel} {bits}") for arch, limit in SMEM_LIMITS.items() if smem > limit]
+        by_arch = {}
+        for arch, what in refused:
+            by_arch.setdefault(arch, []).append(what.replace("multi", "multi-token"))
+        expected = "; ".join(f"{arch}: {', '.join(w)}" for arch, w in sorted(by_arch.items())) or "—"
+        assert cells[4] == expected, (d, cells[4], expected)
+
+
+def test_kernel_shapes_of_the_new_head_dims_reuse_the_tiles_of_the_next_width():
+    # 16-bit tiles of D = 32, 80, 96 are stored in rows of 64, 128, 128 elements: their 16-bit kernels take the
+    # shared memory (and threads) of D = 64 and 128 exactly; unsupported head dims are refused by name.
+    for d, width in ((32, 64), (80, 128), (96, 128)):
+        for io, cache in ((A.IODType.BF16, CacheDType.BF16), (A.IODType.FP16, CacheDType.FP16)):
+            assert A.kernel_shapes(io, cache, d) == A.kernel_shapes(io, cache, width), d
+    for bad, needle in ((48, "head_dim=48"), (112, "head_dim=112")):
+        with pytest.raises(_lib.CapiError, match=needle):
+            A.kernel_shapes(A.IODType.BF16, CacheDType.BF16, bad)
+    with pytest.raises(_lib.CapiError, match="cache_dtype=4"):
+        A.kernel_shapes(A.IODType.BF16, CacheDType.NVFP4, 128)
 
 
 def _plan(cfg, *, io=A.IODType.BF16, T, B, MB, max_q, max_kv, ws=None, sm=132, dec=2, multi=2):
@@ -221,7 +278,7 @@ def test_decode_split_fills_whole_waves(B, L, ctas_per_sm, chunks):
 @pytest.mark.parametrize("seed", range(30))
 def test_plan_workspace_fits_any_launch_within_the_bounds(seed):
     rng = np.random.default_rng(seed)
-    cfg = _cfg(head_dim=int(rng.choice([64, 128, 256])))
+    cfg = _cfg(head_dim=int(rng.choice(capabilities().head_dims)))
     T_max, B_max = int(rng.integers(1, 9000)), 0
     B_max = int(rng.integers(1, T_max + 1))
     kv_max = int(rng.integers(1, 200000))
@@ -326,6 +383,11 @@ def _cases() -> list[Case]:
         Case(((700, 1), (650, 20)), 1, 4, 128, 16, window=128, sinks=20, cyclic_pages=10),  # sinks span a page
         Case(((400, 1), (380, 25), (0, 90)), 2, 4, 128, 16, holes=6),     # -1 pages inside the span
         Case(((900, 1), (850, 3)), 1, 4, 128, 16, window=64, holes=30),   # evicted pages below the window
+        # head dims 32, 80, 96 (tiles of the D = 64 / 128 kernels' shapes): prefill chunk + decodes, split
+        Case(((0, 70), (300, 1), (129, 2)), 2, 4, 32, 16, sm_count=16),
+        Case(((2000, 1), (500, 33)), 2, 4, 80, 24, window=300, sinks=4, sm_count=8),
+        Case(((700, 1), (650, 20)), 1, 3, 96, 16, window=128, sinks=4, cyclic_pages=10),
+        Case(((3000, 1), (40, 200)), 1, 8, 96, 32, holes=4, sm_count=4),
     ]
     for i in range(25):
         n = int(rng.integers(1, 7))
@@ -334,7 +396,7 @@ def _cases() -> list[Case]:
         window = int(rng.choice([0, 0, 50, 300]))
         cyclic = int(rng.choice([0, 0, 40])) if window and window + 70 < 40 * page else 0
         cases.append(Case(seqs, int(rng.choice([1, 2])), int(rng.choice([1, 2, 4, 8, 16, 32])),
-                          int(rng.choice([64, 128, 256])), page, window=window,
+                          int(rng.choice(capabilities().head_dims)), page, window=window,
                           sinks=int(rng.choice([0, 3, 16])) if window else 0, cyclic_pages=cyclic,
                           holes=int(rng.choice([0, 0, 3])), sm_count=int(rng.choice([2, 16, 132])), seed=i))
     return cases

@@ -18,7 +18,7 @@ from pagedkv import _lib
 from pagedkv.kernels import _structs
 
 EXPECTED = {"KVLayout", "StepMetadata", "RopeConfig", "RopeParams", "QKVWriteParams", "AttentionParams",
-            "PagedKVAttentionPlanInfo"}
+            "PagedKVAttentionPlanInfo", "PagedKVAttentionKernelShapes"}
 
 
 def _descriptions() -> dict:

@@ -151,6 +151,22 @@ def test_preemption_under_pool_pressure_changes_nothing(prompts, policy, host_bl
         assert stats.swaps_out > 0 and stats.swaps_in == stats.swaps_out
 
 
+def test_a_step_of_unfinished_prefill_chunks_samples_nothing(prompts, alone):
+    """After a request finishes, a step that holds only prefill chunks short of their prompt's end runs one
+    placeholder row: nobody takes its token, and the finished request's sampling rows are not read again."""
+    with _executor(num_blocks=64) as ex:
+        engine = Engine(ex, SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=8, chunk_size=8))
+        short = engine.add_request("short", prompts[7], SamplingParams(max_new_tokens=2))  # 3 tokens: done in step 2
+        long = engine.add_request("long", prompts[6], GREEDY8)  # 40 tokens: chunks only in steps 3-5
+        engine.step()
+        engine.step()
+        assert short.finished and len(short.output) == 2
+        assert engine.step() == [] and long.output == []
+        engine.run()
+        ex.manager.validate()
+    assert short.output == alone[7][:2] and long.output == alone[6]
+
+
 def test_abort_frees_blocks_at_once(prompts):
     with _executor(num_blocks=64, host_blocks=16) as ex:
         mgr = ex.manager

@@ -45,6 +45,7 @@ class Case:
     softcap: float = 0.0
     softmax_scale: float = 0.0
     q_gain: float = 1.0  # larger logits, so that softcap matters
+    head_dim: int = HEAD_DIM
 
     def __post_init__(self):
         assert all(past >= 0 and q >= 0 for past, q in self.seqs)
@@ -69,6 +70,10 @@ CASES = [
     Case("bf16", MIXED, cache_dtype=BF16),
     Case("fp8", MIXED, cache_dtype=FP8, window=20, attention_sinks=3),
     Case("int8", MIXED, cache_dtype=INT8),
+    # head dims outside 64 / 128 / 256 (Phi-2 80, Phi-3-mini 96, 32)
+    Case("mixed-gqa-d80", MIXED, head_dim=80),
+    Case("window-sinks-fp8-d96", MIXED, cache_dtype=FP8, window=16, attention_sinks=4, head_dim=96),
+    Case("decode-int8-d32", ((0, 1), (5, 1), (16, 1), (47, 1)), cache_dtype=INT8, head_dim=32),
 ]
 
 
@@ -88,12 +93,12 @@ class Built:
             table[b, :n] = [free.pop() for _ in range(n)]
         cu = np.concatenate([[0], np.cumsum([q for _, q in case.seqs])])
         self.meta = StepMetadata(table, cu, np.array([p for p, _ in case.seqs]))
-        raw_k = [rng.standard_normal((n, kvh, HEAD_DIM)) for n in kv_lens]
-        raw_v = [rng.standard_normal((n, kvh, HEAD_DIM)) for n in kv_lens]
+        raw_k = [rng.standard_normal((n, kvh, case.head_dim)) for n in kv_lens]
+        raw_v = [rng.standard_normal((n, kvh, case.head_dim)) for n in kv_lens]
         k_scale = scale_for(np.concatenate(raw_k), case.cache_dtype)
         v_scale = scale_for(np.concatenate(raw_v), case.cache_dtype)
-        pool_cfg = PoolConfig(num_kv_heads=kvh, head_dim=HEAD_DIM, page_size=page_size, num_layers=3, layer_index=2,
-                              cache_dtype=case.cache_dtype, page_layout=page_layout, k_scale=k_scale, v_scale=v_scale)
+        pool_cfg = PoolConfig(num_kv_heads=kvh, head_dim=case.head_dim, page_size=page_size, num_layers=3,
+                              layer_index=2, cache_dtype=case.cache_dtype, page_layout=page_layout, k_scale=k_scale, v_scale=v_scale)
         self.cfg = AttentionConfig(num_q_heads=h, pool=pool_cfg, window=case.window, attention_sinks=case.attention_sinks,
                                    softmax_scale=case.softmax_scale, logit_softcap=case.softcap)
         self.layout = pool_cfg.layout()
@@ -110,7 +115,7 @@ class Built:
                 self.pool[pool_index(self.layout, blk, 2, 1, pos % page_size)] = v_st[pos]
             self.k.append(dequantize(k_st, case.cache_dtype, k_scale))
             self.v.append(dequantize(v_st, case.cache_dtype, v_scale))
-        self.q = rng.standard_normal((self.meta.num_tokens, h, HEAD_DIM)) * case.q_gain
+        self.q = rng.standard_normal((self.meta.num_tokens, h, case.head_dim)) * case.q_gain
 
     def dense(self, case: Case, k=None, v=None):
         out = np.zeros_like(self.q)

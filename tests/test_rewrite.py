@@ -385,7 +385,7 @@ def test_graph_without_past_inputs_is_an_error():
 
 
 def test_unsupported_head_dim_names_the_layer():
-    model = original(SyntheticConfig(head_dim=32, hidden=64))
+    model = original(SyntheticConfig(head_dim=48, hidden=64))
     with pytest.raises(RewriteError, match=r"layer 0 cannot use the plugins: head_dim: expected one of"):
         rewrite_model(model)
 

@@ -4,7 +4,8 @@ directory beside it (``runtime_support.tokenizer_dir``: what a Hugging Face mode
 LLM: text, token ids and chat prompts; completions equal the engine's tokens; streaming deltas add up to the
 completion; EOS from the directory's generation_config. Worker: submissions from several threads and from
 asyncio, abort mid-stream frees the request's blocks, validation errors raise in the caller, a full queue
-raises ``WorkerBusy``, close ends what is left. CLI: text streaming, JSON lines from token ids (stdout and an
+raises ``WorkerBusy``, close ends what is left; ``call`` runs on the engine thread between steps, and an engine that
+fails ends every request with its error and refuses more (``WorkerClosed``). CLI: text streaming, JSON lines from token ids (stdout and an
 atomically written file), and one-line usage errors with exit status 2.
 """
 
@@ -19,7 +20,7 @@ import pytest
 from runtime_support import EOS, SMALL, needs_tokenizers, synthetic_rewritten, tokenizer_dir
 
 from pagedkv.cli import main
-from pagedkv.runtime import LLM, ContextLengthError, SamplingParams, Worker, WorkerBusy
+from pagedkv.runtime import LLM, ContextLengthError, SamplingParams, Worker, WorkerBusy, WorkerClosed
 
 
 pytestmark = needs_tokenizers  # the model directory has a tokenizer; token-id paths are tested without one too
@@ -124,6 +125,34 @@ def test_worker_busy_and_close_aborts(model_dir):
         worker.close()
         assert [h.result().finish_reason for h in handles] == ["abort", "abort"]
         assert not llm.executor.manager.sequences
+
+
+def test_worker_call_alive_and_engine_failure(model_dir):
+    with _llm(model_dir) as llm:
+        worker = Worker(llm.engine)
+        handle = worker.submit("hello world", SamplingParams(max_new_tokens=40, ignore_eos=True))
+        assert handle.prompt_ids == llm.tokenizer.encode("hello world")
+        validated, requests = worker.call(lambda e: (e.manager.validate(), len(e.requests))).result(10)
+        assert validated is None and requests in (0, 1)
+        with pytest.raises(ZeroDivisionError):
+            worker.call(lambda e: 1 / 0).result(10)  # the caller gets its function's exception; the worker goes on
+        done = handle.result()
+        assert done.prompt_ids == handle.prompt_ids and len(done.output_ids) == 40 and worker.alive
+
+        def broken_step():
+            raise RuntimeError("device lost")
+
+        slow = worker.submit([1, 2, 3], SamplingParams(max_new_tokens=400, ignore_eos=True))
+        next(iter(slow))  # running
+        worker.call(lambda e: setattr(e, "step", broken_step)).result(10)
+        last = slow.result()
+        assert last.finish_reason == "error" and last.error == "RuntimeError: device lost"
+        assert not worker.alive and not llm.executor.manager.sequences
+        with pytest.raises(WorkerClosed, match="device lost"):
+            worker.submit([1, 2])
+        with pytest.raises(WorkerClosed, match="device lost"):
+            worker.call(lambda e: None)
+        worker.close()
 
 
 def test_worker_streams_to_asyncio(model_dir):

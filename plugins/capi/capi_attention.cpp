@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "../kernels/attention_kernels.h"
 #include "../kernels/attention_plan.h"
 #include "../kernels/launch_common.h"
 
@@ -90,6 +91,22 @@ int32_t pagedkv_attention_plan(const AttentionParams* params, int32_t sm_count, 
     out->partial_chunks = plan.partialChunks;
     out->max_span = plan.maxSpan;
     out->workspace_bytes = int64_t(plan.workspaceBytes);
+    return 0;
+}
+
+int32_t pagedkv_attention_kernel_shapes(int32_t io_dtype, int32_t cache_dtype, int32_t head_dim,
+                                        PagedKVAttentionKernelShapes* out) {
+    clearLastError();
+    if (out == nullptr) return invalidArgument("out=NULL: expected a PagedKVAttentionKernelShapes");
+    IODType const io = static_cast<IODType>(io_dtype);
+    CacheDType const cache = static_cast<CacheDType>(cache_dtype);
+    PKV_REQUIRE(isSupportedIODType(io), "io_dtype", io_dtype, supportedIODTypesText());
+    PKV_REQUIRE(isSupportedCacheDType(cache), "cache_dtype", cache_dtype, supportedCacheDTypesText());
+    attn::KernelShape decode{}, multi{};
+    cudaError_t err = attn::decodeKernelShape(io, cache, head_dim, decode);  // names an unsupported head_dim
+    if (err == cudaSuccess) err = attn::multiKernelShape(io, cache, head_dim, multi);
+    if (err != cudaSuccess) return err;
+    *out = PagedKVAttentionKernelShapes{decode.threads, decode.smemBytes, multi.threads, multi.smemBytes};
     return 0;
 }
 

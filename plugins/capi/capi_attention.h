@@ -41,6 +41,19 @@ PAGEDKV_EXPORT int32_t pagedkv_attention_plan(const pagedkv::AttentionParams* pa
                                               int32_t decode_ctas_per_sm, int32_t multi_ctas_per_sm,
                                               PagedKVAttentionPlanInfo* out);
 
+// Threads and dynamic shared memory per CTA of the decode and multi-token kernels that serve (io_dtype,
+// cache_dtype, head_dim), as compiled (host constants, no GPU needed): what the device's per-block shared-memory
+// limit is checked against at the first launch (docs/plugin_io.md tabulates them per head dim and architecture).
+struct PagedKVAttentionKernelShapes {
+    int32_t decode_threads;
+    int32_t decode_smem_bytes;
+    int32_t multi_threads;
+    int32_t multi_smem_bytes;
+};
+
+PAGEDKV_EXPORT int32_t pagedkv_attention_kernel_shapes(int32_t io_dtype, int32_t cache_dtype, int32_t head_dim,
+                                                       PagedKVAttentionKernelShapes* out);
+
 // Host replay of the kernels' work decomposition (the same decision functions the kernels run), for the CPU
 // tests: params->meta's blockTable, cuQLens and pastLens are HOST pointers here, num_blocks is the pool's NB.
 // Outputs (host, zeroed by the callee):

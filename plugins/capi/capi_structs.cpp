@@ -78,6 +78,10 @@ constexpr FieldDesc kPlanInfo[] = {
     PKV_FIELD(PagedKVAttentionPlanInfo, partial_chunks),   PKV_FIELD(PagedKVAttentionPlanInfo, max_span),
     PKV_FIELD(PagedKVAttentionPlanInfo, workspace_bytes),
 };
+constexpr FieldDesc kKernelShapes[] = {
+    PKV_FIELD(PagedKVAttentionKernelShapes, decode_threads), PKV_FIELD(PagedKVAttentionKernelShapes, decode_smem_bytes),
+    PKV_FIELD(PagedKVAttentionKernelShapes, multi_threads),  PKV_FIELD(PagedKVAttentionKernelShapes, multi_smem_bytes),
+};
 
 static_assert(listsEveryField<KVLayout>(kKVLayout), "kKVLayout does not list KVLayout's members in order");
 static_assert(listsEveryField<StepMetadata>(kStepMetadata), "kStepMetadata does not list StepMetadata's members");
@@ -86,6 +90,7 @@ static_assert(listsEveryField<RopeParams>(kRopeParams), "kRopeParams does not li
 static_assert(listsEveryField<QKVWriteParams>(kQKVWriteParams), "kQKVWriteParams does not list its members");
 static_assert(listsEveryField<AttentionParams>(kAttentionParams), "kAttentionParams does not list its members");
 static_assert(listsEveryField<PagedKVAttentionPlanInfo>(kPlanInfo), "kPlanInfo does not list its members");
+static_assert(listsEveryField<PagedKVAttentionKernelShapes>(kKernelShapes), "kKernelShapes does not list its members");
 
 }  // namespace
 
@@ -96,6 +101,9 @@ extern "C" const char* pagedkv_struct_layouts(void) {
                                     describeStruct<RopeParams>("RopeParams", kRopeParams) + "," +
                                     describeStruct<QKVWriteParams>("QKVWriteParams", kQKVWriteParams) + "," +
                                     describeStruct<AttentionParams>("AttentionParams", kAttentionParams) + "," +
-                                    describeStruct<PagedKVAttentionPlanInfo>("PagedKVAttentionPlanInfo", kPlanInfo) + "}";
+                                    describeStruct<PagedKVAttentionPlanInfo>("PagedKVAttentionPlanInfo", kPlanInfo) + "," +
+                                    describeStruct<PagedKVAttentionKernelShapes>("PagedKVAttentionKernelShapes",
+                                                                           kKernelShapes) +
+                                    "}";
     return json.c_str();
 }

@@ -3,7 +3,7 @@
 // instantiates every kernel family for it. Anything outside the compiled set fails loudly with the field and
 // the value. Template parameters are kept to what changes the generated code (the MMA type, whether tiles go
 // through an 8-bit staging buffer, the head dim); fp8 vs int8, soft-cap, window and page geometry are uniform
-// runtime branches, so each kernel family has 2 x 2 x (head dims) = 12 instantiations today (the merge 2 x 3).
+// runtime branches, so each kernel family has 2 x 2 x (head dims) = 24 instantiations today (the merge 2 x 6).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -116,6 +116,16 @@ private:
 // One KernelSetup per kernel instantiation F.
 template <typename F>
 inline KernelSetup kernelSetup{};
+
+// The compiled shape (threads, dynamic shared memory) of one attention kernel family's instantiation.
+template <template <typename, bool, int> class Family>
+cudaError_t familyShape(IODType io, CacheDType cache, int32_t headDim, KernelShape& shape) {
+    return dispatchAttention(io, isCache8Bit(cache), headDim, [&](auto ct, auto k8, auto d) -> cudaError_t {
+        using F = Family<typename decltype(ct)::type, decltype(k8)::value, decltype(d)::value>;
+        shape = KernelShape{F::kThreads, F::kSmemBytes};
+        return cudaSuccess;
+    });
+}
 
 // The occupancy query (kp == nullptr) or the launch of one attention kernel family, through dispatchAttention:
 // Family<CT, k8Bit, kD> provides kThreads, kSmemBytes, kName and kernel() (the __global__ function).

@@ -40,6 +40,15 @@ struct AttentionKernelParams {
     }
 };
 
+// Threads and dynamic shared memory per CTA of the instantiation serving (ioDType, cacheDType, headDim), as
+// compiled: host constants, no CUDA call (the C API reports them; docs/plugin_io.md tabulates them per head dim).
+struct KernelShape {
+    int32_t threads;
+    int32_t smemBytes;
+};
+cudaError_t decodeKernelShape(IODType io, CacheDType cache, int32_t headDim, KernelShape& shape);
+cudaError_t multiKernelShape(IODType io, CacheDType cache, int32_t headDim, KernelShape& shape);
+
 // Resident CTAs per SM of the instantiation serving (ioDType, cacheDType, headDim); sets its dynamic
 // shared-memory limit on first use. Errors name the unsupported value.
 cudaError_t decodeKernelOccupancy(IODType io, CacheDType cache, int32_t headDim, int32_t& ctasPerSm);

@@ -47,6 +47,15 @@ PKV_HD constexpr int32_t multiWarpMTiles(int32_t headDim) { return headDim == 25
 PKV_HD constexpr int32_t multiTileRows(int32_t headDim) { return kMultiWarps * 16 * multiWarpMTiles(headDim); }
 // KV tokens per pipeline stage of the multi-token kernel (its S / softmax steps stay 32 tokens wide).
 PKV_HD constexpr int32_t multiTileTokens(int32_t headDim) { return headDim <= 128 ? 64 : 32; }
+// Row width, in elements, of both kernels' 16-bit shared-memory tiles (Q, K, V as the MMAs read them). Their
+// XOR swizzle permutes a row's 16-byte chunks within aligned groups of 8 and steps through a row by XOR-ing the
+// k-step into the chunk index, so a row holds a power of two >= 8 chunks: D = 64, 128, 256 as they are; the
+// other head dims in rows of the next of those widths (D = 32 -> 64, D = 80 and 96 -> 128), whose chunks past D
+// are never written nor read. The MMAs, the loads and the copies still cover D only; the padding costs shared
+// memory, never bandwidth.
+PKV_HD constexpr int32_t tileRowElems(int32_t headDim) {
+    return headDim <= 64 ? 64 : headDim <= 128 ? 128 : 256;
+}
 
 PKV_HD int32_t minI32(int32_t a, int32_t b) { return a < b ? a : b; }
 PKV_HD int32_t maxI32(int32_t a, int32_t b) { return a > b ? a : b; }

@@ -42,7 +42,7 @@ std::string jsonArray(T const (&table)[N]) {
 
 char const* supportedHeadDimsText() {
     static std::string const text = [] {
-        std::string out;  // "64, 128, 256": the plugins' and Python's "one of ..." spelling
+        std::string out;  // "32, 64, 80, 96, 128, 256": the plugins' and Python's "one of ..." spelling
         for (int32_t d : kSupportedHeadDims) out += (out.empty() ? "" : ", ") + std::to_string(d);
         return out;
     }();

@@ -80,7 +80,7 @@ cudaError_t validateQKVWrite(QKVWriteParams const& p) {
     PKV_REQUIRE(finitePositive(p.kScale), "k_scale", p.kScale, "finite and > 0");
     PKV_REQUIRE(finitePositive(p.vScale), "v_scale", p.vScale, "finite and > 0");
     PKV_REQUIRE(!p.qOutFP8 || finitePositive(p.qScale), "q_scale", p.qScale, "finite and > 0 with q_out_fp8");
-    // The kernel numbers its (token, pass) pairs with int32: P = ceil(NHR / (32/VPH)) passes per token, and
+    // The kernel numbers its (token, pass) pairs with int32: P = ceil(NHR / floor(32/VPH)) passes per token, and
     // half the int32 range leaves room for the prefetch running ahead.
     int64_t const passesPerToken = ceilDiv(p.numQHeads + 2 * p.numKVHeads, 32 / (p.headDim / 8));
     int64_t const maxPasses = INT32_MAX / 2;
@@ -92,11 +92,15 @@ cudaError_t validateQKVWrite(QKVWriteParams const& p) {
     return err;
 }
 
-// The plan cuts a head row into VPH = D/8 vectors of 8 elements and a warp pass into 32/VPH rows: every
-// supported head dim must give a power-of-two VPH that divides 32 (a new head dim that does not needs a new plan).
+// The plan cuts a head row into VPH = D/8 vectors of 8 elements and a warp pass into floor(32/VPH) rows: every
+// supported head dim must give 1 <= VPH <= 32 (a row fits a warp) and the multiply that stands for lane / VPH
+// must be exact for every lane (a new head dim that does not fit needs a new plan).
 constexpr bool writePlanCovers(int32_t headDim) {
     int32_t const vecsPerRow = headDim / 8;
-    return headDim % 8 == 0 && vecsPerRow > 0 && 32 % vecsPerRow == 0 && (vecsPerRow & (vecsPerRow - 1)) == 0;
+    if (headDim % 8 != 0 || vecsPerRow < 1 || vecsPerRow > 32) return false;
+    for (int32_t lane = 0; lane < 32; ++lane)
+        if (laneRowOf(lane, laneRowMagic(vecsPerRow)) != lane / vecsPerRow) return false;
+    return true;
 }
 static_assert([] {
     for (int32_t d : kSupportedHeadDims)
@@ -107,7 +111,7 @@ static_assert([] {
 QKVWritePlan makeQKVWritePlan(QKVWriteParams const& p) {
     QKVWritePlan plan{};
     plan.vecsPerRow = p.headDim / 8;
-    plan.vecShift = log2IfPow2(plan.vecsPerRow);
+    plan.laneRowMagic = laneRowMagic(plan.vecsPerRow);
     plan.rowsPerPass = 32 / plan.vecsPerRow;
     plan.numHeadRows = p.numQHeads + 2 * p.numKVHeads;
     plan.passesPerToken = ceilDiv(plan.numHeadRows, plan.rowsPerPass);

@@ -7,7 +7,7 @@ Adding a head dim is one edit of the C++ table (and its kernels), nothing here.
 Example::
 
     from pagedkv.capabilities import capabilities
-    capabilities().head_dims          # (64, 128, 256)
+    capabilities().head_dims          # (32, 64, 80, 96, 128, 256)
 """
 
 from __future__ import annotations

@@ -4,9 +4,12 @@
 // (pagedkv_capabilities(), which Python's pagedkv.capabilities and pagedkv.config read) all take their sets
 // from here; nothing else spells them out.
 //
-// Adding a head dim (issue #12): append it to kSupportedHeadDims. The attention kernels are then instantiated
+// Adding a head dim: insert it into kSupportedHeadDims (ascending). The attention kernels are then instantiated
 // for it (attention_dispatch.cuh walks this table); the static_asserts beside each kernel family and the write
-// kernel's plan (qkv_write.cu) say what else the new value needs.
+// kernel's plan (qkv_write.cu) say what else the new value needs. Any multiple of 16 up to 256 fits the kernels'
+// shapes (a head row is whole 16-byte chunks in every cache dtype, MMA k-steps are 16 dims); head dims that are
+// not 64, 128 or 256 keep their shared-memory tiles in rows of the next of those widths (tileRowElems,
+// kernels/attention_schedule.h).
 #pragma once
 
 #include <cstddef>
@@ -22,7 +25,7 @@ enum class IODType : int32_t { kFP16 = 0, kBF16 = 1 };
 
 // ---- the table -------------------------------------------------------------------------------------------
 // Head dims D the kernels are compiled for (attribute `head_dim`).
-inline constexpr int32_t kSupportedHeadDims[] = {64, 128, 256};
+inline constexpr int32_t kSupportedHeadDims[] = {32, 64, 80, 96, 128, 256};
 // Page sizes P (attribute `page_size`): any P in [kMinPageSize, kMaxPageSize], power of two or not. The
 // plugins enforce the upper bound (it keeps every derived size inside int32); the launchers need P >= 1.
 inline constexpr int32_t kMinPageSize = 1;
@@ -63,7 +66,7 @@ inline constexpr int32_t kMaxHeadDim = tableMax(kSupportedHeadDims);
 inline constexpr int32_t kMaxRotaryPairs = kMaxHeadDim / 2;
 
 // ---- the same table as text (host; kernels/capabilities.cpp) -----------------------------------------------
-// For error messages: "64, 128, 256", "0 (fp16), 1 (bf16), 2 (fp8_e4m3) or 3 (int8)", "0 (fp16) or 1 (bf16)".
+// For error messages: "32, 64, 80, 96, 128, 256", "0 (fp16), 1 (bf16), 2 (fp8_e4m3) or 3 (int8)", "0 (fp16) or 1 (bf16)".
 char const* supportedHeadDimsText();
 char const* supportedCacheDTypesText();
 char const* supportedIODTypesText();

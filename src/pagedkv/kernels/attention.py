@@ -27,8 +27,9 @@ Example::
                     workspace=ws.ptr, workspace_bytes=ws_bytes, stream=stream.handle)
 
 Also: ``attention_workspace_bytes`` (sizes the workspace from bounds), ``attention_plan`` (the launcher's
-scheduling decision for a given device, without a GPU) and ``schedule_check`` (host replay of the kernels'
-work decomposition, for the CPU tests).
+scheduling decision for a given device, without a GPU), ``kernel_shapes`` (threads and shared memory per CTA of
+the kernels serving a head dim and dtypes, as compiled) and ``schedule_check`` (host replay of the kernels' work
+decomposition, for the CPU tests).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from pagedkv.layout import CacheDType
 from pagedkv.step import POOL_DESC_ADDRESS, POOL_DESC_FIELDS, POOL_DESC_NUM_BLOCKS, StepMetadata
 
 __all__ = ["IODType", "StepPointers", "attention_params", "attention_plan", "attention_workspace_bytes",
-           "launch_attention", "paged_attention", "paged_attention_numpy", "schedule_check"]
+           "kernel_shapes", "launch_attention", "paged_attention", "paged_attention_numpy", "schedule_check"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -61,6 +62,9 @@ def _capi() -> ctypes.CDLL:
     lib.pagedkv_attention_plan.argtypes = [params, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
                                            ctypes.POINTER(_structs.struct("PagedKVAttentionPlanInfo"))]
     lib.pagedkv_attention_plan.restype = ctypes.c_int32
+    lib.pagedkv_attention_kernel_shapes.argtypes = [ctypes.c_int32] * 3 + [
+        ctypes.POINTER(_structs.struct("PagedKVAttentionKernelShapes"))]
+    lib.pagedkv_attention_kernel_shapes.restype = ctypes.c_int32
     lib.pagedkv_attention_schedule_check.argtypes = [
         params, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, i32p, i32p, i32p,
         i32p, i32p]
@@ -124,6 +128,17 @@ def attention_workspace_bytes(num_tokens: int, num_seqs: int, num_q_heads: int, 
     if n < 0:
         _lib.check(-1, "pagedkv_attention_workspace_bytes")
     return int(n)
+
+
+def kernel_shapes(io_dtype: IODType, cache_dtype: CacheDType, head_dim: int) -> dict:
+    """Threads and dynamic shared memory per CTA of the decode and multi-token kernels serving these dtypes and
+    head dim, as compiled (no GPU needed): ``{"decode_threads", "decode_smem_bytes", "multi_threads",
+    "multi_smem_bytes"}``. A launch on a GPU whose per-block limit is below one it runs fails, naming the sizes."""
+    info_type = _structs.struct("PagedKVAttentionKernelShapes")
+    info = info_type()
+    _lib.check(_capi().pagedkv_attention_kernel_shapes(int(io_dtype), int(cache_dtype), head_dim, ctypes.byref(info)),
+               "pagedkv_attention_kernel_shapes")
+    return {name: getattr(info, name) for name, _ in info_type._fields_}
 
 
 def attention_plan(params: ctypes.Structure, *, sm_count: int = 132, decode_ctas_per_sm: int = 2,

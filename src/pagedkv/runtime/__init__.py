@@ -14,7 +14,8 @@ outputs), ``tokenizer`` (Hugging Face tokenizers, incremental detokenization), `
 and outputs are ``pagedkv.engine_io``'s. ``docs/runtime.md`` explains the design.
 """
 
-from pagedkv.runtime.api import LLM, Completion, Delta, RequestHandle, Worker, WorkerBusy, open_executor  # noqa: F401
+from pagedkv.runtime.api import (LLM, Completion, Delta, RequestHandle, Worker, WorkerBusy, WorkerClosed,  # noqa: F401
+                                 open_executor)
 from pagedkv.runtime.engine import Engine  # noqa: F401
 from pagedkv.runtime.executor import Executor, SamplingInputs, StepInputs, StepOutputs  # noqa: F401
 from pagedkv.runtime.graph import DecoderGraph, GraphError, RewrittenGraph  # noqa: F401

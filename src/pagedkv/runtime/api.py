@@ -11,6 +11,7 @@
     handle = worker.submit([1, 2, 3], SamplingParams(max_new_tokens=8))
     for delta in handle: ...                          # or: async for, with submit(..., loop=asyncio loop)
     worker.abort(handle.id); worker.close()
+    worker.call(lambda engine: engine.manager.validate()).result()   # run on the engine thread, between steps
 
 ``LLM`` opens the model (``open_executor``: a rewritten ``.onnx`` runs in ONNX Runtime with the plugin ops on the
 float64 references or the CUDA kernels; an engine file runs in TensorRT), its tokenizer (``--tokenizer`` or the
@@ -18,12 +19,14 @@ model's own directory; none needed for token ids) and an ``Engine`` with the giv
 engine in the calling thread. ``Worker`` holds no global state: any number of workers (one per engine) can live
 in one process, each stepping its engine on its own thread; ``submit`` validates in the caller's thread and
 raises there, deltas reach each request's handle (a thread-safe queue, or an asyncio queue fed with
-``call_soon_threadsafe``), ``abort`` takes effect before the next step. docs/runtime.md shows how a Triton
-Python backend or a Dynamo worker hosts it.
+``call_soon_threadsafe``), ``abort`` takes effect before the next step, ``call`` runs a function on the engine
+thread between two steps (the one safe way to look inside a running engine). docs/runtime.md shows how a
+Triton Python backend or a Dynamo worker hosts it; ``pagedkv.runtime.serve`` is an HTTP server over it.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import queue
 import threading
@@ -294,10 +297,12 @@ _DONE = object()
 
 
 class RequestHandle:
-    """A submitted request: iterate it (``for`` / ``async for``) for its deltas; ``abort()`` ends it."""
+    """A submitted request: iterate it (``for`` / ``async for``) for its deltas; ``abort()`` ends it.
+    ``prompt_ids``: its prompt as the engine sees it (after tokenization or the chat template)."""
 
-    def __init__(self, worker: "Worker", request_id, loop=None):
+    def __init__(self, worker: "Worker", request_id, loop=None, prompt_ids: Sequence[int] = ()):
         self.id = request_id
+        self.prompt_ids = list(prompt_ids)
         self._worker = worker
         self._loop = loop
         if loop is None:
@@ -330,15 +335,15 @@ class RequestHandle:
         deltas = list(self)
         tokens = [t for d in deltas for t in d.token_ids]
         last = deltas[-1] if deltas else Delta(self.id, [], "", True, FinishReason.ERROR.value, error="no output")
-        return Completion(self.id, [], tokens, "".join(d.text for d in deltas) or None, last.finish_reason,
-                          [lp for d in deltas for lp in d.logprobs], last.error)
+        return Completion(self.id, self.prompt_ids, tokens, "".join(d.text for d in deltas) or None,
+                          last.finish_reason, [lp for d in deltas for lp in d.logprobs], last.error)
 
     def abort(self) -> None:
         self._worker.abort(self.id)
 
 
 class Worker:
-    """An ``Engine`` stepped on its own thread (module docstring). Thread-safe: ``submit``, ``abort``,
+    """An ``Engine`` stepped on its own thread (module docstring). Thread-safe: ``submit``, ``abort``, ``call``,
     ``metrics`` and ``close`` may be called from any thread.
 
     Args:
@@ -352,7 +357,7 @@ class Worker:
         self.max_pending = int(max_pending)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._inbox: list = []  # ("add", handle, prompt ids, params) / ("abort", id)
+        self._inbox: list = []  # ("add", handle, prompt ids, params) / ("abort", id) / ("call", fn, future)
         self._handles: dict[object, tuple[RequestHandle, _Cursor]] = {}
         self._ids = itertools.count()
         self._closed = False
@@ -368,14 +373,13 @@ class Worker:
         params = params or SamplingParams()
         self.engine.check_request(ids, params)
         with self._lock:
-            if self._closed or self._error is not None:
-                raise RuntimeError(f"worker: not accepting requests ({self._error or 'closed'})")
+            self._check_open()
             if len(self._handles) >= self.max_pending:
                 raise WorkerBusy(f"worker: {len(self._handles)} requests in flight (max_pending={self.max_pending})")
             request_id = f"req-{next(self._ids)}" if request_id is None else request_id
             if request_id in self._handles:
                 raise ValueError(f"request_id: {request_id!r} is in flight already")
-            handle = RequestHandle(self, request_id, loop)
+            handle = RequestHandle(self, request_id, loop, ids)
             self._handles[request_id] = (handle, _Cursor())
             self._inbox.append(("add", handle, ids, params))
             self._wake.notify()
@@ -386,6 +390,27 @@ class Worker:
         with self._lock:
             self._inbox.append(("abort", request_id))
             self._wake.notify()
+
+    def call(self, fn) -> concurrent.futures.Future:
+        """Run ``fn(engine)`` on the engine thread between two steps; the future holds its result (or its
+        exception). ``WorkerClosed`` when the worker has stopped."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            self._check_open()
+            self._inbox.append(("call", fn, future))
+            self._wake.notify()
+        return future
+
+    @property
+    def alive(self) -> bool:
+        """The engine thread runs and accepts requests (neither closed nor failed)."""
+        with self._lock:
+            return not self._closed and self._error is None and self._thread.is_alive()
+
+    def _check_open(self) -> None:  # (under the lock)
+        if self._closed or self._error is not None:
+            reason = f"{type(self._error).__name__}: {self._error}" if self._error is not None else "closed"
+            raise WorkerClosed(f"worker: not accepting requests ({reason})")
 
     def stream(self, request_id) -> Iterator[Delta]:
         """The deltas of a submitted request (the same as iterating its handle)."""
@@ -436,6 +461,13 @@ class Worker:
                         engine.add_request(handle.id, ids, params)
                     except Exception as exc:  # checked in submit; what remains is a race on the id
                         self._end(handle.id, Delta(handle.id, [], "", True, FinishReason.ERROR.value, error=str(exc)))
+                elif op[0] == "call":
+                    _, fn, future = op
+                    if future.set_running_or_notify_cancel():
+                        try:
+                            future.set_result(fn(engine))
+                        except BaseException as exc:  # the caller's function failed: it gets the exception
+                            future.set_exception(exc)
                 else:
                     aborted = engine.abort(op[1])
                     if aborted is not None:
@@ -448,14 +480,25 @@ class Worker:
             try:
                 updated = engine.step()
             except Exception as exc:  # the engine is broken: fail everything in flight, accept nothing more
-                with self._lock:
-                    self._error = exc
-                for request_id in list(engine.requests):
-                    engine.abort(request_id)
-                    self._end(request_id, Delta(request_id, [], "", True, FinishReason.ERROR.value,
-                                                error=f"{type(exc).__name__}: {exc}"))
+                self._fail(exc)
                 return
             self._publish(updated)
+
+    def _fail(self, exc: Exception) -> None:
+        """After an engine error: every request in flight ends with it; queued calls get it."""
+        engine = self.engine
+        with self._lock:
+            self._error = exc
+            inbox, self._inbox = self._inbox, []
+        error = f"{type(exc).__name__}: {exc}"
+        for request_id in list(engine.requests):
+            engine.abort(request_id)
+            self._end(request_id, Delta(request_id, [], "", True, FinishReason.ERROR.value, error=error))
+        for op in inbox:
+            if op[0] == "add":
+                self._end(op[1].id, Delta(op[1].id, [], "", True, FinishReason.ERROR.value, error=error))
+            elif op[0] == "call" and op[2].set_running_or_notify_cancel():
+                op[2].set_exception(WorkerClosed(f"worker: stopped ({error})"))
 
     def _publish(self, requests) -> None:
         for r in requests:
@@ -479,4 +522,8 @@ class Worker:
 
 
 class WorkerBusy(RuntimeError):
-    """Too many requests in flight (``Worker.max_pending``)."""
+    """Too many requests in flight (``Worker.max_pending``): try again later (a server answers 429)."""
+
+
+class WorkerClosed(RuntimeError):
+    """The worker no longer runs: closed, or its engine failed (the message says which; a server answers 503)."""

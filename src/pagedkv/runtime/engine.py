@@ -228,8 +228,8 @@ class Engine:
         mgr.drain_copies()  # the storage executed them; the log would only grow
         for r, n in zip(reqs, counts.tolist()) if prefills else ((r, 1) for r in decodes):
             r.num_computed += n
-        self._last = (samplers, tokens)
-        # (a step of prefill chunks short of their prompts' ends samples nothing: its one row is ignored)
+        self._last = (samplers, tokens[:len(samplers)])
+        # A step of prefill chunks short of their prompts' ends ran one placeholder row: no request takes it
         finished = self._take_tokens(samplers, tokens, logprobs, top_tokens, top_logprobs) if samplers else []
         if finished:
             self.scheduler.finish_many(finished)

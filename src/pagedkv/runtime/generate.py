@@ -24,18 +24,40 @@ from pagedkv.userio import UsageError, atomic_output, check_input_dir, check_inp
 DEFAULT_MAX_NEW_TOKENS = 32
 
 
-def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
-    from pagedkv.runtime.api import BACKENDS
-    from pagedkv.runtime.scheduler import PREEMPTION_MODES
-
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """MODEL, --graph, --tokenizer: what ``open_llm`` opens (generate, serve, bench)."""
     parser.add_argument("model", help="rewritten .onnx (pagedkv rewrite) or TensorRT engine (pagedkv build)")
     parser.add_argument("--graph", default=None, help="the rewritten .onnx an engine was built from (default: "
                                                       "beside the engine)")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model's directory)")
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser, *, max_num_seqs: int = 64) -> None:
+    """The backend, the pools and the scheduler's limits (``LLM``'s arguments): generate, serve, bench."""
+    from pagedkv.runtime.api import BACKENDS
+    from pagedkv.runtime.scheduler import PREEMPTION_MODES
+
+    engine = parser.add_argument_group("engine")
+    engine.add_argument("--backend", choices=BACKENDS, default="auto",
+                        help="auto: engine -> trt; graph -> cuda with a GPU, else reference")
+    engine.add_argument("--page-size", type=int, default=None,
+                        help="check: the graph's page size (fixed at `pagedkv rewrite --page-size`)")
+    engine.add_argument("--num-blocks", type=int, default=None, help="KV blocks per pool group (pool size)")
+    engine.add_argument("--host-blocks", type=int, default=0, help="pinned host blocks per group (--preemption swap)")
+    engine.add_argument("--chunk-size", type=int, default=512, help="prefill tokens of a prompt per step")
+    engine.add_argument("--max-num-seqs", type=int, default=max_num_seqs)
+    engine.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    engine.add_argument("--max-model-len", type=int, default=None, help="context limit (prompt + output)")
+    engine.add_argument("--preemption", choices=PREEMPTION_MODES, default="recompute")
+    engine.add_argument("--no-prefix-reuse", action="store_true", help="do not share cached prompt prefixes")
+
+
+def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
     prompts = parser.add_argument_group("prompts")
     prompts.add_argument("--prompt", action="append", default=[], help="a text prompt (repeatable)")
     prompts.add_argument("--input-ids-file", default=None,
                          help='token ids, JSON lines {"id": ..., "input_ids": [...]} (no tokenizer needed)')
-    prompts.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model's directory)")
     prompts.add_argument("--chat", action="store_true", help="send each --prompt as a user message of a chat")
     sampling = parser.add_argument_group("sampling (default: greedy)")
     sampling.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
@@ -51,19 +73,7 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     sampling.add_argument("--stop-token-ids", default=None, help="comma-separated token ids that end the output")
     sampling.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's EOS tokens")
     sampling.add_argument("--logprobs", type=int, default=None, help="report N top logprobs per token (--jsonl)")
-    engine = parser.add_argument_group("engine")
-    engine.add_argument("--backend", choices=BACKENDS, default="auto",
-                        help="auto: engine -> trt; graph -> cuda with a GPU, else reference")
-    engine.add_argument("--page-size", type=int, default=None,
-                        help="check: the graph's page size (fixed at `pagedkv rewrite --page-size`)")
-    engine.add_argument("--num-blocks", type=int, default=None, help="KV blocks per pool group (pool size)")
-    engine.add_argument("--host-blocks", type=int, default=0, help="pinned host blocks per group (--preemption swap)")
-    engine.add_argument("--chunk-size", type=int, default=512, help="prefill tokens of a prompt per step")
-    engine.add_argument("--max-num-seqs", type=int, default=64)
-    engine.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    engine.add_argument("--max-model-len", type=int, default=None, help="context limit (prompt + output)")
-    engine.add_argument("--preemption", choices=PREEMPTION_MODES, default="recompute")
-    engine.add_argument("--no-prefix-reuse", action="store_true", help="do not share cached prompt prefixes")
+    add_engine_arguments(parser)
     out = parser.add_argument_group("output")
     out.add_argument("--jsonl", action="store_true", help="JSON lines {id, output_ids, text, finish_reason}")
     out.add_argument("-o", "--output", default=None, help="write the JSON lines to this file")
@@ -71,29 +81,41 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
 
 def read_input_ids(path) -> list[tuple[object, list[int]]]:
     """(id, token ids) of each line of a JSON-lines file ``{"id": ..., "input_ids": [...]}``."""
-    src = check_input_file(path, "--input-ids-file")
+    return [(rid, prompt) for rid, prompt, _ in read_prompt_lines(path, "--input-ids-file")]
+
+
+def read_prompt_lines(path, name: str, *, text: bool = False) -> list[tuple[object, object, dict]]:
+    """(id, prompt, the line's object) of each line of a JSON-lines file: ``{"id": ..., "input_ids": [...]}``
+    or, with ``text``, ``{"id": ..., "prompt": "..."}`` too; ids default to the line number and are unique."""
+    src = check_input_file(path, name)
     out, seen = [], set()
+    shape = '{"id": ..., "input_ids": [...]}' + (' or {"id": ..., "prompt": "..."}' if text else "")
     for n, line in enumerate(src.read_text().splitlines(), 1):
         if not line.strip():
             continue
-        where = f"--input-ids-file {src}:{n}"
+        where = f"{name} {src}:{n}"
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise UsageError(f"{where}: not JSON ({exc.msg})") from None
-        if not isinstance(record, dict) or "input_ids" not in record:
-            raise UsageError(f'{where}: expected an object {{"id": ..., "input_ids": [...]}}')
-        ids = record["input_ids"]
-        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
-                                                            for t in ids):
-            raise UsageError(f"{where}: input_ids must be a non-empty list of token ids >= 0")
+        if not isinstance(record, dict) or not ("input_ids" in record or text and "prompt" in record):
+            raise UsageError(f"{where}: expected an object {shape}")
+        if "input_ids" in record:
+            prompt = record["input_ids"]
+            if not isinstance(prompt, list) or not prompt or not all(
+                    isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
+                raise UsageError(f"{where}: input_ids must be a non-empty list of token ids >= 0")
+        else:
+            prompt = record["prompt"]
+            if not isinstance(prompt, str) or not prompt:
+                raise UsageError(f"{where}: prompt must be a non-empty string")
         rid = record.get("id", n)
         if not isinstance(rid, (str, int)) or isinstance(rid, bool) or rid in seen:
             raise UsageError(f"{where}: id must be a string or an integer, unique in the file; got {rid!r}")
         seen.add(rid)
-        out.append((rid, ids))
+        out.append((rid, prompt, record))
     if not out:
-        raise UsageError(f"--input-ids-file {src}: no prompts in it")
+        raise UsageError(f"{name} {src}: no prompts in it")
     return out
 
 
@@ -111,7 +133,8 @@ def _params(args):
         raise UsageError(f"--{str(exc).split(':')[0].replace('_', '-')}: {str(exc).split(': ', 1)[-1]}") from None
 
 
-def _open(args):
+def open_llm(args, *, seed: int = 0):
+    """The ``LLM`` of ``add_model_arguments`` + ``add_engine_arguments``; bad values are ``UsageError``s."""
     from pagedkv.runtime.api import LLM, is_engine_file
     from pagedkv.runtime.backends import BackendUnavailable
     from pagedkv.runtime.graph import GraphError
@@ -124,8 +147,8 @@ def _open(args):
         check_input_file(args.graph, "--graph")
     if args.tokenizer is not None:
         check_input_dir(args.tokenizer, "--tokenizer")
-    for name in ("max_new_tokens", "chunk_size", "max_num_seqs", "max_num_batched_tokens"):
-        if getattr(args, name) is not None and getattr(args, name) < (0 if name == "chunk_size" else 1):
+    for name in ("chunk_size", "max_num_seqs", "max_num_batched_tokens"):
+        if getattr(args, name) < (0 if name == "chunk_size" else 1):
             raise UsageError(f"--{name.replace('_', '-')}: must be >= {0 if name == 'chunk_size' else 1}, "
                              f"got {getattr(args, name)}")
     if args.num_blocks is not None and args.num_blocks < 1:
@@ -135,7 +158,7 @@ def _open(args):
                   num_blocks=args.num_blocks, host_blocks=args.host_blocks, max_num_seqs=args.max_num_seqs,
                   max_num_batched_tokens=args.max_num_batched_tokens, chunk_size=args.chunk_size,
                   preemption=args.preemption, max_model_len=args.max_model_len,
-                  enable_prefix_reuse=not args.no_prefix_reuse, seed=args.seed or 0)
+                  enable_prefix_reuse=not args.no_prefix_reuse, seed=seed)
     except (GraphError, TokenizerError, BackendUnavailable) as exc:
         raise UsageError(str(exc)) from None
     except ValueError as exc:
@@ -160,7 +183,7 @@ def run_generate(args) -> int:
     params = _params(args)
     records = read_input_ids(args.input_ids_file) if args.input_ids_file else None
     out_path = Path(args.output) if args.output else None
-    with _open(args) as llm:
+    with open_llm(args, seed=args.seed or 0) as llm:
         if records is not None:
             ids, prompts = [r[0] for r in records], [r[1] for r in records]
         else:

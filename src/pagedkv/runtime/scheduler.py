@@ -75,6 +75,8 @@ class ScheduledStep:
 @dataclass
 class SchedulerStats:
     steps: int = 0
+    prefill_steps: int = 0  # steps with a prefill chunk
+    mixed_steps: int = 0  # steps with prefill chunks and decodes together
     preemptions: int = 0  # by recompute
     swaps_out: int = 0
     swaps_in: int = 0
@@ -211,6 +213,8 @@ class Scheduler:
             seqs += 1
         if step:
             self.stats.steps += 1
+            self.stats.prefill_steps += bool(step.prefills)
+            self.stats.mixed_steps += bool(step.prefills and step.decodes)
         return step
 
     def _chunk(self, r: Request, budget: int, computed: int | None = None) -> int:
