@@ -70,7 +70,7 @@ int32_t Engine::capacity() const {
         PoolGroup const& spec = kv_.group(g);
         if (spec.mode != WindowMode::kFull) continue;
         int64_t const page = spec.pageSize();
-        limit = std::min(limit, int64_t(kv_.stats(g).numBlocks) * page);
+        limit = std::min(limit, (kv_.stats(g).numBlocks - executor_.heldBlocks(g)) * page);
         if (model.staticMaxBlocks) limit = std::min(limit, int64_t(model.staticMaxBlocks) * page);
         if (size_t(g) < lim.maxBlocks.size() && lim.maxBlocks[g] > 0)  // (a profile's width: C++ only)
             limit = std::min(limit, int64_t(lim.maxBlocks[g]) * page);
@@ -103,6 +103,8 @@ Request const& Engine::addRequest(RequestId id, std::vector<int32_t> prompt, Sam
                                   StreamCallback callback) {
     if (requests_.count(id))
         throw std::invalid_argument(cat("request ", id, ": an unfinished request has this id already"));
+    if (kv_.contains(id))  // (e.g. the padding sequence of a device executor)
+        throw std::invalid_argument(cat("request ", id, ": the id is a sequence of the executor's own"));
     int32_t maxTokens;
     try {
         maxTokens = checkRequest(prompt, params);

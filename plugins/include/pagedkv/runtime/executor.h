@@ -77,6 +77,11 @@ public:
     virtual KVManager& kv() = 0;
     virtual ModelInfo const& model() const = 0;
     virtual StepLimits const& limits() const = 0;
+    // Blocks of group g the executor holds itself (not for requests): the engine's context limit leaves them out.
+    virtual int64_t heldBlocks(int32_t group) const {
+        (void)group;
+        return 0;
+    }
     // Where a step of `shape` writes its inputs; sets shape.tableWidth. Throws std::length_error naming the
     // limit a step exceeds.
     virtual StepInputBuffers const& layout(StepShape& shape) = 0;
