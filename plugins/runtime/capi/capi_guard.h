@@ -11,6 +11,7 @@
 #include "pagedkv/runtime/engine.h"
 #include "pagedkv/runtime/kv_capi.h"
 #include "pagedkv/runtime/kv_manager.h"
+#include "pagedkv/runtime/trt_engine.h"
 
 struct pagedkv_kv_manager {
     std::unique_ptr<pagedkv::runtime::KVManager> owned;  // null: borrowed from an engine (pagedkv_rt_engine_kv)
@@ -106,6 +107,12 @@ int32_t guarded(F&& body) {
         tlsError.record.page = e.page;
         tlsError.record.has_block = 1;
         tlsError.record.block = e.entry;
+    } catch (TensorRTUnavailable const& e) {
+        tlsError.reset(PAGEDKV_KV_TENSORRT_UNAVAILABLE, e.what());
+    } catch (PluginLibraryError const& e) {
+        tlsError.reset(PAGEDKV_KV_PLUGIN_LIBRARY, e.what());
+    } catch (EngineMismatchError const& e) {
+        tlsError.reset(PAGEDKV_KV_ENGINE_MISMATCH, e.what());
     } catch (std::invalid_argument const& e) {
         tlsError.reset(PAGEDKV_KV_INVALID_ARGUMENT, e.what());
     } catch (std::length_error const& e) {

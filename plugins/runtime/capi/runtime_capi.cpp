@@ -1,5 +1,5 @@
 // extern "C" entries of the runtime's host-side pieces (runtime_capi.h): the engine over a caller-driven
-// HostExecutor, the SplitMix64 draws, the copy geometry. Errors go through capi_guard.h.
+// HostExecutor, the SplitMix64 draws, the copy geometry, the deployment checks. Errors go through capi_guard.h.
 #include "pagedkv/runtime/runtime_capi.h"
 
 #include <algorithm>
@@ -11,6 +11,9 @@
 #include "capi_guard.h"
 #include "pagedkv/runtime/copy_plan.h"
 #include "pagedkv/runtime/engine.h"
+#include "pagedkv/runtime/engine_io_check.h"
+#include "pagedkv/runtime/sizing.h"
+#include "pagedkv/runtime/trt_engine.h"
 #include "pagedkv/struct_description.h"
 
 using namespace pagedkv;
@@ -389,3 +392,66 @@ int32_t pagedkv_rt_engine_release(pagedkv_rt_engine* engine, int64_t id) {
 }
 
 }  // extern "C"
+
+int32_t pagedkv_rt_load_tensorrt(char* description, int32_t capacity) {
+    return guarded([&] {
+        std::string const text = loadTensorRT();
+        if (description && capacity > 0) {
+            size_t const n = std::min(text.size(), size_t(capacity - 1));
+            std::copy_n(text.data(), n, description);
+            description[n] = '\0';
+        }
+    });
+}
+
+int32_t pagedkv_rt_check_plugin_library(const char* path) {
+    return guarded([&] {
+        need(path, "path");
+        checkPluginLibrary(path);
+    });
+}
+
+int32_t pagedkv_rt_check_engine_io(int32_t n, const char* const* names, const int32_t* is_input, const int32_t* types,
+                                   const int32_t* ranks, const int64_t* dims, int32_t num_pool_groups,
+                                   pagedkv_rt_model_info* model, int32_t* pool_groups) {
+    return guarded([&] {
+        std::vector<EngineTensor> tensors;
+        if (n > 0) {
+            for (auto [p, what] : {std::pair<void const*, char const*>{names, "names"}, {is_input, "is_input"},
+                                   {types, "types"}, {ranks, "ranks"}, {dims, "dims"}})
+                need(p, what);
+        }
+        for (int32_t i = 0; i < n; ++i) {
+            need(names[i], "names[i]");
+            if (ranks[i] < 0 || ranks[i] > PAGEDKV_RT_MAX_RANK)
+                throw std::invalid_argument(std::string(names[i]) + ": rank " + std::to_string(ranks[i]) +
+                                            " outside [0, " + std::to_string(PAGEDKV_RT_MAX_RANK) + "]");
+            EngineTensor t;
+            t.name = names[i];
+            t.isInput = is_input[i] != 0;
+            t.type = types[i] >= 0 && types[i] < int32_t(TensorType::kOther) ? TensorType(types[i]) : TensorType::kOther;
+            t.dims.assign(dims + int64_t(i) * PAGEDKV_RT_MAX_RANK, dims + int64_t(i) * PAGEDKV_RT_MAX_RANK + ranks[i]);
+            tensors.push_back(std::move(t));
+        }
+        EngineIO const io = checkEngineIO(tensors, num_pool_groups, "the engine");
+        if (model)
+            *model = pagedkv_rt_model_info{io.model.vocab, io.model.numTopLogprobs, io.model.explicitPositions ? 1 : 0,
+                                           io.model.staticMaxBlocks, io.model.numLayers};
+        if (pool_groups) *pool_groups = io.numPoolGroups;
+    });
+}
+
+int32_t pagedkv_rt_blocks_for_budget(const pagedkv_kv_group_desc* groups, int32_t num_groups, int64_t budget_bytes,
+                                     const double* shares, int32_t num_shares, int64_t* out) {
+    return guarded([&] {
+        need(out, "out");
+        std::vector<PoolGroup> specs;
+        if (num_groups > 0) need(groups, "groups");
+        for (int32_t g = 0; g < num_groups; ++g) specs.push_back(groupOf(groups[g]));
+        std::vector<double> split;
+        if (num_shares > 0) need(shares, "shares");
+        if (num_shares > 0) split.assign(shares, shares + num_shares);
+        std::vector<int64_t> const counts = blocksForBudget(specs, budget_bytes, split);
+        std::copy(counts.begin(), counts.end(), out);
+    });
+}

@@ -32,6 +32,7 @@ from pagedkv.pool_group import PoolGroup
 from pagedkv.runtime.request import ContextLengthError, FinishReason, RequestState
 from pagedkv.runtime.sampling import SamplingParams
 from pagedkv.runtime.scheduler import PREEMPTION_MODES, SchedulerConfig
+from pagedkv.runtime.trt import TensorRTUnavailable
 
 _i32, _i64, _u64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint64
 _STRUCTS = {"ModelInfo": "pagedkv_rt_model_info", "EngineConfig": "pagedkv_rt_engine_config",
@@ -66,6 +67,12 @@ def _lib_rt() -> ctypes.CDLL:
         "pagedkv_rt_engine_request_logprobs": ([h, _i64, p(ctypes.c_float), p(_i32), p(ctypes.c_float)], _i32),
         "pagedkv_rt_engine_finished": ([h, p(_i64), _i32, p(_i32)], _i32),
         "pagedkv_rt_engine_release": ([h, _i64], _i32),
+        "pagedkv_rt_load_tensorrt": ([ctypes.c_char_p, _i32], _i32),
+        "pagedkv_rt_check_plugin_library": ([ctypes.c_char_p], _i32),
+        "pagedkv_rt_check_engine_io": ([_i32, p(ctypes.c_char_p), p(_i32), p(_i32), p(_i32), p(_i64), _i32,
+                                        p(T.ModelInfo), p(_i32)], _i32),
+        "pagedkv_rt_blocks_for_budget": ([p(lib.structs.GroupDesc), _i32, _i64, p(ctypes.c_double), _i32, p(_i64)],
+                                         _i32),
     }
     for name, (args, res) in signatures.items():
         fn = getattr(lib, name)
@@ -73,10 +80,21 @@ def _lib_rt() -> ctypes.CDLL:
     return lib
 
 
+class PluginLibraryError(RuntimeError):
+    """The plugin library is missing or not ours (C++ ``PluginLibraryError``)."""
+
+
+class EngineMismatchError(ValueError):
+    """An engine's I/O differs from the engine-I/O contract, or it was built for another GPU / TensorRT."""
+
+
+_RAISES = {7: ContextLengthError, 9: TensorRTUnavailable, 10: PluginLibraryError, 11: EngineMismatchError}
+
+
 def _call(rc: int) -> None:
-    """``_check`` plus the runtime's own statuses (kv_capi.h)."""
-    if rc == 7:  # PAGEDKV_KV_CONTEXT_LENGTH
-        raise ContextLengthError(_kv_runtime().pagedkv_kv_last_error().contents.message.decode())
+    """``_check`` plus the runtime's own statuses (kv_capi.h: PAGEDKV_KV_CONTEXT_LENGTH and up)."""
+    if rc in _RAISES:
+        raise _RAISES[rc](_kv_runtime().pagedkv_kv_last_error().contents.message.decode())
     _check(rc)
 
 
@@ -105,6 +123,54 @@ def copy_plan(group: PoolGroup, num_tokens: int) -> tuple[int, int, int]:
     _call(_lib_rt().pagedkv_rt_copy_plan(desc, num_tokens, ctypes.byref(rows), ctypes.byref(pitch),
                                          ctypes.byref(width)))
     return rows.value, pitch.value, width.value
+
+
+# ---- deployment checks (no GPU needed) --------------------------------------------------------------------
+_TENSOR_TYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, "bfloat16": 2, np.dtype(np.int32): 3,
+                 np.dtype(np.int64): 4}
+MAX_RANK = 8  # PAGEDKV_RT_MAX_RANK
+
+
+def load_tensorrt() -> str:
+    """What the C++ runtime finds: "TensorRT 10.14.1 (libnvinfer.so.10)"; raises TensorRTUnavailable (one line)."""
+    buf = ctypes.create_string_buffer(256)
+    _call(_lib_rt().pagedkv_rt_load_tensorrt(buf, len(buf)))
+    return buf.value.decode()
+
+
+def check_plugin_library(path: str) -> None:
+    """Raises PluginLibraryError unless ``path`` provides the two pagedkv IPluginV3 creators."""
+    _call(_lib_rt().pagedkv_rt_check_plugin_library(str(path).encode()))
+
+
+def check_engine_io(tensors, num_pool_groups: int = -1) -> tuple[dict, int]:
+    """The C++ check of an engine's I/O: ``tensors`` are (name, is_input, dtype, dims) with dtype a numpy dtype or
+    "bfloat16" (anything else: a type outside the contract) and dims < 0 dynamic. Returns (the model info as a
+    dict, pool groups); raises EngineMismatchError naming every difference."""
+    n = len(tensors)
+    names = (ctypes.c_char_p * max(n, 1))(*[t[0].encode() for t in tensors])
+    is_input = np.array([int(t[1]) for t in tensors], np.int32)
+    types = np.array([_TENSOR_TYPES.get(t[2] if t[2] == "bfloat16" else np.dtype(t[2]), 5) for t in tensors],
+                     np.int32)
+    ranks = np.array([len(t[3]) for t in tensors], np.int32)
+    dims = np.zeros((max(n, 1), MAX_RANK), np.int64)
+    for i, t in enumerate(tensors):
+        dims[i, :len(t[3])] = t[3]
+    model, groups = _lib_rt().rt.ModelInfo(), _i32()
+    _call(_lib_rt().pagedkv_rt_check_engine_io(n, names, _ptr(is_input), _ptr(types), _ptr(ranks), _ptr(dims, _i64),
+                                               num_pool_groups, ctypes.byref(model), ctypes.byref(groups)))
+    return {f[0]: int(getattr(model, f[0])) for f in model._fields_}, groups.value
+
+
+def blocks_for_budget(groups: list[PoolGroup], budget_bytes: int, shares=None) -> list[int]:
+    """C++'s ``blocksForBudget`` (the twin of ``pagedkv.kvcache.sizing.blocks_for_budget``)."""
+    desc = group_descs(groups, [1] * len(groups), [0] * len(groups))
+    split = None if shares is None else np.ascontiguousarray(shares, np.float64)
+    out = np.zeros(len(groups), np.int64)
+    _call(_lib_rt().pagedkv_rt_blocks_for_budget(desc, len(groups), budget_bytes,
+                                                 None if split is None else _ptr(split, ctypes.c_double),
+                                                 -1 if split is None else split.size, _ptr(out, _i64)))
+    return out.tolist()
 
 
 # ---- the engine -----------------------------------------------------------------------------------------

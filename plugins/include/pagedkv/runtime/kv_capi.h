@@ -26,6 +26,9 @@ typedef enum pagedkv_kv_status {
     PAGEDKV_KV_CONTEXT_LENGTH = 7,  // prompt + max_new_tokens beyond the context limit (Python ContextLengthError)
     PAGEDKV_KV_WRITE_STATUS = 8,    // a layer's kv_write_status was not clean: seq, page, block = the entry
                                     // (Python KVWriteError)
+    PAGEDKV_KV_TENSORRT_UNAVAILABLE = 9,  // libnvinfer could not be loaded (trt_engine.h TensorRTUnavailable)
+    PAGEDKV_KV_PLUGIN_LIBRARY = 10,       // the plugin library is missing or not ours (PluginLibraryError)
+    PAGEDKV_KV_ENGINE_MISMATCH = 11,      // the engine's I/O, GPU or TensorRT version (EngineMismatchError)
 } pagedkv_kv_status;
 
 typedef struct pagedkv_kv_error {

@@ -128,6 +128,27 @@ PAGEDKV_KV_EXPORT int32_t pagedkv_rt_engine_finished(pagedkv_rt_engine* engine, 
                                                      int32_t* count);
 PAGEDKV_KV_EXPORT int32_t pagedkv_rt_engine_release(pagedkv_rt_engine* engine, int64_t id);
 
+// ---- deployment checks that need no GPU (trt_engine.h, engine_io_check.h, sizing.h) ----
+// Loads TensorRT (dlopen libnvinfer.so.<major>); `description` [capacity] (may be NULL) gets e.g.
+// "TensorRT 10.14.1 (libnvinfer.so.10)". PAGEDKV_KV_TENSORRT_UNAVAILABLE, one line, when it cannot.
+PAGEDKV_KV_EXPORT int32_t pagedkv_rt_load_tensorrt(char* description, int32_t capacity);
+// PAGEDKV_KV_PLUGIN_LIBRARY unless `path` loads and provides the two pagedkv IPluginV3 creators.
+PAGEDKV_KV_EXPORT int32_t pagedkv_rt_check_plugin_library(const char* path);
+// An engine's `n` I/O tensors against the engine-I/O contract: names, is_input (0/1), types (0 FLOAT, 1 HALF,
+// 2 BF16, 3 INT32, 4 INT64, 5 other), ranks and dims [n * 8] (row i: tensor i's dims, < 0 dynamic).
+// num_pool_groups: the deploy config's count (< 0: not checked). `model` and `pool_groups` (may be NULL) get what
+// the I/O says; PAGEDKV_KV_ENGINE_MISMATCH naming every difference.
+#define PAGEDKV_RT_MAX_RANK 8
+PAGEDKV_KV_EXPORT int32_t pagedkv_rt_check_engine_io(int32_t n, const char* const* names, const int32_t* is_input,
+                                                     const int32_t* types, const int32_t* ranks, const int64_t* dims,
+                                                     int32_t num_pool_groups, pagedkv_rt_model_info* model,
+                                                     int32_t* pool_groups);
+// Blocks per group that fit in budget_bytes -> out [num_groups]; shares [num_shares] split the budget (num_shares
+// < 0: none, equal block counts).
+PAGEDKV_KV_EXPORT int32_t pagedkv_rt_blocks_for_budget(const pagedkv_kv_group_desc* groups, int32_t num_groups,
+                                                       int64_t budget_bytes, const double* shares, int32_t num_shares,
+                                                       int64_t* out);
+
 #ifdef __cplusplus
 }
 #endif
