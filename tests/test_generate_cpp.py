@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import ctypes
 import json
+import re
 import subprocess
+from pathlib import Path
 
+import onnx
 import pytest
 
 from pagedkv import _lib
+from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
+from pagedkv.onnx_export.synthetic import SyntheticConfig, make_synthetic_model
+from pagedkv.runtime.graph import RewrittenGraph
 
 
 @pytest.fixture(scope="module")
@@ -99,3 +105,26 @@ def test_without_tensorrt_one_line(exe, inputs):
         one_line_error(p, 1, "TensorRT not found: cannot load libnvinfer.so.10")
         assert "LD_LIBRARY_PATH" in p.stderr
         assert p.stdout == ""
+
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "deploy-cpp.md"
+
+
+def test_the_docs_pool_groups_and_prompts_feed_the_sample(exe, inputs, tmp_path, monkeypatch):
+    """docs/deploy-cpp.md's Python snippet writes groups.json from a rewritten graph and its prompt lines are a
+    prompts file: the sample accepts both and stops only for want of TensorRT (or at the fake engine)."""
+    text = DOC.read_text()
+    snippet = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    prompts = re.search(r"## 3\. Prompts.*?```\n(.*?)```", text, re.S).group(1)
+    cfg = SyntheticConfig(num_layers=2, hidden=64, vocab=96, intermediate=128)
+    rewritten = tmp_path / "qwen2.paged.onnx"
+    onnx.save(rewrite_model(make_synthetic_model(cfg), RewriteOptions(pool_grouping="per_layer")).model, rewritten)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(snippet, str(DOC), "exec"), {})  # noqa: S102  (the doc's own example)
+    groups = json.loads((tmp_path / "groups.json").read_text())
+    assert [g["name"] for g in groups] == [g.name for g in RewrittenGraph.load(str(rewritten)).groups]
+    assert len(groups) == 2 and all(g["page_layout"] in ("HND", "NHD") for g in groups)
+    (tmp_path / "prompts.jsonl").write_text(prompts)
+    p = run(exe, {**inputs, "--groups": tmp_path / "groups.json", "--prompts": tmp_path / "prompts.jsonl"})
+    assert p.returncode == 1 and len(p.stderr.splitlines()) == 1, p.stderr
+    assert p.stderr.startswith(("error: TensorRT not found", f"error: engine {inputs['--engine']}")), p.stderr
