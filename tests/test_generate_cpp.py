@@ -1,4 +1,4 @@
-"""samples/cpp/generate (``pagedkv_generate``) on a machine without TensorRT or a GPU: --help, and one clear line
+"""samples/cpp/generate.cpp (``pagedkv_generate``) on a machine without TensorRT or a GPU: --help, and one clear line
 with exit status 1 for a missing engine, a wrong plugin library, bad prompts and no TensorRT (2 for bad
 arguments). The TensorRT path itself needs a GPU and TensorRT (docs/deploy-cpp.md)."""
 

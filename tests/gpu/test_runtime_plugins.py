@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_plugins_enqueue import IO_DTYPES, Plan, add_pools, assert_steps_ok, exact_qkv, new_pool, pool_from_dump
+from test_plugins_enqueue import (IO_DTYPES, Plan, add_pools, assert_steps_ok, exact_qkv, host,  # noqa: F401  (host: the fixture)
+                                  new_pool, pool_from_dump)
 
-from pagedkv import _lib
 from pagedkv import engine_io as io
 from pagedkv.config import ATTENTION_PLUGIN_NAME, WRITE_PLUGIN_NAME, AttentionConfig, WriteConfig
 from pagedkv.kvcache import PoolGroup
@@ -85,15 +85,6 @@ PROMPTS = {  # id: (arrival step, prompt)
     6: (7, PREFIX[:33]),
 }
 MAX_NEW = 7
-
-
-@pytest.fixture(scope="module")
-def host():
-    exe = _lib.find_file(_lib.TESTHOST_NAME)
-    lib = _lib.find_file(_lib.PLUGINS_NAME)
-    if exe is None or lib is None:
-        pytest.fail(f"{_lib.TESTHOST_NAME} / {_lib.PLUGINS_NAME} not found in {[str(d) for d in _lib.lib_dirs()]}")
-    return str(exe), str(lib)
 
 
 def test_cpp_engine_drives_the_plugins_over_continuous_batching(host, tmp_path):
