@@ -79,7 +79,7 @@ def _traceable_longrope_forward(self, x, position_ids):
     ``original_max_position_embeddings`` and ``original_inv_freq`` otherwise, then ``copy_``s it into the
     ``inv_freq`` buffer (``aten::copy``, which neither exporter converts). Here the same ``torch.where`` result
     is bound as the module's ``inv_freq`` for the duration of the undecorated forward (transformers' own,
-    ``__wrapped__`` by ``dynamic_rope_update``), so the graph carries both tables and the switch.
+    unwrapped from ``dynamic_rope_update``), so the graph carries both tables and the switch.
     """
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
@@ -90,7 +90,9 @@ def _traceable_longrope_forward(self, x, position_ids):
     buffer = self.inv_freq
     self.inv_freq = inv_freq
     try:
-        return type(self).forward.__wrapped__(self, x, position_ids)
+        # the innermost forward: transformers versions differ in what else decorates it (torch.no_grad in some,
+        # above dynamic_rope_update, which must not run: its update is the data-dependent branch replaced here)
+        return inspect.unwrap(type(self).forward)(self, x, position_ids)
     finally:
         self.inv_freq = buffer
 
