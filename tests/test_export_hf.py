@@ -122,14 +122,33 @@ def test_gpt2_learned_positions_gemm_projection_no_rope(tmp_path_factory):
 
 
 @needs_export
-def test_phi3_exports_when_more_decorates_the_rotary_forward(tmp_path, monkeypatch):
-    """Some transformers versions put torch.no_grad above dynamic_rope_update on the rotary forward: the export
-    still replaces the whole update (the GPU machine's transformers failed in dynamo's data-dependent guard)."""
+def test_phi3_traceable_rope_skips_the_update_whatever_decorates_the_forward(tmp_path, monkeypatch):
+    """Some transformers versions put torch.no_grad above dynamic_rope_update on the rotary forward (the GPU
+    machine's did, and dynamo failed in the update's data-dependent branch): while exporting, the update must
+    not run however many decorators sit above it, and the export still verifies."""
+    import functools
+
     import torch
     from transformers.models.phi3 import modeling_phi3
 
-    forward = modeling_phi3.Phi3RotaryEmbedding.forward
-    monkeypatch.setattr(modeling_phi3.Phi3RotaryEmbedding, "forward", torch.no_grad()(forward))
+    from pagedkv.onnx_export._hf_wrapper import traceable_rope
+
+    update_calls = []
+    with_update = modeling_phi3.Phi3RotaryEmbedding.forward  # dynamic_rope_update's wrapper
+
+    @functools.wraps(with_update)
+    def counted(*args, **kwargs):
+        update_calls.append(1)
+        return with_update(*args, **kwargs)
+
+    monkeypatch.setattr(modeling_phi3.Phi3RotaryEmbedding, "forward", torch.no_grad()(counted))
+    model = hf.load_model("phi3")
+    ids = torch.arange(20).reshape(1, 20)
+    with torch.no_grad(), traceable_rope(model):
+        model(input_ids=ids)
+    assert not update_calls, "the traceable forward went through dynamic_rope_update"
+    model(input_ids=ids)
+    assert update_calls, "outside the export the model's own forward runs"
     result = hf.export_hf("phi3", tmp_path / "phi3.onnx", exporter="dynamo")
     assert result.verify_max_abs_err is not None and result.verify_max_abs_err < 1e-4, str(result)
 
