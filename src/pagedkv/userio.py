@@ -78,6 +78,18 @@ def parse_int_list(name: str, text: str, *, low: int | None = None, high: int | 
     return [check_int(f"{name}[{i}]", p, low=low, high=high) for i, p in enumerate(parts)]
 
 
+def option_error(exc: Exception) -> UsageError:
+    """A library's ValueError about one of its fields (``"page_size: expected ..."``, the form the validators
+    here write; ``"host_blocks[0]: ..."`` for an element) as the usage error of the command-line option the
+    field came from (``"--page-size: expected ..."``). Messages of another form are kept as they are."""
+    text = str(exc)
+    field, sep, rest = text.partition(": ")
+    name = field.split("[")[0]
+    if sep and name.replace("_", "").isalnum() and not name.startswith("_"):
+        return UsageError(f"--{name.replace('_', '-')}: {rest}")
+    return UsageError(text)
+
+
 def _range_text(low, high, low_open: bool = False) -> str:
     if low is not None and high is not None:
         return f"a value in {'(' if low_open else '['}{low:g}, {high:g}]"
@@ -97,6 +109,23 @@ def check_input_file(path, name: str = "input") -> Path:
     if p.stat().st_size == 0:
         raise UsageError(f"{name}: {str(p)!r} is empty")
     return p
+
+
+def load_onnx(path, name: str = "input", *, external_data: bool = True):
+    """The ``onnx.ModelProto`` in ``path``, else UsageError naming ``name``: missing, empty, or a file that is
+    not an ONNX model (a protobuf that does not parse, or one without a graph). ``external_data=False`` reads
+    the graph without the weights files of a large model: a cheap look at its structure before heavy work."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    src = check_input_file(path, name)
+    try:
+        model = onnx.load(str(src), load_external_data=external_data)
+    except (DecodeError, RuntimeWarning, UnicodeDecodeError):
+        raise UsageError(f"{name}: {str(src)!r} is not an ONNX model (it does not parse as one)") from None
+    if not model.graph.node or not model.opset_import:
+        raise UsageError(f"{name}: {str(src)!r} is not an ONNX model (no graph nodes or opsets in it)")
+    return model
 
 
 def check_input_dir(path, name: str = "input") -> Path:

@@ -19,7 +19,8 @@ import json
 import sys
 from pathlib import Path
 
-from pagedkv.userio import UsageError, atomic_output, check_input_dir, check_input_file, parse_int_list
+from pagedkv.userio import (UsageError, atomic_output, check_input_dir, check_input_file, check_int, load_onnx,
+                            option_error, parse_int_list)
 
 DEFAULT_MAX_NEW_TOKENS = 32
 
@@ -130,7 +131,7 @@ def _params(args):
                               seed=args.seed, logprobs=args.logprobs, stop=tuple(args.stop),
                               stop_token_ids=tuple(stop_ids), ignore_eos=args.ignore_eos)
     except ValueError as exc:
-        raise UsageError(f"--{str(exc).split(':')[0].replace('_', '-')}: {str(exc).split(': ', 1)[-1]}") from None
+        raise option_error(exc) from None
 
 
 def open_llm(args, *, seed: int = 0):
@@ -143,16 +144,21 @@ def open_llm(args, *, seed: int = 0):
     model = check_input_file(args.model, "model")
     if model.suffix.lower() != ".onnx" and not is_engine_file(model):
         raise UsageError(f"model: {str(model)!r} is neither a rewritten .onnx nor an engine (.engine, .plan, .trt)")
-    if args.graph is not None:
-        check_input_file(args.graph, "--graph")
+    graph = model if args.graph is None and not is_engine_file(model) else args.graph
+    if graph is not None:  # its structure, without the weights: a file that is no ONNX model is said here
+        load_onnx(graph, "model" if graph is model else "--graph", external_data=False)
     if args.tokenizer is not None:
         check_input_dir(args.tokenizer, "--tokenizer")
-    for name in ("chunk_size", "max_num_seqs", "max_num_batched_tokens"):
-        if getattr(args, name) < (0 if name == "chunk_size" else 1):
-            raise UsageError(f"--{name.replace('_', '-')}: must be >= {0 if name == 'chunk_size' else 1}, "
-                             f"got {getattr(args, name)}")
-    if args.num_blocks is not None and args.num_blocks < 1:
-        raise UsageError(f"--num-blocks: must be >= 1, got {args.num_blocks}")
+    lowest = {"chunk_size": 0, "max_num_seqs": 1, "max_num_batched_tokens": 1, "num_blocks": 1, "host_blocks": 0,
+              "max_model_len": 1}
+    for name, low in lowest.items():
+        if getattr(args, name) is not None:
+            check_int(f"--{name.replace('_', '-')}", getattr(args, name), low=low)
+    if args.page_size is not None:
+        from pagedkv.config import ATTRIBUTE_RANGES
+
+        check_int("--page-size", args.page_size, low=ATTRIBUTE_RANGES["page_size"][0],
+                  high=ATTRIBUTE_RANGES["page_size"][1])
     try:
         llm = LLM(str(model), tokenizer=args.tokenizer, backend=args.backend, graph=args.graph,
                   num_blocks=args.num_blocks, host_blocks=args.host_blocks, max_num_seqs=args.max_num_seqs,
@@ -162,7 +168,7 @@ def open_llm(args, *, seed: int = 0):
     except (GraphError, TokenizerError, BackendUnavailable) as exc:
         raise UsageError(str(exc)) from None
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        raise option_error(exc) from None
     sizes = {g.page_size for g in llm.executor.graph.groups}
     if args.page_size is not None and sizes != {args.page_size}:
         llm.close()
