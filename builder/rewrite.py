@@ -771,7 +771,8 @@ def run_rewrite(args: argparse.Namespace) -> int:
     with atomic_output(args.output, inputs=[source]) as tmp:
         onnx.save(result.model, str(tmp))
     if args.json:
-        print_json({"output": str(args.output), "report": result.report})
+        pools = [{"group": g, "mode": g.mode, "block_bytes": g.block_bytes} for g in result.pool_groups]
+        print_json({"output": str(args.output), "report": result.report, "pools": pools})
     else:
         print(result.report)
         print(f"wrote {args.output}")

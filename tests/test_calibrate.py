@@ -181,7 +181,7 @@ def test_token_ids_past_the_vocabulary_are_refused():
     (dict(k_scale=0.5, v_scale=0.5), r"only quantized caches \(fp8, int8\) take scales; cache_dtype is fp16"),
     (dict(page_size=5000), r"page_size: expected a value in \[1, 4096\], got 5000"),
     (dict(page_size=0), r"page_size: expected a value in \[1, 4096\], got 0"),
-    (dict(cache_dtype="fp8", k_scale=float("nan"), v_scale=1.0), r"--k-scale: expected a finite value > 0"),
+    (dict(cache_dtype="fp8", k_scale=float("nan"), v_scale=1.0), r"k_scale: expected a finite value > 0"),
     (dict(cache_dtype="int8", k_scale=1.0, v_scale=1e39), r"v_scale: expected a finite value > 0 \(float32\)"),
     (dict(max_blocks=2**30), r"max_blocks: expected a value in \[1, 134217727\]"),
     (dict(dtype="fp64"), r"dtype: expected one of"),

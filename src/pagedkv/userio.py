@@ -216,20 +216,26 @@ def run_verb(verb: str, func, args) -> int:
 
 
 def print_json(report) -> None:
-    """A report as JSON on stdout (dataclasses and numpy scalars included)."""
-    print(json.dumps(report, indent=2, default=_jsonable))
+    """A report as JSON on stdout: dataclasses as objects, enums by their names (lower case), numpy values
+    and paths as plain values."""
+    print(json.dumps(_plain(report), indent=2, default=str))
 
 
-def _jsonable(value):
+def _plain(value):
     import dataclasses
     import enum
 
-    if dataclasses.is_dataclass(value):
-        return dataclasses.asdict(value)
-    if isinstance(value, enum.Enum):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):  # before int: IntEnums would otherwise print as bare numbers
         return value.name.lower()
+    if isinstance(value, dict):
+        return {k if isinstance(k, (str, int, float, bool)) or k is None else str(k): _plain(v)
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
     if isinstance(value, Path):
         return str(value)
-    if hasattr(value, "tolist"):
+    if hasattr(value, "tolist"):  # numpy arrays and scalars
         return value.tolist()
-    return str(value)
+    return value
