@@ -390,16 +390,17 @@ def vocab_size(model, logits: str) -> int:
 def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("original", help="decoder-with-past ONNX (before the rewrite)")
     parser.add_argument("rewritten", help="rewritten ONNX (pagedkv rewrite output)")
-    parser.add_argument("--backend", choices=REWRITTEN_BACKENDS, default="reference")
+    parser.add_argument("--backend", choices=REWRITTEN_BACKENDS, default="reference",
+                        help="runs the rewritten graph: reference (numpy), cuda (the kernels), trt (an engine)")
     parser.add_argument("--prompts", type=int, default=3, help="number of prompts (ragged lengths)")
     parser.add_argument("--prompt-lens", default=None, help="comma-separated prompt lengths")
-    parser.add_argument("--decode-steps", type=int, default=8)
+    parser.add_argument("--decode-steps", type=int, default=8, help="greedy decode steps after the prefill")
     parser.add_argument("--chunk-size", type=int, default=0, help="prefill chunk (0: whole prompt at once)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="random prompts")
     parser.add_argument("--atol", type=float, default=None,
                         help="default: by the rewritten graph's cache and activation dtypes (docs/builder.md, "
                              "compare)")
-    parser.add_argument("--rtol", type=float, default=None)
+    parser.add_argument("--rtol", type=float, default=None, help="relative to max|original|; default: by the dtypes, as --atol")
     parser.add_argument("--no-kv-check", action="store_true", help="skip the paged-vs-present K/V check")
     parser.add_argument("--json", action="store_true", help="print the report as JSON (per step: max abs and "
                                                             "relative error, tolerance, greedy tokens and ties)")

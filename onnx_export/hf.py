@@ -369,11 +369,13 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--family", choices=sorted(FAMILIES), help="tiny config of a family, random weights")
     src.add_argument("--model-dir", help="a local Hugging Face model directory (no hub access)")
     parser.add_argument("-o", "--output", required=True, help="output .onnx path")
-    parser.add_argument("--exporter", choices=EXPORTERS, default="legacy")
+    parser.add_argument("--exporter", choices=EXPORTERS, default="legacy",
+                        help="legacy: TorchScript tracing; dynamo: torch.export")
     parser.add_argument("--opset", type=int, default=None, help=f"ONNX opset, >= {MIN_OPSET} (default: 17 legacy, "
                                                                  "20 dynamo)")
     parser.add_argument("--seed", type=int, default=0, help="random weights of --family")
-    parser.add_argument("--attn-implementation", default="eager", choices=["eager", "sdpa"])
+    parser.add_argument("--attn-implementation", default="eager", choices=["eager", "sdpa"],
+                        help="the attention the Hugging Face model is traced with")
     parser.add_argument("--dtype", default="float32", choices=list(DTYPES),
                         help="export in this dtype (16-bit: verified against the float32 model; docs/builder.md)")
     parser.add_argument("--no-verify", action="store_true", help="skip the ONNX Runtime vs eager check")

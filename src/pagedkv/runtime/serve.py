@@ -37,7 +37,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_model_arguments(parser)
     http = parser.add_argument_group("server")
-    http.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    http.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, loopback only)")
     http.add_argument("--port", type=int, default=DEFAULT_PORT, help="0: any free port (printed)")
     http.add_argument("--served-model-name", default=None, help="the `model` clients name (default: the file's "
                                                                  "name without its suffix)")
