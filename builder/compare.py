@@ -38,7 +38,6 @@ Exit status (CLI): 0 when every step is within tolerance and every greedy token 
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -373,7 +372,8 @@ def check_same_model(original, rewritten, vocab: int) -> None:
     for layer, kv_heads, head_dim in zip(rewritten.layers, original.kv_heads, original.head_dims):
         pool = layer.write.pool
         if (pool.num_kv_heads, pool.head_dim) != (kv_heads, head_dim):
-            differ(f"layer {layer.index} (KV heads, head dim)", (kv_heads, head_dim), (pool.num_kv_heads, pool.head_dim))
+            differ(f"layer {layer.index} (KV heads, head dim)", (kv_heads, head_dim),
+                   (pool.num_kv_heads, pool.head_dim))
 
 
 def vocab_size(model, logits: str) -> int:
@@ -400,7 +400,8 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--atol", type=float, default=None,
                         help="default: by the rewritten graph's cache and activation dtypes (docs/builder.md, "
                              "compare)")
-    parser.add_argument("--rtol", type=float, default=None, help="relative to max|original|; default: by the dtypes, as --atol")
+    parser.add_argument("--rtol", type=float, default=None,
+                        help="relative to max|original|; default: by the dtypes, as --atol")
     parser.add_argument("--no-kv-check", action="store_true", help="skip the paged-vs-present K/V check")
     parser.add_argument("--json", action="store_true", help="print the report as JSON (per step: max abs and "
                                                             "relative error, tolerance, greedy tokens and ties)")

@@ -209,7 +209,8 @@ def run_pagemap(args) -> int:
     from pagedkv.userio import atomic_output, check_int, check_output_path
 
     check_int("--blocks", args.blocks, low=1)
-    check_int("--page-size", args.page_size, low=ATTRIBUTE_RANGES["page_size"][0], high=ATTRIBUTE_RANGES["page_size"][1])
+    low, high = ATTRIBUTE_RANGES["page_size"]
+    check_int("--page-size", args.page_size, low=low, high=high)
     check_int("--seqs", args.seqs, low=1)
     for name in ("ops", "window", "host_blocks"):
         check_int(f"--{name.replace('_', '-')}", getattr(args, name), low=0)

@@ -158,8 +158,8 @@ def open_llm(args, *, seed: int = 0):
     if args.page_size is not None:
         from pagedkv.config import ATTRIBUTE_RANGES
 
-        check_int("--page-size", args.page_size, low=ATTRIBUTE_RANGES["page_size"][0],
-                  high=ATTRIBUTE_RANGES["page_size"][1])
+        low, high = ATTRIBUTE_RANGES["page_size"]
+        check_int("--page-size", args.page_size, low=low, high=high)
     try:
         llm = LLM(str(model), tokenizer=args.tokenizer, backend=args.backend, graph=args.graph,
                   num_blocks=args.num_blocks, host_blocks=args.host_blocks, max_num_seqs=args.max_num_seqs,

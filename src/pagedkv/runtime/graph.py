@@ -279,7 +279,8 @@ class DecoderGraph:
         inputs = [i for i in g.input if i.name not in inits]
         names = [i.name for i in inputs]
         if is_rewritten(model):
-            raise GraphError("original graph: it has the pagedkv plugin nodes, so it is a rewritten graph; pass the decoder-with-past graph from before `pagedkv rewrite`")
+            raise GraphError("original graph: it has the pagedkv plugin nodes, so it is a rewritten graph; pass the "
+                             "decoder-with-past graph from before `pagedkv rewrite`")
         ids = next((n for n in names if n == "input_ids"), None)
         if ids is None:
             raise GraphError(f"original graph: no input_ids input; inputs are {names}")
