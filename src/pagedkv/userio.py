@@ -3,7 +3,8 @@ atomically, progress and machine-readable reports. Every verb goes through these
 same everywhere:
 
 * a bad argument or input file is one line on stderr naming it and what was expected, exit status 2, no
-  traceback (``--debug`` shows one): raise ``UsageError``;
+  traceback (``--debug`` shows one): raise ``UsageError`` (``check_int`` / ``check_float`` / ``parse_int_list``
+  for values, ``check_input_file`` / ``load_onnx`` for files, ``option_error`` for a library's field error);
 * outputs are written into a temporary file beside the target and renamed into place only when complete
   (``atomic_output``); an output path equal to an input is refused; missing folders are created; a failed
   verb leaves nothing behind;
