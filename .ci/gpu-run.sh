@@ -61,6 +61,12 @@ if has sanitize; then
     t=$?; [ $t -ne 0 ] && rc=$t
     tail -8 "$OUT/sanitize-$tool.log" | tee -a "$OUT/summary.txt"
   done
+  # the C++ engine driving both plugins through the test host over 16 continuous-batching steps
+  log "compute-sanitizer memcheck: C++ runtime + plugins"
+  compute-sanitizer --tool memcheck --error-exitcode 99 --target-processes all \
+    python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_runtime_plugins.py > "$OUT/sanitize-runtime.log" 2>&1
+  t=$?; [ $t -ne 0 ] && rc=$t
+  tail -8 "$OUT/sanitize-runtime.log" | tee -a "$OUT/summary.txt"
 fi
 
 if has bench; then
