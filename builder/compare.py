@@ -256,7 +256,7 @@ def open_rewritten(rewritten, backend: str, num_blocks):
             if isinstance(rewritten, onnx.ModelProto):
                 source = Path(tmp) / "rewritten.onnx"
                 onnx.save(rewritten, str(source))
-            engine = build_engine(source, Path(tmp) / "model.engine")
+            engine = build_engine(source, Path(tmp) / "model.engine").engine
             return trt.TrtExecutor(rewritten, engine=engine, num_blocks=num_blocks)
     raise ValueError(f"backend: expected one of {REWRITTEN_BACKENDS}, got {backend!r}")
 

@@ -24,6 +24,7 @@ import numpy as np
 import onnx
 import pytest
 from conftest import TOLERANCES
+from conftest import hf_export as _export
 
 from pagedkv.onnx_export import hf
 from pagedkv.onnx_export._hf_families import FAMILIES
@@ -40,21 +41,12 @@ PROMPTS = [5, 17, 33]
 #   ("qwen3", "dynamo"): "past_value still read outside attention by a Shape node",
 REWRITE_GAPS: dict[tuple[str, str], str] = {}
 
-_exported: dict = {}
 
 
 def _rewrite_error():
     from pagedkv.builder.rewrite import RewriteError
 
     return RewriteError
-
-
-def _export(family, exporter, tmp_path_factory):
-    key = (family, exporter)
-    if key not in _exported:
-        path = tmp_path_factory.mktemp("hf") / f"{family}_{exporter}.onnx"
-        _exported[key] = hf.export_hf(family, path, exporter=exporter, seed=0)
-    return _exported[key]
 
 
 def _cells():
