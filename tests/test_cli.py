@@ -60,11 +60,6 @@ def _verb_parsers():
     return sub.choices
 
 
-# builder/build.py's arguments are being rewritten on another branch (the TensorRT builder); its options get
-# their help texts there. Its --help is still walked for markup, and the options that have help show defaults.
-HELP_TEXT_PENDING = {"build"}
-
-
 @pytest.mark.parametrize("verb", cli.VERBS, ids=lambda v: v.name)
 def test_every_option_has_help_with_its_default_and_no_markup(verb):
     import argparse
@@ -76,8 +71,7 @@ def test_every_option_has_help_with_its_default_and_no_markup(verb):
     for action in parser._actions:
         if isinstance(action, argparse._HelpAction) or not action.option_strings:
             continue
-        if verb.name not in HELP_TEXT_PENDING:
-            assert action.help, f"pagedkv {verb.name} {action.option_strings[0]}: no help text"
+        assert action.help, f"pagedkv {verb.name} {action.option_strings[0]}: no help text"
         default = action.default
         if action.help and not (default is None or default is False or default == []):
             formatted = parser._get_formatter()._expand_help(action)

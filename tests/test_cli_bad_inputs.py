@@ -4,8 +4,6 @@ Each case runs ``python -m pagedkv ...`` as a subprocess in a fresh folder holdi
 synthetic decoder, its rewrite, a rewrite of another model, a non-LLM graph, an empty file, a text file, a
 truncated model, prompt files, model folders). Each must end with the stated exit status (2: usage), exactly one
 line on stderr naming the argument or file, no traceback, no file left behind and every input byte-unchanged.
-
-Build cases stop at argparse only: the build verb's own checks move with its rewrite (another branch).
 """
 
 from __future__ import annotations
@@ -100,9 +98,15 @@ CASES = [
     C("export-unknown-family", "export --family llama9 -o out.onnx", "--family: invalid choice"),
     C("export-no-source", "export -o out.onnx", "one of the arguments --family --model-dir is required"),
     C("export-output-is-a-folder", "export --family llama -o folder", "output: 'folder' is a directory"),
-    # ---- build (argparse only on this branch)
+    # ---- build (its checks run before TensorRT is imported), inspect
     C("build-no-output", "build rew.onnx", "-o/--output"),
     C("build-workspace-text", "build rew.onnx -o x.engine --workspace-mib lots", "--workspace-mib: invalid int"),
+    C("build-missing-file", "build missing.onnx -o x.engine", "'missing.onnx' does not exist"),
+    C("build-empty-file", "build empty.onnx -o x.engine", "'empty.onnx' is empty"),
+    C("build-output-is-input", "build rew.onnx -o rew.onnx", "'rew.onnx' is also an input"),
+    C("build-float32-graph", "build rew.onnx -o x.engine", "the plugin activations are float32"),
+    C("inspect-missing-engine", "inspect missing.engine", "'missing.engine' does not exist"),
+    C("inspect-empty-engine", "inspect empty.onnx", "'empty.onnx' is empty"),
     # ---- pagemap
     C("pagemap-blocks-0", "pagemap --blocks 0 -o map.png", "--blocks: expected >= 1, got 0"),
     C("pagemap-page-size-0", "pagemap --page-size 0 -o map.png", "--page-size"),
