@@ -38,12 +38,12 @@ Exit status (CLI): 0 when every step is within tolerance and every greedy token 
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from pagedkv.tolerances import MODEL_TOLERANCES, TOLERANCES
+from pagedkv.userio import atomic_output, progress
 
 REWRITTEN_BACKENDS = ("reference", "cuda", "trt")
 DEFAULT_PROMPT_LENS = (5, 17, 33, 12, 26, 9, 40, 3)
@@ -62,6 +62,7 @@ class StepResult:
     # logits rank its token above the rewritten pick by more than the step's tolerance. Near-ties (random
     # weights make many) can flip under the cache dtype's rounding without any error in the rewrite.
     greedy: list[tuple[object, int, int, bool]] = field(default_factory=list)
+    bound: float = 0.0  # the step's tolerance on |rewritten - original|: atol + rtol * max|original|
 
     @property
     def greedy_agree(self) -> bool:
@@ -118,6 +119,53 @@ class CompareReport:
             for seq, orig, _, _ in s.greedy:
                 out.setdefault(seq, []).append(orig)
         return out
+
+    def to_json(self) -> dict:
+        """The report for ``pagedkv compare --json``: per step the logits' max abs error, its ratio to the
+        logits' scale (``max_rel``) and the step's bound, and each greedy token of both graphs (``tie``: they
+        differ by less than the tolerance); per (sequence, layer) the paged K/V against the present K/V."""
+        steps = [{"step": s.step, "rows": s.rows,
+                  "batch": [{"seq": seq, "tokens": n, "kind": kind} for seq, n, kind in s.entries],
+                  "logits": {"max_abs": s.max_abs, "max_rel": s.max_scaled, "bound": s.bound, "passed": s.passed},
+                  "argmax_agree": s.argmax_agree,
+                  "greedy": [{"seq": seq, "original": o, "rewritten": r, "agree": o == r, "tie": o != r and not d}
+                             for seq, o, r, d in s.greedy]}
+                 for s in self.steps]
+        kv = [{"seq": k.seq, "layer": k.layer, "max_abs": k.max_abs, "max_rel": k.max_scaled,
+               "positions": k.positions, "passed": k.passed} for k in self.kv]
+        return {"passed": self.passed, "logits_passed": self.logits_passed, "greedy_passed": self.greedy_passed,
+                "kv_passed": self.kv_passed, "backend": self.backend, "atol": self.atol, "rtol": self.rtol,
+                "prompt_lens": self.prompt_lens, "chunk_size": self.chunk_size, "decode_steps": self.decode_steps,
+                "dtypes": {"original": self.dtypes[0], "rewritten": self.dtypes[1]}, "emulated": self.emulated,
+                "max_abs": self.max_abs, "steps": steps, "kv": kv}
+
+    def plot(self, path, *, inputs=()) -> None:
+        """A PNG of each step's max abs logits error against its tolerance (matplotlib Agg, log scale), written
+        atomically (``inputs``: paths it must not overwrite)."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
+
+        fig = Figure(figsize=(8, 4.5), dpi=100)
+        FigureCanvasAgg(fig)
+        ax = fig.subplots()
+        steps = [s.step for s in self.steps]
+        errors = [max(s.max_abs, 1e-30) for s in self.steps]  # an exact step still shows, at the floor
+        ax.semilogy(steps, errors, "o-", label="max |rewritten - original| of the logits")
+        ax.semilogy(steps, [s.bound for s in self.steps], "--", color="tab:red",
+                    label=f"tolerance {self.atol:g} + {self.rtol:g} * max|original|")
+        failed = [(s.step, e) for s, e in zip(self.steps, errors) if not s.passed]
+        if failed:
+            ax.scatter(*zip(*failed), color="tab:red", zorder=3, label="out of tolerance")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("step (prefill chunks and decodes of every sequence)")
+        ax.set_ylabel("logits error")
+        ax.set_title(f"pagedkv compare, {self.backend} backend: {'PASSED' if self.passed else 'FAILED'}", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        with atomic_output(path, inputs=inputs, name="--plot") as tmp:
+            fig.savefig(tmp, format="png")
 
     def __str__(self) -> str:
         dtypes = f"{self.dtypes[0]} original, {self.dtypes[1]} rewritten" + (
@@ -223,10 +271,11 @@ def activation_dtype(model) -> str:
 def compare(original, rewritten, *, backend: str = "reference", num_prompts: int | None = None, prompt_lens=None,
             prompts=None, decode_steps: int = 8, chunk_size: int = 0, seed: int = 0, atol: float = 1e-5,
             rtol: float = 1e-5, kv_atol: float | None = None, kv_rtol: float | None = None,
-            check_kv: bool = True, num_blocks=None) -> CompareReport:
+            check_kv: bool = True, num_blocks=None, quiet: bool = True) -> CompareReport:
     """Run both graphs on the same schedule; see the module docstring. ``original``: path or ModelProto of
     the decoder-with-past graph; ``rewritten``: path or ModelProto of the rewritten graph (or, for
-    ``backend="trt"``, the rewritten ONNX an engine is built from: ``open_rewritten``)."""
+    ``backend="trt"``, the rewritten ONNX an engine is built from: ``open_rewritten``). ``quiet``: no progress
+    bar (``pagedkv.userio.progress``: one tick per step, on a terminal only)."""
     import onnx
 
     from pagedkv.runtime.graph import RewrittenGraph
@@ -254,9 +303,7 @@ def compare(original, rewritten, *, backend: str = "reference", num_prompts: int
         prompts = make_prompts(num_prompts, prompt_lens, vocab, seed)
     lens = [int(len(p)) for p in prompts]
     graph = RewrittenGraph.load(rewritten)
-    if graph.num_groups and len(graph.layers) != dense.graph.num_layers:
-        raise ValueError(f"rewritten graph has {len(graph.layers)} plugin layers, the original "
-                         f"{dense.graph.num_layers} past/present layers")
+    check_same_model(dense.graph, graph, vocab)
     if num_blocks is None:
         num_blocks = _blocks_needed(graph.groups, lens, decode_steps)
     report = CompareReport(backend, atol, rtol, chunk_size, lens, decode_steps, dtypes=dtypes, emulated=emulated)
@@ -266,21 +313,23 @@ def compare(original, rewritten, *, backend: str = "reference", num_prompts: int
     sched = Schedule([Prompt(f"s{i}", p) for i, p in enumerate(prompts)], decode_steps=decode_steps,
                      chunk_size=chunk_size)
     paged = open_rewritten(rewritten, backend, num_blocks)
+    bar = progress(desc="compare", unit="step", quiet=quiet)
     try:
         while entries := sched.next_step():
+            bar.update()
             kinds = ["decode" if r.fed == r.prompt.size and r.generated else "prefill" for r in sched.pending]
             expected = dense.step(entries)
             got = paged.step(entries)
             exp_all, got_all = np.concatenate(expected), np.concatenate(got)
             ok, max_abs, max_scaled = _compare_arrays("logits", exp_all, got_all, atol, rtol)
             agree = int(np.sum(np.argmax(exp_all, -1) == np.argmax(got_all, -1)))
+            tol = atol + rtol * float(np.max(np.abs(exp_all)))
             result = StepResult(sched.steps, [(sid, len(t), k) for (sid, t), k in zip(entries, kinds)],
-                                max_abs, max_scaled, ok, agree, exp_all.shape[0])
+                                max_abs, max_scaled, ok, agree, exp_all.shape[0], bound=tol)
             nxt = []
             for i, ((sid, _), e, g) in enumerate(zip(entries, expected, got)):
                 if sched.wants_next_token(i):
                     o, r = int(np.argmax(e[-1])), int(np.argmax(g[-1]))
-                    tol = atol + rtol * float(np.max(np.abs(exp_all)))
                     result.greedy.append((sid, o, r, bool(e[-1][o] - e[-1][r] > tol)))
                     nxt.append(o)
                 else:
@@ -292,6 +341,7 @@ def compare(original, rewritten, *, backend: str = "reference", num_prompts: int
                 for layer in range(dense.graph.num_layers):
                     report.kv.append(_compare_kv(dense, paged, r.id, layer, kv_atol, kv_rtol))
     finally:
+        bar.close()
         paged.close()
     return report
 
@@ -304,6 +354,26 @@ def _compare_kv(dense, paged, seq, layer, atol, rtol) -> KVResult:
     got = np.concatenate([k_got[:, resident], v_got[:, resident]])
     ok, max_abs, max_scaled = _compare_arrays("kv", exp, got, atol, rtol)
     return KVResult(layer, seq, max_abs, max_scaled, ok, int(resident.sum()))
+
+
+def check_same_model(original, rewritten, vocab: int) -> None:
+    """GraphError unless the rewritten graph (``RewrittenGraph``) can be the rewrite of the original
+    (``DecoderGraph`` with ``vocab``): the same layers, KV heads and head dims per layer, and vocabulary."""
+    from pagedkv.runtime.graph import GraphError
+
+    def differ(what, a, b):
+        raise GraphError(f"original and rewritten are graphs of different models: {what} {a} vs {b} (compare a "
+                         "graph with its own `pagedkv rewrite` output)")
+
+    if len(rewritten.layers) != original.num_layers:
+        differ("layers", original.num_layers, len(rewritten.layers))
+    if rewritten.vocab != vocab:
+        differ("vocabulary", vocab, rewritten.vocab)
+    for layer, kv_heads, head_dim in zip(rewritten.layers, original.kv_heads, original.head_dims):
+        pool = layer.write.pool
+        if (pool.num_kv_heads, pool.head_dim) != (kv_heads, head_dim):
+            differ(f"layer {layer.index} (KV heads, head dim)", (kv_heads, head_dim),
+                   (pool.num_kv_heads, pool.head_dim))
 
 
 def vocab_size(model, logits: str) -> int:
@@ -320,17 +390,22 @@ def vocab_size(model, logits: str) -> int:
 def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("original", help="decoder-with-past ONNX (before the rewrite)")
     parser.add_argument("rewritten", help="rewritten ONNX (pagedkv rewrite output)")
-    parser.add_argument("--backend", choices=REWRITTEN_BACKENDS, default="reference")
+    parser.add_argument("--backend", choices=REWRITTEN_BACKENDS, default="reference",
+                        help="runs the rewritten graph: reference (numpy), cuda (the kernels), trt (an engine)")
     parser.add_argument("--prompts", type=int, default=3, help="number of prompts (ragged lengths)")
     parser.add_argument("--prompt-lens", default=None, help="comma-separated prompt lengths")
-    parser.add_argument("--decode-steps", type=int, default=8)
+    parser.add_argument("--decode-steps", type=int, default=8, help="greedy decode steps after the prefill")
     parser.add_argument("--chunk-size", type=int, default=0, help="prefill chunk (0: whole prompt at once)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="random prompts")
     parser.add_argument("--atol", type=float, default=None,
                         help="default: by the rewritten graph's cache and activation dtypes (docs/builder.md, "
                              "compare)")
-    parser.add_argument("--rtol", type=float, default=None)
+    parser.add_argument("--rtol", type=float, default=None,
+                        help="relative to max|original|; default: by the dtypes, as --atol")
     parser.add_argument("--no-kv-check", action="store_true", help="skip the paged-vs-present K/V check")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON (per step: max abs and "
+                                                            "relative error, tolerance, greedy tokens and ties)")
+    parser.add_argument("--plot", default=None, metavar="PNG", help="draw each step's error against the tolerance")
 
 
 # Default tolerances of the CLI by the cache dtype of the rewritten pools, for float32 activations (16-bit
@@ -362,19 +437,25 @@ def default_tolerance(rewritten, original=None) -> tuple[float, float]:
 
 def run_compare(args) -> int:
     from pagedkv.runtime.backends import BackendUnavailable
-    from pagedkv.runtime.graph import GraphError
-    from pagedkv.userio import UsageError, check_float, check_input_file, check_int, parse_int_list
+    from pagedkv.runtime.graph import GraphError, is_rewritten
+    from pagedkv.userio import (UsageError, check_float, check_input_file, check_int, check_output_path, load_onnx,
+                                parse_int_list, print_json)
 
-    original = check_input_file(args.original, "original")
-    rewritten = check_input_file(args.rewritten, "rewritten")
-    lens = parse_int_list("prompt-lens", args.prompt_lens, low=1) if args.prompt_lens else None
-    num = len(lens) if lens else check_int("prompts", args.prompts, low=1)
-    check_int("decode-steps", args.decode_steps, low=0)
-    check_int("chunk-size", args.chunk_size, low=0)
+    paths = check_input_file(args.original, "original"), check_input_file(args.rewritten, "rewritten")
+    lens = parse_int_list("--prompt-lens", args.prompt_lens, low=1) if args.prompt_lens else None
+    num = len(lens) if lens else check_int("--prompts", args.prompts, low=1)
+    check_int("--decode-steps", args.decode_steps, low=0)
+    check_int("--chunk-size", args.chunk_size, low=0)
     atol, rtol = args.atol, args.rtol
-    for name, value in (("atol", atol), ("rtol", rtol)):
+    for name, value in (("--atol", atol), ("--rtol", rtol)):
         if value is not None:
             check_float(name, value, low=0.0)
+    if args.plot is not None:
+        check_output_path(args.plot, paths, "--plot")
+    original, rewritten = (load_onnx(p, name) for p, name in zip(paths, ("original", "rewritten")))
+    if is_rewritten(original) and not is_rewritten(rewritten):
+        raise UsageError(f"original: {str(paths[0])!r} is the rewritten graph and rewritten: {str(paths[1])!r} the "
+                         "original; the arguments are swapped (pagedkv compare ORIGINAL REWRITTEN)")
     try:
         if atol is None or rtol is None:
             default = default_tolerance(rewritten, original)
@@ -382,8 +463,13 @@ def run_compare(args) -> int:
             rtol = default[1] if rtol is None else rtol
         report = compare(original, rewritten, backend=args.backend, num_prompts=num, prompt_lens=lens,
                          decode_steps=args.decode_steps, chunk_size=args.chunk_size, seed=args.seed, atol=atol,
-                         rtol=rtol, check_kv=not args.no_kv_check)
+                         rtol=rtol, check_kv=not args.no_kv_check, quiet=args.quiet or args.json)
     except (BackendUnavailable, GraphError) as exc:
         raise UsageError(str(exc)) from None
-    print(report)
+    if args.plot is not None:
+        report.plot(args.plot, inputs=paths)
+    if args.json:
+        print_json(report.to_json())
+    else:
+        print(report)
     return 0 if report.passed else 1

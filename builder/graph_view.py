@@ -26,6 +26,10 @@ class RewriteError(ValueError):
     """The graph does not match what the rewrite expects; the message names the node and the expectation."""
 
 
+class NotADecoderError(RewriteError):
+    """The graph is no decoder-with-past at all (no past K/V inputs): the user handed over the wrong file."""
+
+
 def describe(node: onnx.NodeProto) -> str:
     return f"{node.op_type} node {node.name or '<unnamed>'!r}"
 

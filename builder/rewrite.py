@@ -38,7 +38,7 @@ import onnx_graphsurgeon as gs
 from pagedkv import engine_io
 from pagedkv.builder import logits_head, patterns
 from pagedkv.builder.calibrate import CalibrationError, CalibrationPlan, KVCalibration
-from pagedkv.builder.graph_view import GraphView, ProbeStep, RewriteError, describe
+from pagedkv.builder.graph_view import GraphView, NotADecoderError, ProbeStep, RewriteError, describe
 from pagedkv.builder.measure import (fit_rope_config, measure_head_mapping, measure_mask, measure_rope,
                                      rope_from_tables)
 from pagedkv.builder.precision import DTypeError, check_types, convert_float_dtype, dtype_name, parse_dtype
@@ -671,7 +671,7 @@ def rewrite_model(model: onnx.ModelProto | str | Path, options: RewriteOptions |
     view = GraphView(model)
     anchors = patterns.find_kv_anchors(view)
     if not anchors:
-        raise RewriteError("no past-KV input found: expected rank-4 graph inputs that enter a node (Concat or an "
+        raise NotADecoderError("no past-KV input found: expected rank-4 graph inputs that enter a node (Concat or an "
                            "attention op) whose output is a graph output (the present)")
     matches = patterns.match_all(view, anchors)
     claimed = {a for m in matches for a in (m.past_key, m.past_value)}
@@ -795,25 +795,33 @@ def options_from_args(args: argparse.Namespace) -> RewriteOptions:
 
 
 def run_rewrite(args: argparse.Namespace) -> int:
-    from pagedkv.userio import UsageError, atomic_output, check_input_file, check_output_path, print_json
+    from pagedkv.runtime.graph import is_rewritten
+    from pagedkv.userio import (UsageError, atomic_output, check_input_file, check_output_path, load_onnx,
+                                option_error, print_json)
 
     source = check_input_file(args.input, "input")
     check_output_path(args.output, [source])
     try:
         options = options_from_args(args)
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        raise option_error(exc) from None
+    if is_rewritten(load_onnx(source, "input", external_data=False)):
+        raise UsageError(f"input: {str(source)!r} is already rewritten (it has the pagedkv plugin nodes); rewrite "
+                         "the decoder-with-past graph it came from")
     try:
         result = rewrite_model(source, options, quiet=getattr(args, "quiet", False))
     except CalibrationError as exc:
         raise UsageError(str(exc)) from None
+    except NotADecoderError as exc:
+        raise UsageError(f"input: {str(source)!r} is not a decoder-with-past LLM graph: {exc}") from None
     except RewriteError as exc:
         print(f"pagedkv rewrite: {exc}", file=sys.stderr)
         return 1
     with atomic_output(args.output, inputs=[source]) as tmp:
         onnx.save(result.model, str(tmp))
     if args.json:
-        print_json({"output": str(args.output), "report": result.report})
+        pools = [{"group": g, "mode": g.mode, "block_bytes": g.block_bytes} for g in result.pool_groups]
+        print_json({"output": str(args.output), "report": result.report, "pools": pools})
     else:
         print(result.report)
         print(f"wrote {args.output}")

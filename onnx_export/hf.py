@@ -46,6 +46,7 @@ from pagedkv.onnx_export._hf_families import FAMILIES, randomize_weights, tiny_c
 
 EXPORTERS = ("legacy", "dynamo")
 DEFAULT_OPSET = {"legacy": 17, "dynamo": 20}
+MIN_OPSET = 14
 DTYPES = ("float32", "float16", "bfloat16")
 ROTARY_FREQUENCY_BUFFERS = ("inv_freq", "original_inv_freq")  # kept float32 in 16-bit exports (docstring)
 
@@ -368,20 +369,40 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--family", choices=sorted(FAMILIES), help="tiny config of a family, random weights")
     src.add_argument("--model-dir", help="a local Hugging Face model directory (no hub access)")
     parser.add_argument("-o", "--output", required=True, help="output .onnx path")
-    parser.add_argument("--exporter", choices=EXPORTERS, default="legacy")
-    parser.add_argument("--opset", type=int, default=None, help="default: 17 (legacy), 20 (dynamo)")
+    parser.add_argument("--exporter", choices=EXPORTERS, default="legacy",
+                        help="legacy: TorchScript tracing; dynamo: torch.export")
+    parser.add_argument("--opset", type=int, default=None, help=f"ONNX opset, >= {MIN_OPSET} (default: 17 legacy, "
+                                                                 "20 dynamo)")
     parser.add_argument("--seed", type=int, default=0, help="random weights of --family")
-    parser.add_argument("--attn-implementation", default="eager", choices=["eager", "sdpa"])
+    parser.add_argument("--attn-implementation", default="eager", choices=["eager", "sdpa"],
+                        help="the attention the Hugging Face model is traced with")
     parser.add_argument("--dtype", default="float32", choices=list(DTYPES),
                         help="export in this dtype (16-bit: verified against the float32 model; docs/builder.md)")
     parser.add_argument("--no-verify", action="store_true", help="skip the ONNX Runtime vs eager check")
 
 
 def run_export(args) -> int:
-    from pagedkv.userio import UsageError, check_input_dir, check_output_path
+    import json
+
+    import onnx
+
+    from pagedkv.userio import UsageError, check_input_dir, check_int, check_output_path
 
     if args.model_dir is not None:
-        check_input_dir(args.model_dir, "model-dir")
+        model_dir = check_input_dir(args.model_dir, "--model-dir")
+        config = model_dir / "config.json"
+        if not config.is_file():
+            raise UsageError(f"--model-dir: {str(model_dir)!r} has no config.json; expected a Hugging Face model "
+                             "directory (config.json and the weights)")
+        try:
+            model_type = json.loads(config.read_text()).get("model_type")
+        except (ValueError, AttributeError):
+            model_type = None
+        if not isinstance(model_type, str):
+            raise UsageError(f"--model-dir: {str(config)!r} is not a Hugging Face config (a JSON object with a "
+                             "model_type)")
+    if args.opset is not None:  # torch.onnx exports attention (scaled_dot_product_attention) from opset 14 on
+        check_int("--opset", args.opset, low=MIN_OPSET, high=onnx.defs.onnx_opset_version())
     check_output_path(args.output)
     try:
         result = export_hf(args.family or args.model_dir, args.output, exporter=args.exporter, seed=args.seed,

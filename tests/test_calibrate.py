@@ -205,8 +205,8 @@ def test_plugin_configs_check_every_range():
 @pytest.mark.parametrize("argv, message", [
     (["--cache-dtype", "int8"], "cache_dtype=int8: a quantized cache needs K and V scales; calibrate them on the "
                                 "original graph (--calibrate [--calib-data FILE]) or give --k-scale and --v-scale"),
-    (["--page-size", "5000"], "page_size: expected a value in [1, 4096], got 5000"),
-    (["--cache-dtype", "fp8", "--k-scale", "nan", "--v-scale", "1"], "k_scale: expected a finite value > 0"),
+    (["--page-size", "5000"], "--page-size: expected a value in [1, 4096], got 5000"),
+    (["--cache-dtype", "fp8", "--k-scale", "nan", "--v-scale", "1"], "--k-scale: expected a finite value > 0"),
     (["--cache-dtype", "int8", "--calib-data", "missing.jsonl"], "calib-data: 'missing.jsonl' does not exist"),
     (["--tokenizer", "."], "tokenizer: only used with --calib-data"),
 ])

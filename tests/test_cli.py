@@ -50,3 +50,30 @@ def test_a_verb_whose_module_cannot_load_says_why(monkeypatch, capsys):
     assert cli.main(["missing", "--anything"]) == 2
     err = capsys.readouterr().err
     assert "pagedkv missing: unavailable:" in err and "pagedkv.no_such_module" in err
+
+
+def _verb_parsers():
+    import argparse
+
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices
+
+
+@pytest.mark.parametrize("verb", cli.VERBS, ids=lambda v: v.name)
+def test_every_option_has_help_with_its_default_and_no_markup(verb):
+    import argparse
+    import re
+
+    parser = _verb_parsers()[verb.name]
+    text = parser.format_help()
+    assert not re.search(r"``|:(func|class|mod|meth|attr|ref):`|^\.\. ", text, re.M), text
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction) or not action.option_strings:
+            continue
+        assert action.help, f"pagedkv {verb.name} {action.option_strings[0]}: no help text"
+        default = action.default
+        if action.help and not (default is None or default is False or default == []):
+            formatted = parser._get_formatter()._expand_help(action)
+            assert "default" in formatted.lower(), \
+                f"pagedkv {verb.name} {action.option_strings[0]}: help does not state its default {default!r}"

@@ -256,7 +256,7 @@ def test_generate_cli_model_errors(tmp_path, capsys):
 
     export_synthetic(SMALL, original)
     assert main(["generate", str(original), "--prompt", "x", "--backend", "reference"]) == 2
-    assert "is this the output of `pagedkv rewrite`" in capsys.readouterr().err
+    assert "run `pagedkv rewrite` on it first" in capsys.readouterr().err
     np.testing.assert_equal(original.exists(), True)
 
 

@@ -397,7 +397,7 @@ def test_serve_cli_starts_answers_and_stops(model_dir):
     (["--port", "70000"], "--port: expected a value in [0, 65535], got 70000"),
     (["--max-pending", "0"], "--max-pending: expected >= 1, got 0"),
     (["--host", "203.0.113.7"], "--host/--port: cannot bind 203.0.113.7:0"),
-    (["--num-blocks", "0"], "--num-blocks: must be >= 1, got 0"),
+    (["--num-blocks", "0"], "--num-blocks: expected >= 1, got 0"),
 ], ids=["port", "max-pending", "host", "num-blocks"])
 def test_serve_cli_bad_arguments_are_one_line(model_dir, capsys, extra, message):
     args = ["serve", str(model_dir / "model.paged.onnx"), "--backend", "reference", "--port", "0", *extra]

@@ -114,3 +114,51 @@ def test_run_verb_exit_codes_and_one_line(capsys):
     assert err.count("\n") == 1 and "engine build failed: details" in err and "Traceback" not in err
     with pytest.raises(RuntimeError):
         run_verb("build", broken, argparse.Namespace(debug=True))
+
+
+def test_load_onnx_says_what_the_file_is(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    from pagedkv.userio import load_onnx
+
+    text = tmp_path / "notes.onnx"
+    text.write_text("not a model\n")
+    with pytest.raises(UsageError, match=r"^model: '.*notes.onnx' is not an ONNX model \(it does not parse"):
+        load_onnx(text, "model")
+    hollow = tmp_path / "hollow.onnx"
+    onnx.save(onnx.ModelProto(), str(hollow))
+    with pytest.raises(UsageError, match="is empty|no graph nodes"):
+        load_onnx(hollow, "model")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])
+    good = tmp_path / "relu.onnx"
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    onnx.save(helper.make_model(graph), str(good))
+    assert [n.op_type for n in load_onnx(good).graph.node] == ["Relu"]
+
+
+@pytest.mark.parametrize("message, expected", [
+    ("page_size: expected a value in [1, 4096], got 0", "--page-size: expected a value in [1, 4096], got 0"),
+    ("host_blocks[0]: must be >= 0, got -1", "--host-blocks: must be >= 0, got -1"),
+    ("cache_dtype=int8: needs K and V scales", "cache_dtype=int8: needs K and V scales"),  # not a bare field
+    ("rewritten graph: no logits output", "rewritten graph: no logits output"),
+])
+def test_option_error_names_the_option(message, expected):
+    from pagedkv.userio import option_error
+
+    assert str(option_error(ValueError(message))) == expected
+
+
+def test_print_json_names_enums_and_unpacks_dataclasses(capsys):
+    import json
+
+    import numpy as np
+
+    from pagedkv.layout import KVLayout, PageLayout
+    from pagedkv.userio import print_json
+
+    print_json({"layout": KVLayout(2, 2, 16, 64), "mode": PageLayout.NHD, "n": np.int32(3), "a": np.arange(2)})
+    out = json.loads(capsys.readouterr().out)
+    assert out["layout"]["page_layout"] == "hnd" and out["layout"]["page_size"] == 16
+    assert out["mode"] == "nhd" and out["n"] == 3 and out["a"] == [0, 1]

@@ -59,6 +59,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see '{self.prog} --help')\n")
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless the help already says it or there is none to say
+    (a flag, an option that is off when not given)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        quiet = default is None or default is False or default == [] or default == argparse.SUPPRESS \
+            or not action.option_strings
+        if quiet or "default" in text.lower():
+            return text
+        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
+
+
 def _common_options() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", help="show the traceback of an error")
@@ -67,7 +81,8 @@ def _common_options() -> argparse.ArgumentParser:
 
 
 def _register(subparsers, verb: Verb) -> None:
-    parser = subparsers.add_parser(verb.name, help=verb.help, description=verb.help, parents=[_common_options()])
+    parser = subparsers.add_parser(verb.name, help=verb.help, description=verb.help, parents=[_common_options()],
+                                   formatter_class=_HelpFormatter)
     try:
         module = importlib.import_module(verb.module)
     except ImportError as exc:  # the rest of the command stays usable; this verb says why when run

@@ -1,6 +1,7 @@
 """``pagedkv doctor``: what this machine has — CUDA device and driver, the plugin libraries and the creators they
 export, which TensorRT flavours are installed (TensorRT, TensorRT-RTX) and whether engines build and run here, where
-the TensorRT headers came from, the cuda-python version."""
+the TensorRT headers came from, the cuda-python version, and which optional extras (``pip install
+'pagedkv[export]'``...) are installed and what each enables."""
 
 from __future__ import annotations
 
@@ -16,6 +17,41 @@ def _version(dist: str) -> str | None:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+# What each optional extra of pyproject.toml enables; the packages it needs are read from the installed
+# package's metadata (pyproject.toml is the one place they are listed).
+EXTRAS = {
+    "export": "pagedkv export and pagedkv demo --source hf: Hugging Face decoders to ONNX (torch, transformers)",
+    "text": "text prompts and outputs: pagedkv generate --prompt, --chat templates, LLM with a tokenizer",
+    "serve": "pagedkv serve (OpenAI-compatible HTTP API) and pagedkv bench --url",
+    "rtx": "pagedkv build without a GPU: TensorRT-RTX builds engines (docs/builder.md: engine build)",
+    "test": "the test suite (pytest, hypothesis)",
+}
+
+
+def extras_report() -> dict:
+    """Per optional extra: what it enables, the packages it needs, which of them are missing, and whether it is
+    installed (all of them are)."""
+    from packaging.requirements import Requirement
+
+    needs: dict[str, list[str]] = {name: [] for name in EXTRAS}
+    try:
+        requirements = importlib.metadata.requires("pagedkv") or []
+    except importlib.metadata.PackageNotFoundError:
+        requirements = []
+    for text in requirements:
+        req = Requirement(text)
+        for extra in needs:
+            if req.marker is not None and req.marker.evaluate({"extra": extra}):
+                needs[extra].append(req.name)
+    out = {}
+    for extra, enables in EXTRAS.items():
+        missing = [dist for dist in needs[extra] if _version(dist) is None]
+        out[extra] = {"installed": bool(needs[extra]) and not missing, "enables": enables, "needs": needs[extra],
+                      "missing": missing or None,
+                      "install": None if needs[extra] and not missing else f"pip install 'pagedkv[{extra}]'"}
+    return out
 
 
 def doctor_report() -> dict:
@@ -72,6 +108,7 @@ def doctor_report() -> dict:
     report["tensorrt"] = trt
     for dist in ("onnx", "onnxruntime", "onnx-graphsurgeon", "polygraphy", "onnxruntime-extensions"):
         report.setdefault("python_packages", {})[dist] = _version(dist)
+    report["extras"] = extras_report()
     return report
 
 

@@ -125,7 +125,7 @@ def main(seed: int = 0, backend: str = "auto") -> int:
 
 
 def add_selfcheck_arguments(parser) -> None:
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="random case")
     parser.add_argument("--backend", choices=["auto", "reference", "cuda"], default="auto",
                         help="auto: CUDA kernels when a GPU exists, else the references only")
 

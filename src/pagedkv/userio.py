@@ -3,7 +3,8 @@ atomically, progress and machine-readable reports. Every verb goes through these
 same everywhere:
 
 * a bad argument or input file is one line on stderr naming it and what was expected, exit status 2, no
-  traceback (``--debug`` shows one): raise ``UsageError``;
+  traceback (``--debug`` shows one): raise ``UsageError`` (``check_int`` / ``check_float`` / ``parse_int_list``
+  for values, ``check_input_file`` / ``load_onnx`` for files, ``option_error`` for a library's field error);
 * outputs are written into a temporary file beside the target and renamed into place only when complete
   (``atomic_output``); an output path equal to an input is refused; missing folders are created; a failed
   verb leaves nothing behind;
@@ -78,6 +79,18 @@ def parse_int_list(name: str, text: str, *, low: int | None = None, high: int | 
     return [check_int(f"{name}[{i}]", p, low=low, high=high) for i, p in enumerate(parts)]
 
 
+def option_error(exc: Exception) -> UsageError:
+    """A library's ValueError about one of its fields (``"page_size: expected ..."``, the form the validators
+    here write; ``"host_blocks[0]: ..."`` for an element) as the usage error of the command-line option the
+    field came from (``"--page-size: expected ..."``). Messages of another form are kept as they are."""
+    text = str(exc)
+    field, sep, rest = text.partition(": ")
+    name = field.split("[")[0]
+    if sep and name.replace("_", "").isalnum() and not name.startswith("_"):
+        return UsageError(f"--{name.replace('_', '-')}: {rest}")
+    return UsageError(text)
+
+
 def _range_text(low, high, low_open: bool = False) -> str:
     if low is not None and high is not None:
         return f"a value in {'(' if low_open else '['}{low:g}, {high:g}]"
@@ -97,6 +110,23 @@ def check_input_file(path, name: str = "input") -> Path:
     if p.stat().st_size == 0:
         raise UsageError(f"{name}: {str(p)!r} is empty")
     return p
+
+
+def load_onnx(path, name: str = "input", *, external_data: bool = True):
+    """The ``onnx.ModelProto`` in ``path``, else UsageError naming ``name``: missing, empty, or a file that is
+    not an ONNX model (a protobuf that does not parse, or one without a graph). ``external_data=False`` reads
+    the graph without the weights files of a large model: a cheap look at its structure before heavy work."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    src = check_input_file(path, name)
+    try:
+        model = onnx.load(str(src), load_external_data=external_data)
+    except (DecodeError, RuntimeWarning, UnicodeDecodeError):
+        raise UsageError(f"{name}: {str(src)!r} is not an ONNX model (it does not parse as one)") from None
+    if not model.graph.node or not model.opset_import:
+        raise UsageError(f"{name}: {str(src)!r} is not an ONNX model (no graph nodes or opsets in it)")
+    return model
 
 
 def check_input_dir(path, name: str = "input") -> Path:
@@ -187,20 +217,26 @@ def run_verb(verb: str, func, args) -> int:
 
 
 def print_json(report) -> None:
-    """A report as JSON on stdout (dataclasses and numpy scalars included)."""
-    print(json.dumps(report, indent=2, default=_jsonable))
+    """A report as JSON on stdout: dataclasses as objects, enums by their names (lower case), numpy values
+    and paths as plain values."""
+    print(json.dumps(_plain(report), indent=2, default=str))
 
 
-def _jsonable(value):
+def _plain(value):
     import dataclasses
     import enum
 
-    if dataclasses.is_dataclass(value):
-        return dataclasses.asdict(value)
-    if isinstance(value, enum.Enum):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):  # before int: IntEnums would otherwise print as bare numbers
         return value.name.lower()
+    if isinstance(value, dict):
+        return {k if isinstance(k, (str, int, float, bool)) or k is None else str(k): _plain(v)
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
     if isinstance(value, Path):
         return str(value)
-    if hasattr(value, "tolist"):
+    if hasattr(value, "tolist"):  # numpy arrays and scalars
         return value.tolist()
-    return str(value)
+    return value

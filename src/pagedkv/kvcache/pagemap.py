@@ -205,9 +205,20 @@ def demo_manager(blocks: int = 48, page_size: int = 4, seqs: int = 6, seed: int 
 
 
 def run_pagemap(args) -> int:
+    from pagedkv.config import ATTRIBUTE_RANGES
+    from pagedkv.userio import atomic_output, check_int, check_output_path
+
+    check_int("--blocks", args.blocks, low=1)
+    low, high = ATTRIBUTE_RANGES["page_size"]
+    check_int("--page-size", args.page_size, low=low, high=high)
+    check_int("--seqs", args.seqs, low=1)
+    for name in ("ops", "window", "host_blocks"):
+        check_int(f"--{name.replace('_', '-')}", getattr(args, name), low=0)
+    path = check_output_path(args.out, name="--out")
     mgr = demo_manager(blocks=args.blocks, page_size=args.page_size, seqs=args.seqs, seed=args.seed, ops=args.ops,
                        window=args.window, host_blocks=args.host_blocks)
-    path = render_pagemap(mgr, args.out, title=f"KV cache page map: demo (seed {args.seed}, {args.ops} random ops)")
+    with atomic_output(path, name="--out") as tmp:
+        render_pagemap(mgr, tmp, title=f"KV cache page map: demo (seed {args.seed}, {args.ops} random ops)")
     print(f"wrote {path}: {len(mgr.sequences)} sequences, "
           + ", ".join(f"group {g.name!r}: {mgr.num_free(i)}/{mgr.num_blocks[i]} blocks free"
                       for i, g in enumerate(mgr.groups)))

@@ -38,7 +38,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pagedkv.userio import UsageError, atomic_output, check_float, check_input_file, check_int, progress
+from pagedkv.userio import (UsageError, atomic_output, check_float, check_input_file, check_int, check_output_path,
+                            progress)
 
 LEN_DISTS = ("fixed", "uniform", "normal")
 PERCENTILES = (50, 90, 99)
@@ -384,6 +385,10 @@ def run_bench(args) -> int:
     rates = parse_rates(args.request_rate)
     if args.prompts_file:
         check_input_file(args.prompts_file, "--prompts-file")
+    inputs = [args.model, args.prompts_file]
+    for name, path in (("--output", args.output), ("--plot", args.plot)):  # refused now, not after the runs
+        if path is not None:
+            check_output_path(path, inputs, name)
     if args.url is not None:
         from pagedkv.runtime.graph import RewrittenGraph
 
@@ -421,7 +426,7 @@ def run_bench(args) -> int:
                "len_dist": args.len_dist, "len_spread": args.len_spread, "prompts_file": args.prompts_file,
                "temperature": args.temperature, "seed": args.seed, "runs": runs}
     if args.output:
-        with atomic_output(args.output, inputs=[args.model, args.prompts_file]) as tmp:
+        with atomic_output(args.output, inputs=inputs, name="--output") as tmp:
             tmp.write_text(json.dumps(results, indent=2) + "\n")
     if args.plot:
         plot(runs, args.plot, title)

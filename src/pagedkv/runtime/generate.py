@@ -19,7 +19,8 @@ import json
 import sys
 from pathlib import Path
 
-from pagedkv.userio import UsageError, atomic_output, check_input_dir, check_input_file, parse_int_list
+from pagedkv.userio import (UsageError, atomic_output, check_input_dir, check_input_file, check_int, load_onnx,
+                            option_error, parse_int_list)
 
 DEFAULT_MAX_NEW_TOKENS = 32
 
@@ -45,10 +46,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, max_num_seqs: int =
     engine.add_argument("--num-blocks", type=int, default=None, help="KV blocks per pool group (pool size)")
     engine.add_argument("--host-blocks", type=int, default=0, help="pinned host blocks per group (--preemption swap)")
     engine.add_argument("--chunk-size", type=int, default=512, help="prefill tokens of a prompt per step")
-    engine.add_argument("--max-num-seqs", type=int, default=max_num_seqs)
-    engine.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    engine.add_argument("--max-num-seqs", type=int, default=max_num_seqs, help="sequences in flight at once")
+    engine.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens per engine step")
     engine.add_argument("--max-model-len", type=int, default=None, help="context limit (prompt + output)")
-    engine.add_argument("--preemption", choices=PREEMPTION_MODES, default="recompute")
+    engine.add_argument("--preemption", choices=PREEMPTION_MODES, default="recompute",
+                        help="when the KV pool runs out: recompute a preempted sequence, or swap its blocks to host")
     engine.add_argument("--no-prefix-reuse", action="store_true", help="do not share cached prompt prefixes")
 
 
@@ -60,14 +62,14 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
                          help='token ids, JSON lines {"id": ..., "input_ids": [...]} (no tokenizer needed)')
     prompts.add_argument("--chat", action="store_true", help="send each --prompt as a user message of a chat")
     sampling = parser.add_argument_group("sampling (default: greedy)")
-    sampling.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
+    sampling.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="tokens per prompt")
     sampling.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     sampling.add_argument("--top-k", type=int, default=0, help="0: off")
     sampling.add_argument("--top-p", type=float, default=1.0, help="1: off")
     sampling.add_argument("--min-p", type=float, default=0.0, help="0: off")
-    sampling.add_argument("--repetition-penalty", type=float, default=1.0)
-    sampling.add_argument("--presence-penalty", type=float, default=0.0)
-    sampling.add_argument("--frequency-penalty", type=float, default=0.0)
+    sampling.add_argument("--repetition-penalty", type=float, default=1.0, help="1: off")
+    sampling.add_argument("--presence-penalty", type=float, default=0.0, help="0: off")
+    sampling.add_argument("--frequency-penalty", type=float, default=0.0, help="0: off")
     sampling.add_argument("--seed", type=int, default=None, help="per-request seeds derive from it (default 0)")
     sampling.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     sampling.add_argument("--stop-token-ids", default=None, help="comma-separated token ids that end the output")
@@ -130,7 +132,7 @@ def _params(args):
                               seed=args.seed, logprobs=args.logprobs, stop=tuple(args.stop),
                               stop_token_ids=tuple(stop_ids), ignore_eos=args.ignore_eos)
     except ValueError as exc:
-        raise UsageError(f"--{str(exc).split(':')[0].replace('_', '-')}: {str(exc).split(': ', 1)[-1]}") from None
+        raise option_error(exc) from None
 
 
 def open_llm(args, *, seed: int = 0):
@@ -143,16 +145,21 @@ def open_llm(args, *, seed: int = 0):
     model = check_input_file(args.model, "model")
     if model.suffix.lower() != ".onnx" and not is_engine_file(model):
         raise UsageError(f"model: {str(model)!r} is neither a rewritten .onnx nor an engine (.engine, .plan, .trt)")
-    if args.graph is not None:
-        check_input_file(args.graph, "--graph")
+    graph = model if args.graph is None and not is_engine_file(model) else args.graph
+    if graph is not None:  # its structure, without the weights: a file that is no ONNX model is said here
+        load_onnx(graph, "model" if graph is model else "--graph", external_data=False)
     if args.tokenizer is not None:
         check_input_dir(args.tokenizer, "--tokenizer")
-    for name in ("chunk_size", "max_num_seqs", "max_num_batched_tokens"):
-        if getattr(args, name) < (0 if name == "chunk_size" else 1):
-            raise UsageError(f"--{name.replace('_', '-')}: must be >= {0 if name == 'chunk_size' else 1}, "
-                             f"got {getattr(args, name)}")
-    if args.num_blocks is not None and args.num_blocks < 1:
-        raise UsageError(f"--num-blocks: must be >= 1, got {args.num_blocks}")
+    lowest = {"chunk_size": 0, "max_num_seqs": 1, "max_num_batched_tokens": 1, "num_blocks": 1, "host_blocks": 0,
+              "max_model_len": 1}
+    for name, low in lowest.items():
+        if getattr(args, name) is not None:
+            check_int(f"--{name.replace('_', '-')}", getattr(args, name), low=low)
+    if args.page_size is not None:
+        from pagedkv.config import ATTRIBUTE_RANGES
+
+        low, high = ATTRIBUTE_RANGES["page_size"]
+        check_int("--page-size", args.page_size, low=low, high=high)
     try:
         llm = LLM(str(model), tokenizer=args.tokenizer, backend=args.backend, graph=args.graph,
                   num_blocks=args.num_blocks, host_blocks=args.host_blocks, max_num_seqs=args.max_num_seqs,
@@ -162,7 +169,7 @@ def open_llm(args, *, seed: int = 0):
     except (GraphError, TokenizerError, BackendUnavailable) as exc:
         raise UsageError(str(exc)) from None
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        raise option_error(exc) from None
     sizes = {g.page_size for g in llm.executor.graph.groups}
     if args.page_size is not None and sizes != {args.page_size}:
         llm.close()

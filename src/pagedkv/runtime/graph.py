@@ -28,6 +28,13 @@ class GraphError(ValueError):
     """The graph does not have the structure the runtime needs; the message names what is missing."""
 
 
+def is_rewritten(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` is a rewritten graph (``pagedkv rewrite`` output): it has the plugin nodes or the
+    engine input ``kv_pools``. How the verbs tell the two graphs of the flow apart."""
+    return (any(i.name == engine_io.KV_POOLS for i in model.graph.input)
+            or any(n.domain == ONNX_DOMAIN for n in model.graph.node))
+
+
 def node_attributes(node: onnx.NodeProto) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
@@ -93,6 +100,10 @@ class RewrittenGraph:
         inputs = tuple(i.name for i in graph.input)
         outputs = tuple(o.name for o in graph.output)
         missing = [n for n in engine_io.REQUIRED_INPUTS if n not in inputs]
+        inits = {i.name for i in graph.initializer}
+        if missing and not is_rewritten(model) and any(_rank(i) == 4 for i in graph.input if i.name not in inits):
+            raise GraphError("rewritten graph: this is a decoder-with-past graph from before the rewrite (past K/V "
+                             "inputs, no pagedkv plugin nodes); run `pagedkv rewrite` on it first")
         if missing:
             raise GraphError(f"rewritten graph: engine input(s) {missing} missing; inputs are {list(inputs)} "
                              "(is this the output of `pagedkv rewrite`? graphs rewritten before logits_rows existed "
@@ -267,9 +278,9 @@ class DecoderGraph:
         inits = {i.name for i in g.initializer}
         inputs = [i for i in g.input if i.name not in inits]
         names = [i.name for i in inputs]
-        if engine_io.KV_POOLS in names:
-            raise GraphError(f"original graph: it has the engine input {engine_io.KV_POOLS}, so it is a rewritten "
-                             "graph; pass the decoder-with-past graph from before `pagedkv rewrite`")
+        if is_rewritten(model):
+            raise GraphError("original graph: it has the pagedkv plugin nodes, so it is a rewritten graph; pass the "
+                             "decoder-with-past graph from before `pagedkv rewrite`")
         ids = next((n for n in names if n == "input_ids"), None)
         if ids is None:
             raise GraphError(f"original graph: no input_ids input; inputs are {names}")

@@ -37,7 +37,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_model_arguments(parser)
     http = parser.add_argument_group("server")
-    http.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    http.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, loopback only)")
     http.add_argument("--port", type=int, default=DEFAULT_PORT, help="0: any free port (printed)")
     http.add_argument("--served-model-name", default=None, help="the `model` clients name (default: the file's "
                                                                  "name without its suffix)")
@@ -72,6 +72,11 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def run_serve(args) -> int:
+    from pagedkv.userio import check_input_file, check_int
+
+    check_input_file(args.model, "model")
+    check_int("--port", args.port, low=0, high=65535)
+    check_int("--max-pending", args.max_pending, low=1)
     reason = why_serve_unavailable()
     if reason:
         raise UsageError(reason)
@@ -80,11 +85,7 @@ def run_serve(args) -> int:
     from pagedkv.runtime.api import Worker
     from pagedkv.runtime.generate import open_llm
     from pagedkv.runtime.server import create_app
-    from pagedkv.userio import check_input_file, check_int
 
-    check_input_file(args.model, "model")
-    check_int("--port", args.port, low=0, high=65535)
-    check_int("--max-pending", args.max_pending, low=1)
     sock = bind(args.host, args.port)
     with open_llm(args, seed=args.seed) as llm:
         worker = Worker(llm.engine, max_pending=args.max_pending)
