@@ -4,7 +4,9 @@
                     [--prompt-lens 5,17,33] [--decode-steps 8] [--chunk-size 16] [--atol A --rtol R]
 
 N prompts of different lengths go through (optionally chunked) prefill and M greedy decode steps on both
-graphs, with one schedule (``pagedkv.runtime.loop.Schedule``) so the inputs are identical:
+graphs, with one schedule (``pagedkv.runtime.loop.Schedule``) so the inputs are identical. The original runs the
+whole schedule first (its logits choose every token) and is closed before the rewritten graph replays the same
+steps, so only one of the two models is ever resident (a model past 2 GB costs one copy of its weights):
 
 * original: ONNX Runtime, dense past K/V, one sequence per run (``pagedkv.runtime.session.DenseSession``);
 * rewritten: the chosen backend — ``reference`` (ONNX Runtime + numpy pools + float64 references),
@@ -186,6 +188,7 @@ def open_rewritten(rewritten, backend: str, num_blocks):
 
         import onnx
 
+        from pagedkv import onnx_io
         from pagedkv.builder.build import build_engine
         from pagedkv.runtime import trt
 
@@ -193,11 +196,42 @@ def open_rewritten(rewritten, backend: str, num_blocks):
         with tempfile.TemporaryDirectory(prefix="pagedkv-trt-") as tmp:
             source = rewritten
             if isinstance(rewritten, onnx.ModelProto):
-                source = Path(tmp) / "rewritten.onnx"
-                onnx.save(rewritten, str(source))
+                source = onnx_io.save(rewritten, Path(tmp) / "rewritten.onnx")
             engine = build_engine(source, Path(tmp) / "model.engine")
             return trt.TrtSession(rewritten, engine=engine, num_blocks=num_blocks)
     raise ValueError(f"backend: expected one of {REWRITTEN_BACKENDS}, got {backend!r}")
+
+
+@dataclass
+class _OriginalStep:
+    """One step of the original's run, kept for the replay on the rewritten graph."""
+
+    entries: list  # [(sequence, new token ids)]
+    kinds: list[str]  # "prefill" | "decode" per entry
+    logits: list[np.ndarray]  # per entry [n_i, vocab]
+    picks: list[int | None]  # the token chosen after each entry (None: mid-prompt chunk)
+
+
+def _run_original(original, prompts, decode_steps: int, chunk_size: int, check_kv: bool):
+    """The original through the whole schedule (it alone chooses the tokens), then closed: only one of the two
+    graphs is ever resident, so a big model costs one copy of its weights. -> (steps, dense presents by
+    (sequence, layer) when ``check_kv``)."""
+    from pagedkv.runtime.loop import Request, Schedule
+    from pagedkv.runtime.session import DenseSession
+
+    dense = DenseSession(original)
+    sched = Schedule([Request(f"s{i}", p) for i, p in enumerate(prompts)], decode_steps=decode_steps,
+                     chunk_size=chunk_size)
+    steps = []
+    while entries := sched.next_step():
+        kinds = ["decode" if r.fed == r.prompt.size and r.generated else "prefill" for r in sched.pending]
+        logits = dense.step(entries)
+        picks = [int(np.argmax(e[-1])) if sched.wants_next_token(i) else None for i, e in enumerate(logits)]
+        sched.advance(picks)
+        steps.append(_OriginalStep(entries, kinds, logits, picks))
+    layers = range(dense.graph.num_layers) if check_kv else ()
+    presents = {(r.id, layer): dense.present(r.id, layer) for r in sched.requests for layer in layers}
+    return steps, presents
 
 
 def compare(original, rewritten, *, backend: str = "reference", num_prompts: int | None = None, prompt_lens=None,
@@ -206,69 +240,54 @@ def compare(original, rewritten, *, backend: str = "reference", num_prompts: int
             check_kv: bool = True, num_blocks=None) -> CompareReport:
     """Run both graphs on the same schedule; see the module docstring. ``original``: path or ModelProto of
     the decoder-with-past graph; ``rewritten``: path or ModelProto of the rewritten graph (or, for
-    ``backend="trt"``, the rewritten ONNX an engine is built from: ``open_rewritten``)."""
-    import onnx
+    ``backend="trt"``, the rewritten ONNX an engine is built from: ``open_rewritten``). Paths are opened with
+    ``pagedkv.onnx_io`` (any size); the original runs first, to the end, then the rewritten graph replays its steps."""
+    from pagedkv import onnx_io
+    from pagedkv.runtime.graph import DecoderGraph, RewrittenGraph
 
-    from pagedkv.runtime.graph import RewrittenGraph
-    from pagedkv.runtime.loop import Request, Schedule
-    from pagedkv.runtime.session import DenseSession
-
-    if not isinstance(original, onnx.ModelProto):
-        original = onnx.load(str(original))
-    if not isinstance(rewritten, onnx.ModelProto):
-        rewritten = onnx.load(str(rewritten))
-    dense = DenseSession(original)
-    vocab = _vocab(original, dense.graph.logits)
+    rewritten = onnx_io.load_if_path(rewritten, "rewritten graph")
+    graph = RewrittenGraph.load(rewritten)
+    original_model = onnx_io.load_if_path(original, "original graph")
+    decoder = DecoderGraph.load(original_model)
+    if graph.num_groups and len(graph.layers) != decoder.num_layers:
+        raise ValueError(f"rewritten graph has {len(graph.layers)} plugin layers, the original "
+                         f"{decoder.num_layers} past/present layers")
     if prompts is None:
         if num_prompts is None:
             num_prompts = len(prompt_lens) if prompt_lens else 3
-        prompts = make_prompts(num_prompts, prompt_lens, vocab, seed)
+        prompts = make_prompts(num_prompts, prompt_lens, _vocab(original_model, decoder.logits), seed)
     lens = [int(len(p)) for p in prompts]
-    graph = RewrittenGraph.load(rewritten)
-    if graph.num_groups and len(graph.layers) != dense.graph.num_layers:
-        raise ValueError(f"rewritten graph has {len(graph.layers)} plugin layers, the original "
-                         f"{dense.graph.num_layers} past/present layers")
     if num_blocks is None:
         num_blocks = _blocks_needed(graph.groups, lens, decode_steps)
     report = CompareReport(backend, atol, rtol, chunk_size, lens, decode_steps)
     kv_atol = atol if kv_atol is None else kv_atol
     kv_rtol = rtol if kv_rtol is None else kv_rtol
 
-    sched = Schedule([Request(f"s{i}", p) for i, p in enumerate(prompts)], decode_steps=decode_steps,
-                     chunk_size=chunk_size)
+    steps, presents = _run_original(original, prompts, decode_steps, chunk_size, check_kv and backend == "reference")
     paged = open_rewritten(rewritten, backend, num_blocks)
     try:
-        while entries := sched.next_step():
-            kinds = ["decode" if r.fed == r.prompt.size and r.generated else "prefill" for r in sched.pending]
-            expected = dense.step(entries)
-            got = paged.step(entries)
-            exp_all, got_all = np.concatenate(expected), np.concatenate(got)
+        for index, step in enumerate(steps, start=1):
+            got = paged.step(step.entries)
+            exp_all, got_all = np.concatenate(step.logits), np.concatenate(got)
             ok, max_abs, max_scaled = _compare_arrays("logits", exp_all, got_all, atol, rtol)
             agree = int(np.sum(np.argmax(exp_all, -1) == np.argmax(got_all, -1)))
-            result = StepResult(sched.steps, [(sid, len(t), k) for (sid, t), k in zip(entries, kinds)],
+            result = StepResult(index, [(sid, len(t), k) for (sid, t), k in zip(step.entries, step.kinds)],
                                 max_abs, max_scaled, ok, agree, exp_all.shape[0])
-            nxt = []
-            for i, ((sid, _), e, g) in enumerate(zip(entries, expected, got)):
-                if sched.wants_next_token(i):
-                    o, r = int(np.argmax(e[-1])), int(np.argmax(g[-1]))
-                    tol = atol + rtol * float(np.max(np.abs(exp_all)))
+            tol = atol + rtol * float(np.max(np.abs(exp_all)))
+            for (sid, _), e, g, o in zip(step.entries, step.logits, got, step.picks):
+                if o is not None:
+                    r = int(np.argmax(g[-1]))
                     result.greedy.append((sid, o, r, bool(e[-1][o] - e[-1][r] > tol)))
-                    nxt.append(o)
-                else:
-                    nxt.append(None)
-            sched.advance(nxt)
             report.steps.append(result)
-        if check_kv and backend == "reference":
-            for r in sched.requests:
-                for layer in range(dense.graph.num_layers):
-                    report.kv.append(_compare_kv(dense, paged, r.id, layer, kv_atol, kv_rtol))
+        for (seq, layer), present in presents.items():
+            report.kv.append(_compare_kv(present, paged, seq, layer, kv_atol, kv_rtol))
     finally:
         paged.close()
     return report
 
 
-def _compare_kv(dense, paged, seq, layer, atol, rtol) -> KVResult:
-    k_exp, v_exp = dense.present(seq, layer)
+def _compare_kv(present, paged, seq, layer, atol, rtol) -> KVResult:
+    k_exp, v_exp = present
     k_got, v_got = paged.read_kv(seq, layer)
     resident = ~np.isnan(k_got[0, :, 0])  # windowed caches release old positions
     exp = np.concatenate([k_exp[:, resident], v_exp[:, resident]]).astype(np.float64)

@@ -13,13 +13,13 @@ Everything here reads; nothing changes the model. The rewrite (``rewrite.py``), 
 
 from __future__ import annotations
 
-import copy
 from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+
+from pagedkv import onnx_io
 
 
 class RewriteError(ValueError):
@@ -54,11 +54,13 @@ SHAPE_PRESERVING_FOREIGN_OPS = {
 }
 
 
-def _infer_shapes(model: onnx.ModelProto) -> onnx.GraphProto:
-    """The model's graph with shape inference's value_info; ORT's shape-preserving fused ops stand in as
-    Identity nodes for the inference only (the nodes returned are the model's own)."""
+def _inferred_value_info(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """Inputs, outputs and intermediate tensors with shape inference's types and shapes. Inferred on the model's
+    weightless skeleton (``onnx_io.skeleton``: big weights become inputs of their shape, so a model of any size
+    serializes, and external data is never read); ORT's shape-preserving fused ops stand in as Identity nodes."""
+    surrogate = onnx_io.skeleton(model)
     nodes, changed = [], False
-    for node in model.graph.node:
+    for node in surrogate.graph.node:
         keep = SHAPE_PRESERVING_FOREIGN_OPS.get((node.domain or "", node.op_type))
         if keep is None or (not node.domain and onnx.defs.has(node.op_type)):
             nodes.append(node)
@@ -66,26 +68,22 @@ def _infer_shapes(model: onnx.ModelProto) -> onnx.GraphProto:
         changed = True
         nodes += [onnx.helper.make_node("Identity", [node.input[0]], [node.output[i]])
                   for i in keep if i < len(node.output) and node.output[i]]
-    surrogate = model
     if changed:
-        surrogate = copy.deepcopy(model)
         del surrogate.graph.node[:]
         surrogate.graph.node.extend(nodes)
+    graph = surrogate.graph
     try:
-        inferred = onnx.shape_inference.infer_shapes(surrogate, data_prop=True).graph
+        graph = onnx.shape_inference.infer_shapes(surrogate, data_prop=True).graph
     except Exception:  # noqa: BLE001 - inference is a help, not a requirement
-        return model.graph
-    if changed:
-        del inferred.node[:]
-        inferred.node.extend(model.graph.node)
-    return inferred
+        pass
+    return [*graph.input, *graph.output, *graph.value_info]
 
 
 # ---- the index ----------------------------------------------------------------------------------------
 class GraphView:
     def __init__(self, model: onnx.ModelProto):
         self.model = model
-        self.graph = _infer_shapes(model)
+        self.graph = model.graph
         self.opsets = {o.domain: o.version for o in model.opset_import}
         self.nodes = list(self.graph.node)
         self.producer: dict[str, onnx.NodeProto] = {}
@@ -98,7 +96,7 @@ class GraphView:
                 if inp:
                     self.consumers.setdefault(inp, []).append(node)
         self.initializers = {t.name: t for t in self.graph.initializer}
-        self.value_info = {v.name: v for v in (*self.graph.input, *self.graph.output, *self.graph.value_info)}
+        self.value_info = {v.name: v for v in _inferred_value_info(model)}
         self.graph_inputs = [i.name for i in self.graph.input if i.name not in self.initializers]
         self.graph_outputs = [o.name for o in self.graph.output]
         self._order = {id(n): i for i, n in enumerate(self.nodes)}
@@ -112,12 +110,12 @@ class GraphView:
             return self._const_cache[name]
         value = None
         if name in self.initializers:
-            value = numpy_helper.to_array(self.initializers[name])
+            value = onnx_io.to_array(self.initializers[name])
         elif name in self.producer:
             node = self.producer[name]
             if node.op_type == "Constant":
                 attr = node.attribute[0]
-                value = (numpy_helper.to_array(attr.t) if attr.name == "value" else
+                value = (onnx_io.to_array(attr.t) if attr.name == "value" else
                          np.asarray(onnx.helper.get_attribute_value(attr)))
             elif node.op_type == "Identity":
                 value = self.constant(node.input[0])
@@ -259,8 +257,7 @@ class GraphView:
             model, shape_feeds = self._extract(outputs, feeds, step)
             options = ort.SessionOptions()
             options.log_severity_level = 4  # a sin/cos table too short for a probe is expected, not news
-            self._sessions[key] = (ort.InferenceSession(model.SerializeToString(), options,
-                                                        providers=["CPUExecutionProvider"]), shape_feeds)
+            self._sessions[key] = (onnx_io.ort_session(model, options), shape_feeds)
         session, shape_feeds = self._sessions[key]
         names = {i.name for i in session.get_inputs()}
         inputs = dict(feeds)

@@ -2,7 +2,7 @@
 ``PagedKVAttention`` over the paged KV pools, everything else stays bit-identical.
 
     result = rewrite_model("model.onnx", RewriteOptions(page_size=16, cache_dtype="fp16"))
-    onnx.save(result.model, "paged.onnx"); print(result.report)
+    onnx_io.save(result.model, "paged.onnx"); print(result.report)     # paged.onnx + paged.onnx.data
 
 How (``docs/builder.md`` has the full story):
 
@@ -15,6 +15,10 @@ How (``docs/builder.md`` has the full story):
 4. On a copy: one packed QKV MatMul (or, when a q/k norm sits before RoPE, the kept q/k/v re-concatenated),
    the two plugin nodes, a Reshape into the o_proj; past/present, mask and RoPE plumbing become dead and are
    removed. The result is checked with ``onnx.checker`` and shape inference before it is returned.
+
+Any size: a model file is opened with ``pagedkv.onnx_io.load`` (weights stay on disk, read through memory maps
+where a probe or the packed QKV weight needs them), the result refers to the input's weights until
+``onnx_io.save`` copies them into the output's own data file.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from pagedkv import engine_io
+from pagedkv import engine_io, onnx_io
 from pagedkv.builder import patterns
 from pagedkv.builder.graph_view import GraphView, ProbeStep, RewriteError, describe
 from pagedkv.builder.measure import (fit_rope_config, measure_head_mapping, measure_mask, measure_rope,
@@ -494,14 +498,14 @@ UNCHECKED_DOMAIN = "pagedkv.unchecked"
 
 
 def _check(out: onnx.ModelProto, model: onnx.ModelProto) -> None:
-    """onnx.checker and strict shape inference on the result. Ops the input model already carried in the
+    """onnx.checker and strict shape inference on the result's weightless skeleton (``onnx_io.skeleton``: any size;
+    ``onnx_io.save`` checks the written file, weights included, by path). Ops the input model already carried in the
     default domain that onnx has no schema for (ORT's transformer optimizer writes ``SimplifiedLayerNormalization``
     there: ONNX Runtime registers it, onnx does not) are untouched by the rewrite: they are checked like custom
-    ops, on a copy."""
+    ops."""
     foreign = {n.op_type for n in model.graph.node if n.domain in ("", "ai.onnx") and not onnx.defs.has(n.op_type)}
-    checked = out
+    checked = onnx_io.skeleton(out)
     if foreign:
-        checked = copy.deepcopy(out)
         for node in checked.graph.node:
             if node.domain in ("", "ai.onnx") and node.op_type in foreign:
                 node.domain = UNCHECKED_DOMAIN
@@ -512,9 +516,10 @@ def _check(out: onnx.ModelProto, model: onnx.ModelProto) -> None:
 
 def rewrite_model(model: onnx.ModelProto | str | Path, options: RewriteOptions | None = None) -> RewriteResult:
     """Rewrite every attention layer into the pagedkv plugins. Raises RewriteError, never returns a
-    half-rewritten graph (the input model is not modified)."""
+    half-rewritten graph (the input model is not modified). ``model``: a path (``onnx_io.load``: any size) or a
+    ``ModelProto``; the result refers to the input's external weights, ``onnx_io.save`` writes it."""
     options = options or RewriteOptions()
-    model = onnx.load(str(model)) if isinstance(model, (str, Path)) else copy.deepcopy(model)
+    model = copy.deepcopy(model) if isinstance(model, onnx.ModelProto) else onnx_io.load(model)
     view = GraphView(model)
     anchors = patterns.find_kv_anchors(view)
     if not anchors:
@@ -586,7 +591,7 @@ def run_rewrite(args: argparse.Namespace) -> int:
     except RewriteError as exc:
         print(f"pagedkv rewrite: {exc}", file=sys.stderr)
         return 1
-    onnx.save(result.model, args.output)
+    path = onnx_io.save(result.model, args.output, inputs=[args.input])
     print(result.report)
-    print(f"wrote {args.output}")
+    print(f"wrote {path} and {onnx_io.data_path(path).name}")
     return 0

@@ -11,6 +11,9 @@ names do not appear)::
              position_ids INT64 [batch, seq], past_key_values.{i}.key|value [batch, kv_heads, past, head_dim]
     outputs: logits [batch, seq, vocab], present.{i}.key|value [batch, kv_heads, past+seq, head_dim]
 
+Files: ``path`` and ``path`` + ``.data`` (every weight of 1 KiB or more, in one file; ``pagedkv.onnx_io``), written
+together once the export is verified, whatever the model's size.
+
 Exporters: ``legacy`` = ``torch.onnx.export(..., dynamo=False)`` (TorchScript tracing, opset 17, fully
 decomposed) and ``dynamo`` = ``torch.onnx.export(..., dynamo=True)`` (torch.export, opset 20 by default).
 Tracing bakes Python control flow in, so every export is verified against the eager model on shapes other
@@ -26,13 +29,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from pagedkv import onnx_io
 from pagedkv.onnx_export._hf_families import FAMILIES, randomize_weights, tiny_config
+from pagedkv.userio import check_output_path
 
 EXPORTERS = ("legacy", "dynamo")
 DEFAULT_OPSET = {"legacy": 17, "dynamo": 20}
@@ -96,7 +102,8 @@ class ExportResult:
     def __str__(self) -> str:
         check = ("not verified" if self.verify_max_abs_err is None
                  else f"verified vs eager, max abs err {self.verify_max_abs_err:.2e}")
-        return (f"{self.path}: {self.source} via {self.exporter} exporter (opset {self.opset}), "
+        return (f"{self.path} (+ {onnx_io.data_path(self.path).name}): {self.source} via {self.exporter} exporter "
+                f"(opset {self.opset}), "
                 f"{self.num_layers} layers, {self.num_kv_heads} KV heads x {self.head_dim}, "
                 f"{self.seconds:.1f} s, {check}")
 
@@ -169,7 +176,11 @@ def _vocab(model) -> int:
 
 def export_model(model, path: str | os.PathLike, *, exporter: str = "legacy", opset: int | None = None,
                  verify: bool = True, source: str = "model") -> ExportResult:
-    """Export an eval-mode transformers causal LM; see the module docstring for the graph I/O."""
+    """Export an eval-mode transformers causal LM; see the module docstring for the graph I/O.
+
+    The exporter writes into a private folder beside ``path`` (its own file layout: the legacy exporter scatters
+    one file per weight past 2 GB), the result is verified there, and only then ``onnx_io.save`` writes ``path``
+    and ``path`` + ``.data`` (every weight, one file) together; a failed export or check leaves nothing behind."""
     torch, _ = require_export_deps()
     from pagedkv.onnx_export._hf_wrapper import DecoderWithPast
 
@@ -177,6 +188,7 @@ def export_model(model, path: str | os.PathLike, *, exporter: str = "legacy", op
         raise ValueError(f"exporter: expected one of {EXPORTERS}, got {exporter!r}")
     opset = int(opset or DEFAULT_OPSET[exporter])
     path = Path(path)
+    check_output_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     num_layers, kv_heads, head_dim = _geometry(model)
     wrapper = DecoderWithPast(model, num_layers).eval()
@@ -184,56 +196,72 @@ def export_model(model, path: str | os.PathLike, *, exporter: str = "legacy", op
     # Distinct, non-1 sizes so that no dimension is specialised or unified with another while tracing.
     example = _inputs(2, 3, 5, num_layers, kv_heads, head_dim, _vocab(model), dtype, seed=1)
     in_names, out_names = io_names(num_layers)
+    cases = _verify_cases(wrapper, num_layers, kv_heads, head_dim, _vocab(model), dtype) if verify else None
 
-    start = time.perf_counter()
-    try:
-        with torch.no_grad():
-            if exporter == "legacy":
-                dyn = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "total"},
-                       "position_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}}
-                for name in in_names[3:]:
-                    dyn[name] = {0: "batch", 2: "past"}
-                for name in out_names[1:]:
-                    dyn[name] = {0: "batch", 2: "total"}
-                torch.onnx.export(wrapper, example, str(path), input_names=in_names, output_names=out_names,
-                                  dynamic_axes=dyn, opset_version=opset, dynamo=False)
-            else:
-                from torch.export import Dim
+    with tempfile.TemporaryDirectory(prefix=f".{path.name}.", suffix=".export", dir=path.parent) as raw_dir:
+        raw = Path(raw_dir) / path.name
+        start = time.perf_counter()
+        try:
+            with torch.no_grad():
+                if exporter == "legacy":
+                    dyn = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "total"},
+                           "position_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}}
+                    for name in in_names[3:]:
+                        dyn[name] = {0: "batch", 2: "past"}
+                    for name in out_names[1:]:
+                        dyn[name] = {0: "batch", 2: "total"}
+                    torch.onnx.export(wrapper, example, str(raw), input_names=in_names, output_names=out_names,
+                                      dynamic_axes=dyn, opset_version=opset, dynamo=False)
+                else:
+                    from torch.export import Dim
 
-                batch, seq, past, total = Dim("batch"), Dim("seq"), Dim("past"), Dim("total")
-                shapes = ({0: batch, 1: seq}, {0: batch, 1: total}, {0: batch, 1: seq},
-                          tuple({0: batch, 2: past} for _ in range(2 * num_layers)))
-                program = torch.onnx.export(wrapper, example, input_names=in_names, output_names=out_names,
-                                            dynamic_shapes=shapes, opset_version=opset, dynamo=True)
-                program.save(str(path))
-    except Exception as exc:
-        raise ExportError(f"{exporter} export of {source} failed: {type(exc).__name__}: {exc}") from exc
-    seconds = time.perf_counter() - start
-
-    err = _verify(wrapper, path, num_layers, kv_heads, head_dim, _vocab(model), dtype) if verify else None
+                    batch, seq, past, total = Dim("batch"), Dim("seq"), Dim("past"), Dim("total")
+                    shapes = ({0: batch, 1: seq}, {0: batch, 1: total}, {0: batch, 1: seq},
+                              tuple({0: batch, 2: past} for _ in range(2 * num_layers)))
+                    program = torch.onnx.export(wrapper, example, input_names=in_names, output_names=out_names,
+                                                dynamic_shapes=shapes, opset_version=opset, dynamo=True)
+                    program.save(str(raw))
+                    del program
+        except Exception as exc:
+            raise ExportError(f"{exporter} export of {source} failed: {type(exc).__name__}: {exc}") from exc
+        seconds = time.perf_counter() - start
+        err = _verify(raw, cases, path) if verify else None
+        onnx_io.save(onnx_io.load(raw, "exported model"), path)
     return ExportResult(path, source, exporter, opset, num_layers, kv_heads, head_dim, seconds, err,
                         in_names, out_names)
 
 
-def _verify(wrapper, path, num_layers, kv_heads, head_dim, vocab, dtype) -> float:
-    """Run the exported graph and the eager model on shapes other than the traced one; return max abs err."""
-    import onnxruntime as ort
+# Shapes other than the traced one: (batch, seq, past, left_pad).
+VERIFY_CASES = {
+    "prefill, no past": (1, 7, 0, 0),
+    "decode past a short window": (3, 1, 11, 0),
+    "left-padded prefill": (2, 6, 0, 2),
+    "chunk over a cached prefix": (2, 4, 9, 0),
+}
+
+
+def _verify_cases(wrapper, num_layers, kv_heads, head_dim, vocab, dtype) -> list:
+    """[(what, shape, inputs, eager outputs)] per VERIFY_CASES entry: the eager side of the check, computed before
+    the export."""
     import torch
 
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    in_names = [i.name for i in session.get_inputs()]
-    cases = {  # (batch, seq, past, left_pad)
-        "prefill, no past": (1, 7, 0, 0),
-        "decode past a short window": (3, 1, 11, 0),
-        "left-padded prefill": (2, 6, 0, 2),
-        "chunk over a cached prefix": (2, 4, 9, 0),
-    }
-    worst = 0.0
-    for seed, (what, (batch, seq, past, left_pad)) in enumerate(cases.items()):
+    cases = []
+    for seed, (what, shape) in enumerate(VERIFY_CASES.items()):
+        batch, seq, past, left_pad = shape
         args = _inputs(batch, seq, past, num_layers, kv_heads, head_dim, vocab, dtype, seed + 10, left_pad)
         with torch.no_grad():
             expected = [t.float().numpy() for t in wrapper(*args)]
-        got = session.run(None, {n: a.numpy() for n, a in zip(in_names, args)})
+        cases.append((what, shape, [a.numpy() for a in args], expected))
+    return cases
+
+
+def _verify(exported: Path, cases: list, path: Path) -> float:
+    """Run the exported graph on ``cases`` (``_verify_cases``) in ONNX Runtime; return the max abs error vs eager."""
+    session = onnx_io.ort_session(exported)
+    in_names = [i.name for i in session.get_inputs()]
+    worst = 0.0
+    for what, (batch, seq, past, left_pad), args, expected in cases:
+        got = session.run(None, dict(zip(in_names, args)))
         for name, e, g in zip([o.name for o in session.get_outputs()], expected, got):
             if e.shape != g.shape:
                 raise ExportError(f"{path}: output {name} has shape {g.shape} in ONNX Runtime but {e.shape} "

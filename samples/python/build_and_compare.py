@@ -5,7 +5,7 @@
     python samples/python/build_and_compare.py --family qwen2 --backend cuda --cache-dtype bf16   # GPU
     python samples/python/build_and_compare.py --family llama --engine llama.engine               # TensorRT
 
-Writes the original and rewritten graphs into --out-dir, prints the rewrite report and the per-step comparison,
+Writes the original and rewritten graphs (each a .onnx and its .onnx.data) into --out-dir, prints the rewrite report and the per-step comparison,
 and exits non-zero when the comparison fails.
 """
 
@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-
-import onnx
 
 
 def main(argv=None) -> int:
@@ -33,6 +31,7 @@ def main(argv=None) -> int:
     p.add_argument("--engine", default=None, help="also build a TensorRT engine to this path")
     args = p.parse_args(argv)
 
+    from pagedkv import onnx_io
     from pagedkv.builder.compare import CLI_TOLERANCE_BY_CACHE, compare
     from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
     from pagedkv.layout import CacheDType
@@ -52,7 +51,7 @@ def main(argv=None) -> int:
 
     result = rewrite_model(str(original), RewriteOptions(page_size=args.page_size, cache_dtype=args.cache_dtype))
     rewritten = out / "rewritten.onnx"
-    onnx.save(result.model, str(rewritten))
+    onnx_io.save(result.model, rewritten)  # rewritten.onnx + rewritten.onnx.data
     print(result.report)
 
     atol, rtol = CLI_TOLERANCE_BY_CACHE[CacheDType.parse(args.cache_dtype).name]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import helper
 
-from pagedkv import engine_io
+from pagedkv import engine_io, onnx_io
 from pagedkv.config import ATTENTION_PLUGIN_NAME, ONNX_DOMAIN, WRITE_PLUGIN_NAME, AttentionConfig, WriteConfig
 from pagedkv.pool_group import PoolGroup
 
@@ -75,9 +75,7 @@ class RewrittenGraph:
 
     @classmethod
     def load(cls, model: onnx.ModelProto | str) -> "RewrittenGraph":
-        if not isinstance(model, onnx.ModelProto):
-            model = onnx.load(str(model))
-        return cls._parse(model)
+        return cls._parse(onnx_io.load_if_path(model, "rewritten graph"))
 
     @classmethod
     def _parse(cls, model: onnx.ModelProto) -> "RewrittenGraph":
@@ -191,9 +189,10 @@ def _check_layer(idx, wnode, anode, wcfg: WriteConfig, acfg: AttentionConfig, in
 
 
 def _value_types(model: onnx.ModelProto) -> dict[str, str]:
-    """numpy dtype name of every typed value (after onnx shape inference, which the rewrite makes work)."""
+    """numpy dtype name of every typed value (after onnx shape inference, which the rewrite makes work; on the
+    weightless skeleton, so any size works)."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = onnx.shape_inference.infer_shapes(onnx_io.skeleton(model))
     except Exception:  # custom-domain outputs without registered inference: use what the file states
         inferred = model
     out = {}
@@ -240,9 +239,7 @@ class DecoderGraph:
 
     @classmethod
     def load(cls, model: onnx.ModelProto | str) -> "DecoderGraph":
-        if not isinstance(model, onnx.ModelProto):
-            model = onnx.load(str(model), load_external_data=False)
-        g = model.graph
+        g = onnx_io.load_if_path(model, "original graph").graph
         inits = {i.name for i in g.initializer}
         inputs = [i for i in g.input if i.name not in inits]
         names = [i.name for i in inputs]

@@ -22,9 +22,8 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
-import onnx
 
-from pagedkv import engine_io
+from pagedkv import engine_io, onnx_io
 from pagedkv.config import ATTENTION_PLUGIN_NAME, WRITE_PLUGIN_NAME
 from pagedkv.layout import PageLayout
 from pagedkv.runtime import ops
@@ -41,12 +40,13 @@ def _ort():
     return onnxruntime
 
 
-def _cpu_session(model_bytes_or_path, sess_options=None):
+def _cpu_session(model, sess_options=None):
+    """A CPU session over a model file or ``ModelProto`` of any size (``onnx_io.ort_session``)."""
     ort = _ort()
     so = sess_options or ort.SessionOptions()
     so.log_severity_level = 3
     so.intra_op_num_threads = int(os.environ.get("PAGEDKV_ORT_THREADS", "1"))
-    return ort.InferenceSession(model_bytes_or_path, so, providers=["CPUExecutionProvider"])
+    return onnx_io.ort_session(model, so)
 
 
 _NP_OF_ORT = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32,
@@ -179,7 +179,7 @@ class PagedSession(ManagedKVSession):
             so = _ort().SessionOptions()
             so.register_custom_ops_library(get_library_path())
             model_copy = ops.session_model(self.graph.model, node_bindings)
-            self.session = _cpu_session(model_copy.SerializeToString(), so)
+            self.session = _cpu_session(model_copy, so)
         except BaseException:
             self.close()
             raise
@@ -241,10 +241,9 @@ class DenseSession:
     """The original decoder-with-past graph, one sequence per run, dense past K/V kept per sequence."""
 
     def __init__(self, model):
-        if not isinstance(model, onnx.ModelProto):
-            model = onnx.load(str(model))
+        """``model``: the original graph's path (ONNX Runtime opens it and its data) or ``ModelProto``."""
         self.graph = DecoderGraph.load(model)
-        self.session = _cpu_session(model.SerializeToString())
+        self.session = _cpu_session(model)
         self._types = _input_types(self.session)
         self._past: dict[object, list[np.ndarray]] = {}
         self._length: dict[object, int] = {}
