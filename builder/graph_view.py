@@ -102,6 +102,7 @@ class GraphView:
         self._order = {id(n): i for i, n in enumerate(self.nodes)}
         self._const_cache: dict[str, np.ndarray | None] = {}
         self._sessions: dict = {}
+        self._symbolic: dict[str, list] | None = None
 
     # ---- constants and shapes -----------------------------------------------------------------------
     def constant(self, name: str) -> np.ndarray | None:
@@ -197,6 +198,35 @@ class GraphView:
             return None
         return [d.dim_param if d.HasField("dim_param") else d.dim_value if d.HasField("dim_value") else None
                 for d in info.type.tensor_type.shape.dim]
+
+    def symbolic_shape(self, name: str) -> list[int | str] | None:
+        """Dims from ONNX Runtime's symbolic shape inference (``onnxruntime.tools.symbolic_shape_infer``): unlike
+        onnx's, it proves symbolic dims equal across ops (the ``seq`` read off q by a Shape and the ``seq`` of the
+        attention output get one name). Run once, on the skeleton, on first use; None where it has no answer."""
+        if self._symbolic is None:
+            self._symbolic = {}
+            try:
+                from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+                inferred = SymbolicShapeInference.infer_shapes(onnx_io.skeleton(self.model), auto_merge=True)
+            except Exception:  # noqa: BLE001 - a help where it works (it knows no custom op), never a requirement
+                inferred = None
+            for info in (*inferred.graph.value_info, *inferred.graph.output) if inferred is not None else ():
+                if info.type.tensor_type.HasField("shape"):
+                    self._symbolic[info.name] = [d.dim_param if d.HasField("dim_param") else
+                                                 d.dim_value if d.HasField("dim_value") else None
+                                                 for d in info.type.tensor_type.shape.dim]
+        dims = self._symbolic.get(name)
+        return None if dims is None or None in dims or "" in dims else dims
+
+    def same_shape(self, a: str, b: str) -> bool:
+        """Whether tensors ``a`` and ``b`` provably have the same shape (static dims, or symbolic dims that
+        ``symbolic_shape`` proves equal)."""
+        static_a, static_b = self.static_shape(a), self.static_shape(b)
+        if static_a is not None and None not in static_a and static_a == static_b:
+            return True
+        sym_a, sym_b = self.symbolic_shape(a), self.symbolic_shape(b)
+        return sym_a is not None and sym_a == sym_b
 
     def elem_type(self, name: str) -> int | None:
         if name in self.initializers:

@@ -113,6 +113,8 @@ def apply_layout(view: GraphView, node: onnx.NodeProto, layout: Layout, output: 
         if any(a < last_token for a in axes):
             raise RewriteError(f"{describe(node)}: expected new axes only after the batch and sequence axes")
         return Layout(new_labels, colmap.reshape(_unsqueezed_shape(colmap.shape, new_labels, axes)))
+    if op in ("Reshape", "Flatten") and view.same_shape(node.input[0], output):
+        return layout.copy()  # e.g. PyTorch's SDPA decomposition reshapes its output to the shape it has
     if op in ("Reshape", "Flatten"):
         token_prefix = 0
         while token_prefix < rank and labels[token_prefix] in "BS":
@@ -318,10 +320,18 @@ def layout_chain(view: GraphView, chain: ProjectionChain) -> Layout:
     return layout
 
 
-def heads_colmap(chain: ProjectionChain, heads: int, head_dim: int, where: onnx.NodeProto) -> np.ndarray:
+def heads_colmap(chain: ProjectionChain, heads: int, head_dim: int, where: onnx.NodeProto,
+                 packed: tuple[int, int] | None = None) -> np.ndarray:
     """[heads, head_dim] projection columns of the chain's end, for a [B, N, S, D], [B, S, N, D] or
-    [B, S, N*D] end."""
+    [B, S, N*D] end. ``packed`` = (offset, width): the end is [B, S, width] holding several attention inputs side
+    by side (packed QKV), this one the heads * head_dim features from ``offset``."""
     layout = chain.end_layout
+    if packed is not None:
+        offset, width = packed
+        if layout.labels == ["B", "S", "F"] and layout.colmap.size == width:
+            return layout.colmap[offset:offset + heads * head_dim].reshape(heads, head_dim)
+        raise RewriteError(f"{describe(where)}: expected the packed input {chain.end!r} as [batch, seq, {width}], "
+                           f"traced axes {layout.labels} with features {list(layout.colmap.shape)}")
     if layout.labels in (["B", "F", "S", "F"], ["B", "S", "F", "F"]) or layout.labels == ["B", "S", "F"]:
         if layout.colmap.size == heads * head_dim:
             return layout.colmap.reshape(heads, head_dim)

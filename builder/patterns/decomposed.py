@@ -5,7 +5,8 @@
     k ──────Concat(axis 2) ─> present.k              v ──────Concat(axis 2) ─> present.v
               └ [repeat: Unsqueeze/Expand/Reshape]              └ [repeat]
                 └ Transpose(-1, -2) [Mul sqrt(s)]                 │
-    q [Mul sqrt(s)] ─ MatMul ─ [Mul|Div s] ─ Add(mask)|Where ─ Softmax(-1) ─ MatMul ─ Transpose ─ Reshape ─> o_proj
+    q [Mul sqrt(s)] ─ MatMul ─ [Mul|Div s] ─ Add(mask)|Where ─ Softmax(-1) ─ [Where(IsNaN(p), 0, p)] ─ MatMul
+                                                                   ─ Transpose ─ Reshape ─> o_proj
 
 When the (repeated) caches reach the opset-23 ``Attention`` op instead of the two MatMuls (the dynamo exporter
 at opset 23 with SDPA), ``onnx_attention.match_concat`` reads the op.
@@ -13,6 +14,7 @@ at opset 23 with SDPA), ``onnx_attention.match_concat`` reads the op.
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 
 from pagedkv.builder.graph_view import GraphView, RewriteError, describe
@@ -48,22 +50,48 @@ def _scalar_factor(view: GraphView, node: onnx.NodeProto, data: str) -> float | 
     return view.scalar(other[0])
 
 
+def _dims(view: GraphView, tensor: str) -> list | None:
+    return view.symbolic_shape(tensor) or view.static_shape(tensor)
+
+
+def _batch_flatten(view: GraphView, node: onnx.NodeProto) -> int:
+    """+1: a Reshape [B, H, L, D] -> [B*H, L, D] (the batch and head axes merged, the last two kept: how the dynamo
+    exporter's SDPA decomposition at opsets below 23 feeds a 3-D Transpose); -1: the Reshape back to 4-D; 0: neither."""
+    if node.op_type != "Reshape":
+        return 0
+    a, b = _dims(view, node.input[0]), _dims(view, node.output[0])
+    if not a or not b or a[-2:] != b[-2:] or None in a[-2:]:
+        return 0
+    if len(a) == 4 and len(b) == 3 and a[0] != b[0]:
+        return 1
+    return -1 if len(a) == 3 and len(b) == 4 else 0
+
+
 def _follow_cache(view: GraphView, anchor: KVAnchor):
     """cache -> (the MatMul it reaches, input index there, (cache, repeated cache), scale, transposed?)."""
-    t, scale, transposed = anchor.node.output[0], 1.0, False
+    t, scale, transposed, flat = anchor.node.output[0], 1.0, False, False
     base = repeated = t  # the cache before and after the GQA repeat ops
     while True:
         node = _next(view, t, anchor.node)
         if node.op_type == "MatMul" or (node.op_type == "Attention" and (node.domain or "") == "" and not transposed):
+            if flat:
+                raise RewriteError(f"{describe(node)}: expected the cache {anchor.present!r} back in 4-D [batch, heads, "
+                                   "...] before it, found it with the batch and head axes merged")
             return node, list(node.input).index(t), (base, repeated), scale, transposed
         factor = _scalar_factor(view, node, t)
+        flatten = _batch_flatten(view, node)
         if factor is not None:
             scale *= factor
-        elif node.op_type in REPEAT_OPS and not transposed:
+        elif flatten == 1 and not flat:
+            flat = True
+        elif flatten == -1 and flat:
+            flat = False
+        elif node.op_type in REPEAT_OPS and not transposed and not flat:
             repeated = node.output[0]
         elif node.op_type == "Transpose":
             perm = GraphView.attr(node, "perm")
-            if perm is None or list(perm[-2:]) != [len(perm) - 1, len(perm) - 2]:
+            if perm is None or list(perm[-2:]) != [len(perm) - 1, len(perm) - 2] or list(perm[:-2]) != list(
+                    range(len(perm) - 2)):
                 raise RewriteError(f"{describe(node)}: expected K transposed over its last two axes, got perm={perm}")
             transposed = True
         elif node.op_type in PASS_OPS:
@@ -106,9 +134,29 @@ def _scores_to_softmax(view: GraphView, scores_mm: onnx.NodeProto):
         t = node.output[0]
 
 
+def _nan_guard(view: GraphView, probs: str) -> onnx.NodeProto | None:
+    """``Where(IsNaN(p), 0, p)`` on the probabilities (PyTorch's SDPA decomposition zeroes the rows a mask hides
+    completely, which softmax turns into NaN): the Where, or None. Every query attends at least itself under the
+    plugins' causal masks, so no row is ever fully hidden there and the guard changes nothing."""
+    users = [n for n in view.consumers.get(probs, []) if n.op_type not in ("Shape", "Size")]
+    isnan = [n for n in users if n.op_type == "IsNaN"]
+    where = [n for n in users if n.op_type == "Where"]
+    if len(users) != 2 or len(isnan) != 1 or len(where) != 1:
+        return None
+    guard = where[0]
+    zero = view.constant(guard.input[1])
+    if guard.input[0] != isnan[0].output[0] or guard.input[2] != probs or zero is None or np.any(zero != 0):
+        return None
+    return guard
+
+
 def _softmax_to_pv(view: GraphView, softmax: onnx.NodeProto) -> onnx.NodeProto:
     t = softmax.output[0]
     while True:
+        guard = _nan_guard(view, t)
+        if guard is not None:
+            t = guard.output[0]
+            continue
         node = _next(view, t, softmax)
         if node.op_type == "MatMul" and node.input[0] == t:
             return node
@@ -164,7 +212,7 @@ def match(view: GraphView, anchors: list[KVAnchor]) -> list[AttentionMatch]:
             raise RewriteError(f"{describe(pv)}: V is scaled by {v_scale} on its way from the cache")
         if mask is None:
             raise RewriteError(f"{describe(softmax)}: expected a mask (Add or Where) on the scores before it")
-        kv_heads, head_dim = heads_from_shape(view, anchor.past, anchor.node)
+        kv_heads, head_dim = heads_from_shape(view, anchor.past, anchor.node, anchor.node.output[0])
         pv_shape = view.static_shape(pv.output[0])
         q_heads = pv_shape[1] if pv_shape and len(pv_shape) == 4 and pv_shape[1] else None
         if q_heads is None:
@@ -175,13 +223,13 @@ def match(view: GraphView, anchors: list[KVAnchor]) -> list[AttentionMatch]:
             q_heads = layout_chain(view, chain).colmap.size // head_dim
         if (v_repeated[0] != v_repeated[1]) != (k_repeated[0] != k_repeated[1]):
             raise RewriteError(f"{describe(scores_mm)}: only one of K and V is repeated for GQA")
-        out = _output_to_projection(view, pv, q_heads, head_dim)
+        out, guards = _output_to_projection(view, pv, q_heads, head_dim)
         matches.append(AttentionMatch(
             pattern=NAME, anchor=scores_mm, past_key=anchor.past, past_value=v_anchor.past,
             present_key=anchor.present, present_value=v_anchor.present, q_end=scores_mm.input[0], k_end=k_new,
             v_end=v_new, num_heads=int(q_heads), num_kv_heads=kv_heads, head_dim=head_dim, out=out,
             scale=k_scale * score_scale, mask=mask, mask_true_visible=true_visible,
-            repeat=k_repeated, v_repeat=v_repeated, notes=[f"softmax {softmax.name!r}"]))
+            repeat=k_repeated, v_repeat=v_repeated, guards=guards, notes=[f"softmax {softmax.name!r}"]))
     if values:
         anchor = next(iter(values.values()))[0]
         raise RewriteError(f"{describe(anchor.node)}: the V cache {anchor.present!r} reaches a MatMul that no "
@@ -189,5 +237,15 @@ def match(view: GraphView, anchors: list[KVAnchor]) -> list[AttentionMatch]:
     return matches
 
 
-def _output_to_projection(view: GraphView, pv: onnx.NodeProto, heads: int, head_dim: int) -> str:
-    return follow_output(view, pv.output[0], ["B", "F", "S", "F"], heads, head_dim, pv)
+def _output_to_projection(view: GraphView, pv: onnx.NodeProto, heads: int, head_dim: int) -> tuple[str, list[str]]:
+    """-> (the o_proj input, guard conditions). A ``Where(c, 0, out)`` right after the PV MatMul (the dynamo exporter's
+    SDPA decomposition zeroes the rows of queries that see no key) is a guard: passed through here, its condition
+    ``c`` is measured to be false at every probe step by the rewrite (``measure.measure_guard``)."""
+    out, guards = pv.output[0], []
+    users = [n for n in view.consumers.get(out, []) if n.op_type not in ("Shape", "Size")]
+    if len(users) == 1 and users[0].op_type == "Where" and users[0].input[2] == out:
+        zero = view.constant(users[0].input[1])
+        if zero is not None and not np.any(zero != 0) and out not in view.ancestors([users[0].input[0]]):
+            guards.append(users[0].input[0])
+            out = users[0].output[0]
+    return follow_output(view, out, ["B", "F", "S", "F"], heads, head_dim, pv), guards
