@@ -212,14 +212,14 @@ class _OriginalStep:
     picks: list[int | None]  # the token chosen after each entry (None: mid-prompt chunk)
 
 
-def _run_original(original, prompts, decode_steps: int, chunk_size: int, check_kv: bool):
+def _run_original(original, prompts, decode_steps: int, chunk_size: int, check_kv: bool, head_dims):
     """The original through the whole schedule (it alone chooses the tokens), then closed: only one of the two
-    graphs is ever resident, so a big model costs one copy of its weights. -> (steps, dense presents by
-    (sequence, layer) when ``check_kv``)."""
+    graphs is ever resident, so a big model costs one copy of its weights. ``head_dims``: the rewritten layers'
+    (for an original that leaves them symbolic). -> (steps, dense presents by (sequence, layer) when ``check_kv``)."""
     from pagedkv.runtime.loop import Request, Schedule
     from pagedkv.runtime.session import DenseSession
 
-    dense = DenseSession(original)
+    dense = DenseSession(original, head_dims)
     sched = Schedule([Request(f"s{i}", p) for i, p in enumerate(prompts)], decode_steps=decode_steps,
                      chunk_size=chunk_size)
     steps = []
@@ -263,7 +263,9 @@ def compare(original, rewritten, *, backend: str = "reference", num_prompts: int
     kv_atol = atol if kv_atol is None else kv_atol
     kv_rtol = rtol if kv_rtol is None else kv_rtol
 
-    steps, presents = _run_original(original, prompts, decode_steps, chunk_size, check_kv and backend == "reference")
+    head_dims = [layer.write.pool.head_dim for layer in graph.layers] if graph.layers else None
+    steps, presents = _run_original(original, prompts, decode_steps, chunk_size, check_kv and backend == "reference",
+                                    head_dims)
     paged = open_rewritten(rewritten, backend, num_blocks)
     try:
         for index, step in enumerate(steps, start=1):

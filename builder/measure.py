@@ -254,3 +254,18 @@ def measure_head_mapping(view: GraphView, start: str, end: str, kv_heads: int, h
         got = y[0, :, 0, 0].tolist() if y.ndim == 4 else list(y.shape)
         raise RewriteError(f"{describe(node)}: expected the GQA repeat to give query head h the KV head "
                            f"h // {heads // kv_heads}, got {got}")
+
+
+GUARD_STEPS = ((0, 7), (5, 4), (40, 1))  # (past, seq): prefill, a chunk over a cached prefix, a long decode
+
+
+def measure_guard(view: GraphView, condition: str, step: ProbeStep, node) -> None:
+    """Check that the condition of a ``Where(condition, 0, attention)`` guard is false for every query at prefill,
+    chunked and decode steps (it zeroes the rows of queries that see no key; under a causal mask every query sees
+    itself), so dropping the guard changes nothing."""
+    for past, seq in GUARD_STEPS:
+        (value,) = view.evaluate([condition], {}, step.at(1, past, seq))
+        if np.any(np.asarray(value)):
+            raise RewriteError(f"{describe(node)}: expected the guard condition {condition!r} on its output to be "
+                               f"false for every query, it is true at past={past}, seq={seq} for "
+                               f"{int(np.count_nonzero(value))} element(s)")

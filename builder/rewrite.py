@@ -38,8 +38,8 @@ import onnx_graphsurgeon as gs
 from pagedkv import engine_io, onnx_io
 from pagedkv.builder import patterns
 from pagedkv.builder.graph_view import GraphView, ProbeStep, RewriteError, describe
-from pagedkv.builder.measure import (fit_rope_config, measure_head_mapping, measure_mask, measure_rope,
-                                     rope_from_tables)
+from pagedkv.builder.measure import (fit_rope_config, measure_guard, measure_head_mapping, measure_mask,
+                                     measure_rope, rope_from_tables)
 from pagedkv.builder.projection import find_projection, heads_colmap, layout_chain, trace_projection
 from pagedkv.config import (ATTENTION_PLUGIN_NAME, ONNX_DOMAIN, PLUGIN_VERSION, WRITE_PLUGIN_NAME,
                             AttentionConfig, RopeConfig, RopeStyle, WriteConfig)
@@ -184,11 +184,14 @@ class _LayerPlan:
 def _analyze(view: GraphView, m: patterns.AttentionMatch, step: ProbeStep, index: int,
              options: RewriteOptions) -> _LayerPlan:
     chains, colmaps = {}, {}
+    offsets = {"q": 0, "k": m.num_heads * m.head_dim, "v": (m.num_heads + m.num_kv_heads) * m.head_dim}
+    width = (m.num_heads + 2 * m.num_kv_heads) * m.head_dim
     for name, end, heads in (("q", m.q_end, m.num_heads), ("k", m.k_end, m.num_kv_heads), ("v", m.v_end, m.num_kv_heads)):
         chain = trace_projection(view, end)
         layout_chain(view, chain)
         chains[name] = chain
-        colmaps[name] = heads_colmap(chain, heads, m.head_dim, m.anchor)
+        colmaps[name] = heads_colmap(chain, heads, m.head_dim, m.anchor,
+                                     (offsets[name], width) if m.packed_qkv else None)
     if chains["v"].regions:
         region = chains["v"].regions[0]
         raise RewriteError(f"{describe(region.nodes[-1])}: expected V to come from its projection through layout "
@@ -229,6 +232,8 @@ def _analyze(view: GraphView, m: patterns.AttentionMatch, step: ProbeStep, index
     if m.v_repeat is not None:
         measure_head_mapping(view, m.v_repeat[0], m.v_repeat[1], m.num_kv_heads, m.num_heads, m.head_dim, step,
                              m.anchor)
+    for condition in m.guards:
+        measure_guard(view, condition, step, m.anchor)
     window, sinks = m.window, m.sinks
     if window is None:
         found = measure_mask(view, m.mask, step, m.anchor, m.mask_true_visible)

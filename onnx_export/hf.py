@@ -266,10 +266,11 @@ def _verify(exported: Path, cases: list, path: Path) -> float:
             if e.shape != g.shape:
                 raise ExportError(f"{path}: output {name} has shape {g.shape} in ONNX Runtime but {e.shape} "
                                   f"in PyTorch ({what})")
-            if left_pad and name == "logits":  # query rows of padding positions are meaningless in both
-                live = np.ones((batch, seq), dtype=bool)
+            if left_pad:  # padding positions are meaningless in both: their query rows see nothing (logits),
+                live = np.ones((batch, seq), dtype=bool)  # and what they computed reaches the next layer's K/V
                 live[0, :left_pad] = False
-                e, g = e[live], g[live]
+                e, g = (e[live], g[live]) if name == "logits" else (e.transpose(0, 2, 1, 3)[live],
+                                                                     g.transpose(0, 2, 1, 3)[live])
             diff = np.abs(g.astype(np.float64) - e)
             bound = VERIFY_ATOL + VERIFY_RTOL * np.abs(e)
             if not np.all(diff <= bound):

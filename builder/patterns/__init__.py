@@ -54,17 +54,23 @@ class AttentionMatch:
     window: int | None = None
     sinks: int = 0
     rope_tables: tuple[np.ndarray, np.ndarray, int] | None = None  # (cos, sin, interleaved) inside the op
+    packed_qkv: bool = False  # q_end = k_end = v_end holds [q heads | k heads | v heads] on its last axis
     repeat: tuple[str, str] | None = None  # (present, repeated) K tensors of an in-graph GQA repeat
     v_repeat: tuple[str, str] | None = None  # the same for V
+    guards: list[str] = field(default_factory=list)  # conditions of Where(c, 0, x) guards: measured always false
     notes: list[str] = field(default_factory=list)
 
 
-def heads_from_shape(view: GraphView, past: str, node: onnx.NodeProto) -> tuple[int, int]:
-    shape = view.static_shape(past)
-    if not shape or len(shape) != 4 or shape[1] is None or shape[3] is None:
-        raise RewriteError(f"{describe(node)}: expected past input {past!r} as [batch, kv_heads, past, head_dim] "
-                           f"with static kv_heads and head_dim, got {shape}")
-    return int(shape[1]), int(shape[3])
+def heads_from_shape(view: GraphView, past: str, node: onnx.NodeProto, present: str | None = None) -> tuple[int, int]:
+    """(kv_heads, head_dim) off the past input [batch, kv_heads, past, head_dim], or off its ``present`` where the
+    past's are symbolic (transformers' exporter names them "2", "64": dim_params, not values)."""
+    for tensor in (past, present) if present else (past,):
+        shape = view.static_shape(tensor)
+        if shape and len(shape) == 4 and shape[1] is not None and shape[3] is not None:
+            return int(shape[1]), int(shape[3])
+    raise RewriteError(f"{describe(node)}: expected past input {past!r} as [batch, kv_heads, past, head_dim] "
+                       f"with static kv_heads and head_dim, got {view.static_shape(past)}"
+                       + (f" (its present {present!r}: {view.static_shape(present)})" if present else ""))
 
 
 def anchor_nodes(anchors: list[KVAnchor]) -> list[onnx.NodeProto]:

@@ -230,7 +230,7 @@ class DecoderGraph:
     present: tuple[tuple[str, str], ...]  # (key, value) output per layer
     logits: str
     kv_heads: tuple[int, ...]
-    head_dims: tuple[int, ...]
+    head_dims: tuple[int, ...]  # 0 where the graph leaves it symbolic (DenseSession takes it from the caller)
     past_dtype: str
 
     @property
@@ -259,15 +259,18 @@ class DecoderGraph:
             raise GraphError(f"original graph: no logits output; outputs are {[o.name for o in g.output]}")
         if len(past) != len(present):
             raise GraphError(f"original graph: {len(past)} past layers but {len(present)} present layers")
-        by_name = {i.name: i for i in inputs}
+        by_name = {i.name: i for i in (*inputs, *g.output)}
         kv_heads, head_dims = [], []
-        for k, _ in past:
-            dims = by_name[k].type.tensor_type.shape.dim
-            kvh, d = dims[1], dims[3]
-            if not (kvh.HasField("dim_value") and d.HasField("dim_value")):
-                raise GraphError(f"original graph: past input {k} needs static kv_heads and head_dim dims")
-            kv_heads.append(kvh.dim_value)
-            head_dims.append(d.dim_value)
+        for (k, _), (present_k, _) in zip(past, present):
+            # the past input's [batch, kv_heads, past, head_dim], else its present's (one exporter names the
+            # past's static dims); a head dim symbolic in both (ONNX Runtime GenAI's kv_cache_dim) stays 0
+            dims = [[d.dim_value if d.HasField("dim_value") else 0 for d in by_name[n].type.tensor_type.shape.dim]
+                    for n in (k, present_k)]
+            kvh = next((d[1] for d in dims if len(d) == 4 and d[1]), 0)
+            if not kvh:
+                raise GraphError(f"original graph: past input {k} needs a static kv_heads dim")
+            kv_heads.append(kvh)
+            head_dims.append(next((d[3] for d in dims if len(d) == 4 and d[3]), 0))
         past_dtype = _elem_type_name(by_name[past[0][0]].type.tensor_type.elem_type) if past else "float32"
         return cls(ids, mask, pos, tuple(past), tuple(present), "logits", tuple(kv_heads), tuple(head_dims),
                    past_dtype)

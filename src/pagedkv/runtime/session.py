@@ -18,6 +18,7 @@ steps pack all sequences together.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -28,7 +29,7 @@ from pagedkv.config import ATTENTION_PLUGIN_NAME, WRITE_PLUGIN_NAME
 from pagedkv.layout import PageLayout
 from pagedkv.runtime import ops
 from pagedkv.runtime.backends import check_backend_available, make_backend
-from pagedkv.runtime.graph import DecoderGraph, RewrittenGraph
+from pagedkv.runtime.graph import DecoderGraph, GraphError, RewrittenGraph
 from pagedkv.step import raise_for_status
 
 StepEntries = list  # [(seq_id, np.ndarray of new token ids)]
@@ -240,9 +241,15 @@ class PagedSession(ManagedKVSession):
 class DenseSession:
     """The original decoder-with-past graph, one sequence per run, dense past K/V kept per sequence."""
 
-    def __init__(self, model):
-        """``model``: the original graph's path (ONNX Runtime opens it and its data) or ``ModelProto``."""
+    def __init__(self, model, head_dims=None):
+        """``model``: the original graph's path (ONNX Runtime opens it and its data) or ``ModelProto``;
+        ``head_dims``: per layer, for a graph whose past inputs leave the head dim symbolic."""
         self.graph = DecoderGraph.load(model)
+        if head_dims is not None:
+            self.graph = dataclasses.replace(self.graph, head_dims=tuple(int(d) for d in head_dims))
+        if not all(self.graph.head_dims):
+            raise GraphError(f"original graph: the head dim of its past inputs is symbolic "
+                             f"(layers {[i for i, d in enumerate(self.graph.head_dims) if not d]}); pass head_dims")
         self.session = _cpu_session(model)
         self._types = _input_types(self.session)
         self._past: dict[object, list[np.ndarray]] = {}
