@@ -54,6 +54,11 @@ SHAPE_PRESERVING_FOREIGN_OPS = {
 }
 
 
+# Ops ONNX Runtime's symbolic shape inference has no rule for, whose output 0 has the shape of input 0: the opset-23
+# Attention op (Y [B, H, S, D] of Q [B, H, S, D], V's head size being Q's in every decoder the rewrite takes).
+SYMBOLIC_STAND_INS = {("", "Attention")}
+
+
 def _inferred_value_info(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     """Inputs, outputs and intermediate tensors with shape inference's types and shapes. Inferred on the model's
     weightless skeleton (``onnx_io.skeleton``: big weights become inputs of their shape, so a model of any size
@@ -208,7 +213,12 @@ class GraphView:
             try:
                 from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-                inferred = SymbolicShapeInference.infer_shapes(onnx_io.skeleton(self.model), auto_merge=True)
+                surrogate = onnx_io.skeleton(self.model)
+                for node in surrogate.graph.node:  # ops it has no rule for, where output 0 has input 0's shape
+                    if (node.domain or "", node.op_type) in SYMBOLIC_STAND_INS:
+                        del node.output[1:], node.input[1:], node.attribute[:]
+                        node.op_type, node.domain = "Identity", ""
+                inferred = SymbolicShapeInference.infer_shapes(surrogate, auto_merge=True)
             except Exception:  # noqa: BLE001 - a help where it works (it knows no custom op), never a requirement
                 inferred = None
             for info in (*inferred.graph.value_info, *inferred.graph.output) if inferred is not None else ():

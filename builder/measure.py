@@ -1,5 +1,5 @@
 """Measurements on the graph's own ops: RoPE (style, rotary dim, frequencies fitted to a ``RopeConfig``), the
-mask (window and sink positions) and the GQA head mapping. Each runs a slice of the graph with
+mask (window and sink positions), the cache's way to attention (the GQA head mapping, transposes) and guards. Each runs a slice of the graph with
 ``GraphView.evaluate`` at chosen ``ProbeStep``s and checks what it finds; nothing changes the model.
 """
 
@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 
 from pagedkv.builder.graph_view import GraphView, ProbeStep, RewriteError, describe
+from pagedkv.builder.patterns import CachePath
 from pagedkv.builder.projection import ProjectionChain, Region
 from pagedkv.config import RopeConfig, RopeScaling, RopeStyle
 
@@ -238,22 +239,41 @@ def measure_mask(view: GraphView, mask: str, step: ProbeStep, node, true_is_visi
     return MaskMeasurement(window, sinks)
 
 
-def measure_head_mapping(view: GraphView, start: str, end: str, kv_heads: int, heads: int, head_dim: int,
-                         step: ProbeStep, node) -> None:
-    """Check that the GQA repeat between ``start`` [B, KVH, L, D] and ``end`` [B, H, L, D] gives head h
-    the KV head h // (H / KVH), as the plugin does."""
-    if start == end:
-        if heads != kv_heads:
-            raise RewriteError(f"{describe(node)}: {heads} query heads read {kv_heads} KV heads without a repeat")
-        return
-    x = np.broadcast_to(np.arange(kv_heads, dtype=np.float32)[None, :, None, None], (1, kv_heads, 3, head_dim))
-    (y,) = view.evaluate([end], {start: np.ascontiguousarray(x)}, step.at(1, 0, 3))
-    y = np.asarray(y)
-    want = (np.arange(heads) // (heads // kv_heads)).astype(np.float32)
-    if y.shape != (1, heads, 3, head_dim) or not np.array_equal(y[0, :, 0, 0], want):
-        got = y[0, :, 0, 0].tolist() if y.ndim == 4 else list(y.shape)
-        raise RewriteError(f"{describe(node)}: expected the GQA repeat to give query head h the KV head "
-                           f"h // {heads // kv_heads}, got {got}")
+CACHE_PROBE = (2, 3)  # (past, seq) of the cache-path probe: 5 positions, none equal to a head count or dim
+
+
+def measure_cache_path(view: GraphView, path: CachePath, kv_heads: int, heads: int, head_dim: int, step: ProbeStep,
+                       node, feeds: dict | None = None) -> None:
+    """Check what the ops between a present cache [1, KVH, L, D] and the attention input do (``CachePath``): run them
+    on two encodings of the cache, its KV-head index and its (position, dim) index l * D + d (small integers: exact
+    in fp16 too), and compare with the GQA repeat (query head h reads KV head h // (H / KVH), as the plugin does)
+    and the expected transposition. ``feeds``: extra tensors (the layer's hidden state) that cut the probe short."""
+    past, seq = CACHE_PROBE
+    length = past + seq
+    dtype = _np_dtype(view.elem_type(path.start))
+    head_code = np.broadcast_to(np.arange(kv_heads, dtype=np.float64)[None, :, None, None], (1, kv_heads, length, head_dim))
+    spot_code = np.broadcast_to((np.arange(length)[:, None] * head_dim + np.arange(head_dim))[None, None],
+                                (1, kv_heads, length, head_dim)).astype(np.float64)
+    group = heads // kv_heads if kv_heads and heads % kv_heads == 0 else 0
+    layouts = [("repeated", np.arange(heads) // group)] if group else []
+    if path.kv_heads_ok:
+        layouts.append(("kept", np.arange(kv_heads)))
+    got = []
+    for code in (head_code, spot_code):
+        (y,) = view.evaluate([path.end], {path.start: np.ascontiguousarray(code.astype(dtype)), **(feeds or {})},
+                             step.at(1, past, seq))
+        got.append(np.asarray(y, dtype=np.float64) / path.scale)
+    for _, index in layouts:
+        want = [code[:, index] for code in (head_code, spot_code)]
+        if path.transposed:
+            want = [w.swapaxes(-1, -2) for w in want]
+        if all(g.shape == w.shape and np.allclose(g, w, rtol=0, atol=0.5) for g, w in zip(got, want)):
+            return
+    shape = [1, heads, head_dim, length] if path.transposed else [1, heads, length, head_dim]
+    heads_got = got[0][0, :, 0, 0].tolist() if got[0].ndim == 4 else list(got[0].shape)
+    raise RewriteError(f"{describe(node)}: expected the cache {path.start!r} to reach {path.end!r} as {shape} "
+                       f"({'K transposed, ' if path.transposed else ''}query head h reading KV head h // "
+                       f"{group or '?'}), got shape {list(got[0].shape)}, heads {heads_got}")
 
 
 GUARD_STEPS = ((0, 7), (5, 4), (40, 1))  # (past, seq): prefill, a chunk over a cached prefix, a long decode

@@ -3,7 +3,7 @@ the bias, constant scales, RoPE and per-head norms, tracking which projection co
 
 ``trace_projection`` records the chain (``ProjectionChain``), ``layout_chain`` propagates the projection's
 column map along it (``Layout``), ``heads_colmap`` reads the [heads, head_dim] columns at the chain's end and
-``follow_output`` finds the o_proj input an attention output becomes through layout ops. Everything reads a
+``follow_output`` finds the o_proj input an attention output becomes through layout ops (and guards). Everything reads a
 ``GraphView``; nothing changes the model.
 """
 
@@ -340,19 +340,45 @@ def heads_colmap(chain: ProjectionChain, heads: int, head_dim: int, where: onnx.
                        f"features {list(layout.colmap.shape)}")
 
 
+def guard_condition(view: GraphView, node: onnx.NodeProto, tensor: str) -> str | None:
+    """The condition ``c`` of a guard ``Where(c, 0, tensor)`` (PyTorch's SDPA decompositions zero the outputs of
+    queries that see no key), when ``node`` is one and ``c`` is not computed from ``tensor``; else None."""
+    if node.op_type != "Where" or len(node.input) != 3 or node.input[2] != tensor:
+        return None
+    zero = view.constant(node.input[1])
+    if zero is None or np.any(zero != 0) or tensor in view.ancestors([node.input[0]]):
+        return None
+    return node.input[0]
+
+
 def follow_output(view: GraphView, tensor: str, labels: list[str], heads: int, head_dim: int,
-                  where: onnx.NodeProto) -> str:
-    """From an attention output with axes ``labels`` ([B, H, S, D] or [B, S, H*D]...), follow layout ops to
-    the tensor that holds it as [batch, seq, heads * head_dim] in (head, dim) order: the o_proj input."""
+                  where: onnx.NodeProto) -> tuple[str, list[str]]:
+    """From an attention output with axes ``labels`` ([B, H, S, D] or [B, S, H*D]...), follow layout ops and
+    guards (``guard_condition``: elementwise, the layout stays) to the last tensor that holds it as
+    [batch, seq, heads * head_dim] in (head, dim) order: the o_proj input. -> (that tensor, the conditions of the
+    guards passed on the way: the rewrite measures them false, ``measure.measure_guard``)."""
     layout = Layout(list(labels), np.arange(heads * head_dim).reshape(
         [heads, head_dim] if labels.count("F") == 2 else [heads * head_dim]))
+    found, guards, passed = None, [], []
     while True:
         if layout.labels == ["B", "S", "F"] and np.array_equal(layout.colmap, np.arange(heads * head_dim)):
-            return tensor
+            found, guards = tensor, list(passed)
         users = [n for n in view.consumers.get(tensor, []) if n.op_type not in SHAPE_OPS]
-        if len(users) != 1 or users[0].op_type not in LAYOUT_OPS or users[0].input[0] != tensor:
-            raise RewriteError(f"{describe(where)}: expected its output to become [batch, seq, {heads}*{head_dim}] "
-                               f"in (head, dim) order through layout ops, got axes {layout.labels} feeding "
-                               f"{[describe(u) for u in users]}")
-        layout = apply_layout(view, users[0], layout, users[0].output[0])
-        tensor = users[0].output[0]
+        condition = guard_condition(view, users[0], tensor) if len(users) == 1 else None
+        if condition is not None:
+            passed.append(condition)
+            tensor = users[0].output[0]
+            continue
+        if len(users) == 1 and users[0].op_type in LAYOUT_OPS and users[0].input[0] == tensor:
+            try:
+                layout = apply_layout(view, users[0], layout, users[0].output[0])
+                tensor = users[0].output[0]
+                continue
+            except RewriteError:
+                if found is None:
+                    raise
+        if found is not None:
+            return found, guards
+        raise RewriteError(f"{describe(where)}: expected its output to become [batch, seq, {heads}*{head_dim}] "
+                           f"in (head, dim) order through layout ops, got axes {layout.labels} feeding "
+                           f"{[describe(u) for u in users]}")

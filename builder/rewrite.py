@@ -38,8 +38,8 @@ import onnx_graphsurgeon as gs
 from pagedkv import engine_io, onnx_io
 from pagedkv.builder import patterns
 from pagedkv.builder.graph_view import GraphView, ProbeStep, RewriteError, describe
-from pagedkv.builder.measure import (fit_rope_config, measure_guard, measure_head_mapping, measure_mask,
-                                     measure_rope, rope_from_tables)
+from pagedkv.builder.measure import (CACHE_PROBE, _np_dtype, fit_rope_config, measure_cache_path, measure_guard,
+                                     measure_mask, measure_rope, rope_from_tables)
 from pagedkv.builder.projection import find_projection, heads_colmap, layout_chain, trace_projection
 from pagedkv.config import (ATTENTION_PLUGIN_NAME, ONNX_DOMAIN, PLUGIN_VERSION, WRITE_PLUGIN_NAME,
                             AttentionConfig, RopeConfig, RopeStyle, WriteConfig)
@@ -227,11 +227,11 @@ def _analyze(view: GraphView, m: patterns.AttentionMatch, step: ProbeStep, index
         rope = found["q"]
     rope = dataclasses.replace(rope, **{f.name: _as_attribute(getattr(rope, f.name)) for f in dataclasses.fields(rope)
                                         if isinstance(getattr(rope, f.name), float)})
-    if m.repeat is not None:
-        measure_head_mapping(view, m.repeat[0], m.repeat[1], m.num_kv_heads, m.num_heads, m.head_dim, step, m.anchor)
-    if m.v_repeat is not None:
-        measure_head_mapping(view, m.v_repeat[0], m.v_repeat[1], m.num_kv_heads, m.num_heads, m.head_dim, step,
-                             m.anchor)
+    hidden = {chains["q"].hidden: np.zeros((1, CACHE_PROBE[1], view.constant(chains["q"].weight).shape[0]),
+                                           _np_dtype(view.elem_type(chains["q"].hidden)))}
+    for path in (m.k_path, m.v_path):
+        if path is not None:
+            measure_cache_path(view, path, m.num_kv_heads, m.num_heads, m.head_dim, step, m.anchor, hidden)
     for condition in m.guards:
         measure_guard(view, condition, step, m.anchor)
     window, sinks = m.window, m.sinks

@@ -32,6 +32,20 @@ class KVAnchor:
     entry: str  # the tensor that enters ``node``: the past input or an identity alias of it
 
 
+@dataclass(frozen=True)
+class CachePath:
+    """How a present cache [B, KVH, L, D] reaches attention through element-moving ops (the GQA repeat, transposes,
+    exporters' flatten/unflatten reshapes) and constant factors. What ``end`` holds is measured, not parsed
+    (``measure.measure_cache_path``): head h must read KV head h // (H / KVH), and positions and dims must land as
+    ``transposed`` says."""
+
+    start: str  # the present (the past/new Concat's output)
+    end: str  # the tensor the MatMul or attention op reads
+    transposed: bool  # end is [B, H, D, L] (K of MatMul(q, K^T)); else [B, H, L, D]
+    scale: float = 1.0  # the constant factors on the way
+    kv_heads_ok: bool = False  # end may keep the KV heads (an op that repeats them itself)
+
+
 @dataclass
 class AttentionMatch:
     pattern: str
@@ -55,8 +69,8 @@ class AttentionMatch:
     sinks: int = 0
     rope_tables: tuple[np.ndarray, np.ndarray, int] | None = None  # (cos, sin, interleaved) inside the op
     packed_qkv: bool = False  # q_end = k_end = v_end holds [q heads | k heads | v heads] on its last axis
-    repeat: tuple[str, str] | None = None  # (present, repeated) K tensors of an in-graph GQA repeat
-    v_repeat: tuple[str, str] | None = None  # the same for V
+    k_path: CachePath | None = None  # the present K's way to attention, when the graph has one
+    v_path: CachePath | None = None  # the same for V
     guards: list[str] = field(default_factory=list)  # conditions of Where(c, 0, x) guards: measured always false
     notes: list[str] = field(default_factory=list)
 

@@ -3,8 +3,8 @@
 
     past_k ─┐                                        past_v ─┐
     k ──────Concat(axis 2) ─> present.k              v ──────Concat(axis 2) ─> present.v
-              └ [repeat: Unsqueeze/Expand/Reshape]              └ [repeat]
-                └ Transpose(-1, -2) [Mul sqrt(s)]                 │
+              └ [element-moving ops: the GQA repeat,            └ [element-moving ops]
+                 K^T, flatten/unflatten; Mul sqrt(s)]             │
     q [Mul sqrt(s)] ─ MatMul ─ [Mul|Div s] ─ Add(mask)|Where ─ Softmax(-1) ─ [Where(IsNaN(p), 0, p)] ─ MatMul
                                                                    ─ Transpose ─ Reshape ─> o_proj
 
@@ -19,12 +19,12 @@ import onnx
 
 from pagedkv.builder.graph_view import GraphView, RewriteError, describe
 from pagedkv.builder.projection import follow_output, layout_chain, trace_projection
-from pagedkv.builder.patterns import AttentionMatch, KVAnchor, heads_from_shape, onnx_attention
+from pagedkv.builder.patterns import AttentionMatch, CachePath, KVAnchor, heads_from_shape, onnx_attention
 
 NAME = "decomposed"
 ANCHOR_OPS = {("", "Concat"): None}  # the Concat's output is the present
-REPEAT_OPS = {"Unsqueeze", "Expand", "Reshape", "Tile"}
 PASS_OPS = {"Cast", "Identity"}
+MOVE_OPS = {"Unsqueeze", "Squeeze", "Expand", "Tile", "Reshape", "Transpose", *PASS_OPS}
 
 
 def _next(view: GraphView, tensor: str, where: onnx.NodeProto) -> onnx.NodeProto:
@@ -50,57 +50,41 @@ def _scalar_factor(view: GraphView, node: onnx.NodeProto, data: str) -> float | 
     return view.scalar(other[0])
 
 
-def _dims(view: GraphView, tensor: str) -> list | None:
-    return view.symbolic_shape(tensor) or view.static_shape(tensor)
-
-
-def _batch_flatten(view: GraphView, node: onnx.NodeProto) -> int:
-    """+1: a Reshape [B, H, L, D] -> [B*H, L, D] (the batch and head axes merged, the last two kept: how the dynamo
-    exporter's SDPA decomposition at opsets below 23 feeds a 3-D Transpose); -1: the Reshape back to 4-D; 0: neither."""
-    if node.op_type != "Reshape":
-        return 0
-    a, b = _dims(view, node.input[0]), _dims(view, node.output[0])
-    if not a or not b or a[-2:] != b[-2:] or None in a[-2:]:
-        return 0
-    if len(a) == 4 and len(b) == 3 and a[0] != b[0]:
-        return 1
-    return -1 if len(a) == 3 and len(b) == 4 else 0
-
-
 def _follow_cache(view: GraphView, anchor: KVAnchor):
-    """cache -> (the MatMul it reaches, input index there, (cache, repeated cache), scale, transposed?)."""
-    t, scale, transposed, flat = anchor.node.output[0], 1.0, False, False
-    base = repeated = t  # the cache before and after the GQA repeat ops
+    """cache -> (the MatMul or Attention op it reaches, input index there, the tensor entering it, constant factor on
+    the way). The ops between only move elements (MOVE_OPS: the GQA repeat, transposes, the flatten/unflatten
+    reshapes of exporters' SDPA decompositions) or scale them; what they do is measured by the rewrite
+    (``measure.measure_cache_path``), so no op order is assumed here."""
+    t, scale = anchor.node.output[0], 1.0
     while True:
         node = _next(view, t, anchor.node)
-        if node.op_type == "MatMul" or (node.op_type == "Attention" and (node.domain or "") == "" and not transposed):
-            if flat:
-                raise RewriteError(f"{describe(node)}: expected the cache {anchor.present!r} back in 4-D [batch, heads, "
-                                   "...] before it, found it with the batch and head axes merged")
-            return node, list(node.input).index(t), (base, repeated), scale, transposed
+        if node.op_type == "MatMul" or (node.op_type == "Attention" and (node.domain or "") == ""):
+            return node, list(node.input).index(t), t, scale
         factor = _scalar_factor(view, node, t)
-        flatten = _batch_flatten(view, node)
         if factor is not None:
             scale *= factor
-        elif flatten == 1 and not flat:
-            flat = True
-        elif flatten == -1 and flat:
-            flat = False
-        elif node.op_type in REPEAT_OPS and not transposed and not flat:
-            repeated = node.output[0]
-        elif node.op_type == "Transpose":
-            perm = GraphView.attr(node, "perm")
-            if perm is None or list(perm[-2:]) != [len(perm) - 1, len(perm) - 2] or list(perm[:-2]) != list(
-                    range(len(perm) - 2)):
-                raise RewriteError(f"{describe(node)}: expected K transposed over its last two axes, got perm={perm}")
-            transposed = True
-        elif node.op_type in PASS_OPS:
-            if repeated == base == t:  # e.g. GPT-J's Cast to the present: the repeat starts after it
-                base = repeated = node.output[0]
-        else:
+        elif node.op_type not in MOVE_OPS or node.input[0] != t:
             raise RewriteError(f"{describe(node)}: expected the cache {anchor.present!r} to reach a MatMul (or the "
-                               f"opset-23 Attention op) through repeat/Transpose/scale ops, found {node.op_type}")
+                               f"opset-23 Attention op) through element-moving ops ({', '.join(sorted(MOVE_OPS))}) "
+                               f"and constant scales, found {node.op_type}")
         t = node.output[0]
+
+
+def _reads_probabilities(view: GraphView, matmul: onnx.NodeProto) -> bool:
+    """Whether the MatMul's first input is a Softmax's probabilities (through casts and a NaN guard): MatMul(P, V)."""
+    t = matmul.input[0]
+    while t in view.producer:
+        node = view.producer[t]
+        if node.op_type == "Softmax":
+            return True
+        if node.op_type in PASS_OPS:
+            t = node.input[0]
+        elif node.op_type == "Where" and len(node.input) == 3 and view.producer.get(node.input[0]) is not None \
+                and view.producer[node.input[0]].op_type == "IsNaN":
+            t = node.input[2]
+        else:
+            return False
+    return False
 
 
 def _scores_to_softmax(view: GraphView, scores_mm: onnx.NodeProto):
@@ -182,34 +166,35 @@ def match(view: GraphView, anchors: list[KVAnchor]) -> list[AttentionMatch]:
     fused: dict = {}  # opset-23 Attention op fed by the caches -> {input index: its anchor info}
     for anchor in anchors:
         new = _concat_inputs(view, anchor)
-        matmul, index, repeated, scale, transposed = _follow_cache(view, anchor)
+        matmul, index, end, scale = _follow_cache(view, anchor)
         if matmul.op_type == "Attention":
             if index not in (onnx_attention.K, onnx_attention.V):
                 raise RewriteError(f"{describe(matmul)}: expected the cache {anchor.present!r} as its K or V input, "
                                    f"got input {index}")
-            fused.setdefault(matmul.name or id(matmul), (matmul, {}))[1][index] = (anchor, new, repeated, scale)
-        elif index == 1 and transposed:
-            keys[matmul.name or id(matmul)] = (anchor, new, matmul, repeated, scale)
-        elif index == 1 and not transposed:
-            values[matmul.name or id(matmul)] = (anchor, new, matmul, repeated, scale)
-        else:
+            fused.setdefault(matmul.name or id(matmul), (matmul, {}))[1][index] = (anchor, new, end, scale)
+        elif index != 1:
             raise RewriteError(f"{describe(matmul)}: expected the cache {anchor.present!r} as its second input "
-                               f"(K transposed, or V), got input {index}")
+                               f"(MatMul(q, K^T) or MatMul(P, V)), got input {index}")
+        elif _reads_probabilities(view, matmul):
+            values[matmul.name or id(matmul)] = (anchor, new, matmul, CachePath(anchor.node.output[0], end, False,
+                                                                               scale))
+        else:
+            keys[matmul.name or id(matmul)] = (anchor, new, matmul, CachePath(anchor.node.output[0], end, True, scale))
     matches = []
     for node, caches in fused.values():
         if set(caches) != {onnx_attention.K, onnx_attention.V}:
             raise RewriteError(f"{describe(node)}: expected both the K and the V cache to reach it from past/present "
                                f"Concats, found only input(s) {sorted(caches)}")
         matches.append(onnx_attention.match_concat(view, node, caches[onnx_attention.K], caches[onnx_attention.V]))
-    for anchor, k_new, scores_mm, k_repeated, k_scale in keys.values():
+    for anchor, k_new, scores_mm, k_path in keys.values():
         softmax, score_scale, mask, true_visible = _scores_to_softmax(view, scores_mm)
         pv = _softmax_to_pv(view, softmax)
         value = values.pop(pv.name or id(pv), None)
         if value is None:
             raise RewriteError(f"{describe(pv)}: expected its V input to come from a past/present Concat")
-        v_anchor, v_new, _, v_repeated, v_scale = value
-        if v_scale != 1.0:
-            raise RewriteError(f"{describe(pv)}: V is scaled by {v_scale} on its way from the cache")
+        v_anchor, v_new, _, v_path = value
+        if v_path.scale != 1.0:
+            raise RewriteError(f"{describe(pv)}: V is scaled by {v_path.scale} on its way from the cache")
         if mask is None:
             raise RewriteError(f"{describe(softmax)}: expected a mask (Add or Where) on the scores before it")
         kv_heads, head_dim = heads_from_shape(view, anchor.past, anchor.node, anchor.node.output[0])
@@ -221,15 +206,13 @@ def match(view: GraphView, anchors: list[KVAnchor]) -> list[AttentionMatch]:
         if q_heads is None:  # shapes unknown (e.g. after contrib ops): count the heads the q chain delivers
             chain = trace_projection(view, scores_mm.input[0])
             q_heads = layout_chain(view, chain).colmap.size // head_dim
-        if (v_repeated[0] != v_repeated[1]) != (k_repeated[0] != k_repeated[1]):
-            raise RewriteError(f"{describe(scores_mm)}: only one of K and V is repeated for GQA")
         out, guards = _output_to_projection(view, pv, q_heads, head_dim)
         matches.append(AttentionMatch(
             pattern=NAME, anchor=scores_mm, past_key=anchor.past, past_value=v_anchor.past,
             present_key=anchor.present, present_value=v_anchor.present, q_end=scores_mm.input[0], k_end=k_new,
             v_end=v_new, num_heads=int(q_heads), num_kv_heads=kv_heads, head_dim=head_dim, out=out,
-            scale=k_scale * score_scale, mask=mask, mask_true_visible=true_visible,
-            repeat=k_repeated, v_repeat=v_repeated, guards=guards, notes=[f"softmax {softmax.name!r}"]))
+            scale=k_path.scale * score_scale, mask=mask, mask_true_visible=true_visible, k_path=k_path,
+            v_path=v_path, guards=guards, notes=[f"softmax {softmax.name!r}"]))
     if values:
         anchor = next(iter(values.values()))[0]
         raise RewriteError(f"{describe(anchor.node)}: the V cache {anchor.present!r} reaches a MatMul that no "
@@ -238,14 +221,4 @@ def match(view: GraphView, anchors: list[KVAnchor]) -> list[AttentionMatch]:
 
 
 def _output_to_projection(view: GraphView, pv: onnx.NodeProto, heads: int, head_dim: int) -> tuple[str, list[str]]:
-    """-> (the o_proj input, guard conditions). A ``Where(c, 0, out)`` right after the PV MatMul (the dynamo exporter's
-    SDPA decomposition zeroes the rows of queries that see no key) is a guard: passed through here, its condition
-    ``c`` is measured to be false at every probe step by the rewrite (``measure.measure_guard``)."""
-    out, guards = pv.output[0], []
-    users = [n for n in view.consumers.get(out, []) if n.op_type not in ("Shape", "Size")]
-    if len(users) == 1 and users[0].op_type == "Where" and users[0].input[2] == out:
-        zero = view.constant(users[0].input[1])
-        if zero is not None and not np.any(zero != 0) and out not in view.ancestors([users[0].input[0]]):
-            guards.append(users[0].input[0])
-            out = users[0].output[0]
-    return follow_output(view, out, ["B", "F", "S", "F"], heads, head_dim, pv), guards
+    return follow_output(view, pv.output[0], ["B", "F", "S", "F"], heads, head_dim, pv)
