@@ -111,7 +111,7 @@ class GraphView:
 
     # ---- constants and shapes -----------------------------------------------------------------------
     def constant(self, name: str) -> np.ndarray | None:
-        """The value of an initializer or a Constant node's output (through Identity), else None."""
+        """The value of an initializer or a Constant node's output (through Identity and Transpose), else None."""
         if name in self._const_cache:
             return self._const_cache[name]
         value = None
@@ -125,6 +125,9 @@ class GraphView:
                          np.asarray(onnx.helper.get_attribute_value(attr)))
             elif node.op_type == "Identity":
                 value = self.constant(node.input[0])
+            elif node.op_type == "Transpose":  # a tied embedding gathered from the LM head's weight: a view, no copy
+                inner = self.constant(node.input[0])
+                value = None if inner is None else np.transpose(inner, self.attr(node, "perm"))
         self._const_cache[name] = value
         return value
 
@@ -258,7 +261,8 @@ class GraphView:
     def data_inputs(self, node: onnx.NodeProto) -> list[str]:
         return [] if node.op_type in SHAPE_OPS else [i for i in node.input if i]
 
-    def ancestors(self, tensors, stop: set[str] = frozenset()) -> set[str]:
+    def ancestors(self, tensors, stop: set[str] = frozenset(), shapes: bool = False) -> set[str]:
+        """Tensors ``tensors`` are computed from, over data edges (``shapes``: over Shape edges too)."""
         seen, todo = set(), deque(tensors)
         while todo:
             t = todo.popleft()
@@ -267,7 +271,8 @@ class GraphView:
             seen.add(t)
             if t in stop or t not in self.producer:
                 continue
-            todo.extend(self.data_inputs(self.producer[t]))
+            node = self.producer[t]
+            todo.extend([i for i in node.input if i] if shapes else self.data_inputs(node))
         return seen
 
     def descendants(self, tensor: str) -> set[str]:
@@ -282,9 +287,9 @@ class GraphView:
                     todo.extend(o for o in node.output if o)
         return seen
 
-    def depends_on_inputs(self, tensor: str) -> set[str]:
-        """Graph inputs the value of ``tensor`` depends on (shapes excluded)."""
-        return self.ancestors([tensor]) & set(self.graph_inputs)
+    def depends_on_inputs(self, tensor: str, shapes: bool = False) -> set[str]:
+        """Graph inputs the value of ``tensor`` depends on (``shapes``: also those whose shape it reads)."""
+        return self.ancestors([tensor], shapes=shapes) & set(self.graph_inputs)
 
     # ---- evaluation ---------------------------------------------------------------------------------
     def evaluate(self, outputs: list[str], feeds: dict[str, np.ndarray], step: "ProbeStep") -> list[np.ndarray]:
@@ -351,7 +356,7 @@ class GraphView:
 
 
 # ---- graph inputs of a probe step ---------------------------------------------------------------------
-INPUT_ROLES = ("input_ids", "attention_mask", "position_ids", "past_key", "past_value")
+INPUT_ROLES = ("input_ids", "attention_mask", "position_ids", "past_key", "past_value", "passthrough")
 
 
 @dataclass

@@ -207,13 +207,18 @@ def _visible(mask: np.ndarray, boolean_true_visible: bool, node) -> np.ndarray:
 
 def measure_mask(view: GraphView, mask: str, step: ProbeStep, node, true_is_visible: bool = True,
                  ladder=(8, 64, 512, 4096, 32768)) -> MaskMeasurement:
-    """Evaluate the in-graph mask at decode steps of growing length (the window), then check it against
-    ``attends`` at prefill and chunked steps."""
+    """Evaluate the in-graph mask at decode steps of growing length (the window; up to the model's own length limit,
+    where the graph stops running), then check it against ``attends`` at prefill and chunked steps."""
     from pagedkv.layout import attends
 
     window, sinks = 0, 0
     for total in ladder:
-        (m,) = view.evaluate([mask], {}, step.at(1, total - 1, 1))
+        try:
+            (m,) = view.evaluate([mask], {}, step.at(1, total - 1, 1))
+        except Exception:  # noqa: BLE001 - a model's own length limit (a mask buffer of n_positions) ends the ladder
+            if total == ladder[0]:
+                raise
+            break
         row = _visible(m, true_is_visible, node)[-1]
         if row.shape[0] != total:
             raise RewriteError(f"{describe(node)}: expected a mask row over {total} positions, got {row.shape[0]}")

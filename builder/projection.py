@@ -176,9 +176,18 @@ class ProjectionChain:
     matmul: onnx.NodeProto
     hidden: str  # the projection's data input
     weight: str  # its constant [hidden, N] weight
-    bias: str | None  # a constant added right after the MatMul
+    bias: str | None  # a constant [features] added after the MatMul (directly or after layout ops)
     steps: list  # source -> end: ("layout", node, out) | ("bias", node) | ("scale", node, factor) | ("region", Region)
     end_layout: Layout | None = None
+    bias_columns: np.ndarray | None = None  # the projection column each bias entry is added to (layout_chain)
+
+    def bias_values(self, view: GraphView, width: int) -> np.ndarray:
+        """The bias per projection column ([width]; zeros where none is added)."""
+        out = np.zeros(width, dtype=np.float64)
+        if self.bias is not None:
+            value = np.asarray(view.constant(self.bias), dtype=np.float64)
+            out[self.bias_columns] = np.broadcast_to(value, self.bias_columns.shape)
+        return out
 
     @property
     def regions(self) -> list[Region]:
@@ -262,11 +271,11 @@ def trace_projection(view: GraphView, end: str) -> ProjectionChain:
         if node.op_type in LAYOUT_OPS and inputs == [node.input[0]]:
             steps.append(("layout", node, t))
             t = node.input[0]
-        elif (node.op_type == "Add" and len(inputs) == 1 and inputs[0] == source and len(const_inputs) == 1
+        elif (node.op_type == "Add" and len(inputs) == 1 and len(const_inputs) == 1 and bias is None
               and view.constant(const_inputs[0]).ndim == 1):
-            bias = const_inputs[0]
+            bias = const_inputs[0]  # right after the MatMul, or after the Split of a packed one (ORT's fusions)
             steps.append(("bias", node))
-            t = source
+            t = inputs[0]
         elif (node.op_type in ("Mul", "Div") and len(inputs) == 1 and len(const_inputs) == 1
               and view.constant(const_inputs[0]).size == 1):
             if node.op_type == "Div" and node.input[1] != const_inputs[0]:
@@ -280,7 +289,9 @@ def trace_projection(view: GraphView, end: str) -> ProjectionChain:
             by_order = {view.order(view.producer[o]): view.producer[o] for o in inner if o != x and o in view.producer}
             nodes = [by_order[k] for k in sorted(by_order)]
             side = {i for n in nodes for i in view.data_inputs(n) if i not in inner}
-            dynamic_side = any(view.depends_on_inputs(s) for s in side)
+            # RoPE's cos/sin come from positions: position_ids, or the past length a Shape reads (a cos/sin cache
+            # sliced from the past length on, as transformers 4.x's Gemma writes it); a norm's side inputs are constants
+            dynamic_side = any(view.depends_on_inputs(s, shapes=True) for s in side)
             kind = "rope" if dynamic_side or any("Rotary" in n.op_type for n in nodes) else "head_norm"
             if kind == "head_norm":
                 _check_head_norm(view, nodes)
@@ -316,6 +327,12 @@ def layout_chain(view: GraphView, chain: ProjectionChain) -> Layout:
             layout = apply_layout(view, s[1], layout, s[2])
         elif s[0] == "region":
             s[1].layout = layout.copy()
+        elif s[0] == "bias":
+            size = view.constant(chain.bias).size
+            if layout.labels[-1] != "F" or layout.colmap.shape[-1] != size:
+                raise RewriteError(f"{describe(s[1])}: expected the bias ({size}) added along the features "
+                                   f"of a {layout.labels} tensor with features {list(layout.colmap.shape)}")
+            chain.bias_columns = layout.colmap
     chain.end_layout = layout
     return layout
 

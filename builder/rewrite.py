@@ -46,6 +46,7 @@ from pagedkv.config import (ATTENTION_PLUGIN_NAME, ONNX_DOMAIN, PLUGIN_VERSION, 
 from pagedkv.engine_io import CU_Q_LENS, KV_POOLS, NUM_TOKENS, PAST_LENS, POSITION_IDS
 from pagedkv.layout import CacheDType, KVLayout
 from pagedkv.pool_group import PoolGroup
+from pagedkv.runtime.graph import passthrough_state
 
 __all__ = ["RewriteError", "RewriteOptions", "RewriteResult", "RewriteReport", "LayerReport", "rewrite_model",
            "add_rewrite_arguments", "options_from_args", "run_rewrite"]
@@ -158,6 +159,8 @@ def _input_roles(view: GraphView, matches) -> tuple[dict[str, str], dict, dict]:
         raise RewriteError(f"expected exactly one integer [batch, seq] graph input that indexes the embedding "
                            f"table (input_ids), found {ids}")
     roles[ids[0]] = "input_ids"
+    for name in passthrough_state(view.graph):  # state passed through to outputs: dropped with them
+        roles.setdefault(name, "passthrough")
     seq_dim = (view.dim_names(ids[0]) or [None, None])[1]
     for name in ints:
         if name in roles:
@@ -335,9 +338,8 @@ class _Emitter:
             if any(chains[n].bias for n in chains):
                 parts = []
                 for n, c in zip(("q", "k", "v"), columns):
-                    b = self.view.constant(chains[n].bias) if chains[n].bias else np.zeros(weights[n].shape[1],
-                                                                                             weights[n].dtype)
-                    parts.append(b[c])
+                    values = chains[n].bias_values(self.view, weights[n].shape[1])
+                    parts.append(values[c].astype(weights[n].dtype))
                 bias = self.const(f"{prefix}.qkv_proj.bias", np.concatenate(parts))
             hidden = self.tensors[chains["q"].hidden]
             projected = self.var(f"{prefix}/qkv_proj/output", self.dtype, [1, NUM_TOKENS, width])
@@ -437,6 +439,7 @@ def _emit(model, view, plans, groups, roles, options, explicit: bool) -> tuple[g
             em.node("Unsqueeze", [wide, em.const("/pagedkv/position_ids.axes", np.asarray([0], dtype=np.int64))], [old],
                     "/pagedkv/position_ids/Unsqueeze")
     presents = {p for plan in plans for p in (plan.match.present_key, plan.match.present_value)}
+    presents |= {o for outs in passthrough_state(view.graph).values() for o in outs}
     removed_outputs = [t.name for t in em.graph.outputs if t.name in presents]
     em.graph.outputs = [t for t in em.graph.outputs if t.name not in presents] + statuses
     replaced = {n for n, role in roles.items() if role != "input_ids"}

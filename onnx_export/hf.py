@@ -17,7 +17,8 @@ together once the export is verified, whatever the model's size.
 Exporters: ``legacy`` = ``torch.onnx.export(..., dynamo=False)`` (TorchScript tracing, opset 17, fully
 decomposed) and ``dynamo`` = ``torch.onnx.export(..., dynamo=True)`` (torch.export, opset 20 by default).
 Tracing bakes Python control flow in, so every export is verified against the eager model on shapes other
-than the traced one (prefill with no past, decode past the sliding window, a left-padded batch).
+than the traced one (prefill with no past, decode past the sliding window, a left-padded batch). Attention:
+``sdpa`` by default, as transformers loads models (``attn_implementation="eager"`` for the explicit form).
 
 torch, transformers and onnxscript are the optional ``export`` extra (``pip install pagedkv[export]``);
 they are imported only when an export runs. Nothing here touches the network: ``HF_HUB_OFFLINE=1`` is set
@@ -42,6 +43,9 @@ from pagedkv.userio import check_output_path
 
 EXPORTERS = ("legacy", "dynamo")
 DEFAULT_OPSET = {"legacy": 17, "dynamo": 20}
+# transformers loads models with SDPA attention unless told otherwise: so does the export.
+ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
+DEFAULT_ATTENTION = "sdpa"
 # Export verification: ONNX Runtime vs eager PyTorch, both float32. Kernel-order differences stay far
 # below this; a branch baked in by tracing (wrong mask, wrong cache length) gives errors of order 1.
 VERIFY_ATOL, VERIFY_RTOL = 1e-3, 1e-3
@@ -117,7 +121,7 @@ def io_names(num_layers: int) -> tuple[list[str], list[str]]:
     return inputs, outputs
 
 
-def load_model(source: str | os.PathLike, *, seed: int = 0, attn_implementation: str = "eager",
+def load_model(source: str | os.PathLike, *, seed: int = 0, attn_implementation: str = DEFAULT_ATTENTION,
                dtype: str = "float32"):
     """A family name (tiny config, random weights from ``seed``) or a local model directory, in eval mode."""
     torch, transformers = require_export_deps()
@@ -282,7 +286,7 @@ def _verify(exported: Path, cases: list, path: Path) -> float:
 
 
 def export_hf(source: str | os.PathLike, path: str | os.PathLike, *, exporter: str = "legacy", seed: int = 0,
-              opset: int | None = None, attn_implementation: str = "eager", dtype: str = "float32",
+              opset: int | None = None, attn_implementation: str = DEFAULT_ATTENTION, dtype: str = "float32",
               verify: bool = True) -> ExportResult:
     """Load ``source`` (family name or model directory) and export it; see the module docstring."""
     model = load_model(source, seed=seed, attn_implementation=attn_implementation, dtype=dtype)
@@ -298,7 +302,9 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exporter", choices=EXPORTERS, default="legacy")
     parser.add_argument("--opset", type=int, default=None, help="default: 17 (legacy), 20 (dynamo)")
     parser.add_argument("--seed", type=int, default=0, help="random weights of --family")
-    parser.add_argument("--attn-implementation", default="eager", choices=["eager", "sdpa"])
+    parser.add_argument("--attn-implementation", default=DEFAULT_ATTENTION, choices=ATTENTION_IMPLEMENTATIONS,
+                        help=f"transformers' attention code path (default {DEFAULT_ATTENTION}, as transformers loads "
+                             "models)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--no-verify", action="store_true", help="skip the ONNX Runtime vs eager check")
 

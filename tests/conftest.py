@@ -28,3 +28,31 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=f"gpu: {no_gpu}"))
         if no_trt and "trt" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=f"trt: {no_trt}"))
+
+
+# ---- the exporter matrix (tests/test_export_hf.py, tests/test_exporters.py) ---------------------------------
+MATRIX_PROMPTS = [5, 17, 33]  # ragged: inside one page, across a page boundary, three pages (page 16)
+
+
+def rewrite_and_compare(path, label: str):
+    """One cell of the exporter matrix: ``rewrite_model`` the exported graph, then ``compare`` it with the original
+    on a ragged batch (MATRIX_PROMPTS) in 8-token prefill chunks (steps mix prefill chunks and decodes) and 8 greedy
+    decode steps: logits within the fp16-cache tolerance on the logits' scale, every greedy token the same, the
+    paged K/V equal to the present K/V. Returns the RewriteResult."""
+    import time
+
+    from pagedkv.builder.compare import compare
+    from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
+
+    result = rewrite_model(str(path), RewriteOptions())
+    start = time.perf_counter()
+    fp16 = TOLERANCES["float16"]
+    report = compare(str(path), result.model, prompt_lens=MATRIX_PROMPTS, decode_steps=8, chunk_size=8,
+                     atol=fp16[0], rtol=fp16[1])
+    print(f"{label}: compare {time.perf_counter() - start:.1f} s, max abs {report.max_abs:.2e}")
+    assert report.logits_passed, str(report)
+    assert report.greedy_passed, str(report)
+    assert report.kv and report.kv_passed, str(report)
+    assert {"prefill", "decode"} in [{k for _, _, k in s.entries} for s in report.steps]
+    assert all(len(t) == 8 for t in report.greedy_tokens.values())
+    return result

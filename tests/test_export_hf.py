@@ -1,29 +1,26 @@
-"""Hugging Face export (tiny configs, random weights, offline) -> rewrite -> compare, for every family and both
-PyTorch exporters.
+"""Hugging Face export (tiny configs, random weights, offline) -> rewrite -> compare: every family, both PyTorch
+exporters (legacy opset 17, dynamo opset 20 and 23), both of transformers' attention implementations (sdpa, the
+default, and eager).
 
 Each cell: ``export_hf`` (which itself checks ONNX Runtime against eager PyTorch on four shapes other than the
-traced one), ``rewrite_model``, then ``compare`` on a ragged batch (5, 17, 33 tokens) with 8-token prefill
-chunks (so steps mix prefill chunks and decodes) and 8 greedy decode steps: logits within the fp16-cache
-tolerance (conftest.TOLERANCES["float16"], on the logits' scale), identical greedy tokens, paged K/V equal
-to the present K/V.
+traced one), then ``conftest.rewrite_and_compare``: a ragged batch (5, 17, 33 tokens) in 8-token prefill chunks (so
+steps mix prefill chunks and decodes) and 8 greedy decode steps: logits within the fp16-cache tolerance on the
+logits' scale, identical greedy tokens, paged K/V equal to the present K/V.
 
-Beyond the matrix: the dynamo exporter at opset 23 with SDPA (the standard Attention and RotaryEmbedding
-ops), and the legacy export run through ONNX Runtime's transformer optimizer before the rewrite.
-
-Cells whose graph the rewrite does not recognize yet are listed in REWRITE_GAPS: they are strict xfails that
-must raise RewriteError, so a cell that starts to pass (or fails differently) turns red until the entry is
-removed. Skipped as a whole only when torch / transformers are not installed (the ``export`` extra).
+Also: the legacy export run through ONNX Runtime's transformer optimizer before the rewrite. Cells whose graph the
+rewrite does not recognize go into REWRITE_GAPS: strict xfails that must raise RewriteError, so a cell that starts
+to pass (or fails differently) turns red until the entry is removed. Skipped as a whole only when torch /
+transformers are not installed (the ``export`` extra). The other exporters' matrix is tests/test_exporters.py.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 
 import numpy as np
 import onnx
 import pytest
-from conftest import TOLERANCES
+from conftest import rewrite_and_compare
 
 from pagedkv.onnx_export import hf
 from pagedkv.onnx_export._hf_families import FAMILIES
@@ -31,13 +28,14 @@ from pagedkv.onnx_export._hf_families import FAMILIES
 NO_EXPORT = hf.why_export_unavailable()
 needs_export = pytest.mark.skipif(NO_EXPORT is not None, reason=f"export extra missing: {NO_EXPORT}")
 
-FP16 = TOLERANCES["float16"]
-PROMPTS = [5, 17, 33]
+# (exporter, opset): the matrix's exporters. The dynamo exporter at opset 23 writes SDPA as the standard Attention
+# op (fed by the Concat'ed, repeated caches) and RoPE as RotaryEmbedding; below 23 it decomposes SDPA.
+EXPORTS = (("legacy", 17), ("dynamo", 20), ("dynamo", 23))
+ATTENTION_PATTERN = {("dynamo", 23, "sdpa"): "onnx_attention"}  # else "decomposed"
 
-# (family, exporter) -> what the rewrite reports today. Remove an entry when the rewrite handles the cell.
-# Empty today: every cell passes. Example entry:
-#   ("qwen3", "dynamo"): "past_value still read outside attention by a Shape node",
-REWRITE_GAPS: dict[tuple[str, str], str] = {}
+# (family, exporter, opset, attention) -> what the rewrite reports today. Empty: every cell passes. Example:
+#   ("qwen3", "dynamo", 20, "sdpa"): "past_value still read outside attention by a Shape node",
+REWRITE_GAPS: dict[tuple, str] = {}
 
 _exported: dict = {}
 
@@ -48,80 +46,42 @@ def _rewrite_error():
     return RewriteError
 
 
-def _export(family, exporter, tmp_path_factory):
-    key = (family, exporter)
+def _export(family, exporter, tmp_path_factory, opset=None, attention=hf.DEFAULT_ATTENTION):
+    key = (family, exporter, opset or hf.DEFAULT_OPSET[exporter], attention)
     if key not in _exported:
-        path = tmp_path_factory.mktemp("hf") / f"{family}_{exporter}.onnx"
-        _exported[key] = hf.export_hf(family, path, exporter=exporter, seed=0)
+        path = tmp_path_factory.mktemp("hf") / f"{family}_{exporter}{key[2]}_{attention}.onnx"
+        _exported[key] = hf.export_hf(family, path, exporter=exporter, opset=key[2], attn_implementation=attention,
+                                      seed=0)
     return _exported[key]
 
 
 def _cells():
-    for exporter in hf.EXPORTERS:
-        for family in FAMILIES:
-            marks = [needs_export]
-            if (family, exporter) in REWRITE_GAPS:
-                marks.append(pytest.mark.xfail(strict=True, raises=_rewrite_error(),
-                                               reason=f"rewrite gap: {REWRITE_GAPS[(family, exporter)]}"))
-            yield pytest.param(family, exporter, marks=marks, id=f"{family}-{exporter}")
+    for exporter, opset in EXPORTS:
+        for attention in hf.ATTENTION_IMPLEMENTATIONS:
+            for family in FAMILIES:
+                marks = [needs_export]
+                gap = REWRITE_GAPS.get((family, exporter, opset, attention))
+                if gap:
+                    marks.append(pytest.mark.xfail(strict=True, raises=_rewrite_error(), reason=f"rewrite gap: {gap}"))
+                yield pytest.param(family, exporter, opset, attention, marks=marks,
+                                   id=f"{family}-{exporter}{opset}-{attention}")
 
 
-@pytest.mark.parametrize("family,exporter", list(_cells()))
-def test_export_rewrite_compare(family, exporter, tmp_path_factory):
-    from pagedkv.builder.compare import compare
-    from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
-
-    result = _export(family, exporter, tmp_path_factory)
+@pytest.mark.parametrize("family,exporter,opset,attention", list(_cells()))
+def test_export_rewrite_compare(family, exporter, opset, attention, tmp_path_factory):
+    result = _export(family, exporter, tmp_path_factory, opset, attention)
     assert result.verify_max_abs_err is not None and result.verify_max_abs_err <= hf.VERIFY_ATOL
-    rewritten = rewrite_model(str(result.path), RewriteOptions()).model
-    start = time.perf_counter()
-    report = compare(str(result.path), rewritten, prompt_lens=PROMPTS, decode_steps=8, chunk_size=8,
-                     atol=FP16[0], rtol=FP16[1])
-    print(f"{family}/{exporter}: export {result.seconds:.1f} s, compare {time.perf_counter() - start:.1f} s, "
-          f"max abs {report.max_abs:.2e}")
-    assert report.logits_passed, str(report)
-    assert report.greedy_passed, str(report)
-    assert report.kv and report.kv_passed, str(report)
-    assert {"prefill", "decode"} in [{k for _, _, k in s.entries} for s in report.steps]
-    assert all(len(t) == 8 for t in report.greedy_tokens.values())
-
-
-def _rewrite_and_compare(path, label: str):
-    from pagedkv.builder.compare import compare
-    from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
-
-    result = rewrite_model(str(path), RewriteOptions())
-    start = time.perf_counter()
-    report = compare(str(path), result.model, prompt_lens=PROMPTS, decode_steps=8, chunk_size=8,
-                     atol=FP16[0], rtol=FP16[1])
-    print(f"{label}: compare {time.perf_counter() - start:.1f} s, max abs {report.max_abs:.2e}")
-    assert report.passed, str(report)
-    assert report.kv and report.kv_passed, str(report)
-    assert all(len(t) == 8 for t in report.greedy_tokens.values())
-    return result
-
-
-# Beyond the matrix: the dynamo exporter at opset 23 with SDPA emits the standard Attention and RotaryEmbedding
-# ops. transformers keeps the cache update (Concat) and repeat_kv outside the op, so the op gets the repeated
-# present K/V and a boolean mask, no past inputs. family -> the window the rewrite must find.
-OPSET23_FAMILIES = {"llama": 0, "mistral": 8}
-
-
-@needs_export
-@pytest.mark.parametrize("family", list(OPSET23_FAMILIES))
-def test_dynamo_opset23_sdpa(family, tmp_path):
-    result = hf.export_hf(family, tmp_path / f"{family}23.onnx", exporter="dynamo", opset=23,
-                          attn_implementation="sdpa")
-    graph = onnx.load(str(result.path)).graph
-    assert {"Attention", "RotaryEmbedding"} <= {n.op_type for n in graph.node}
-    attention = [n for n in graph.node if n.op_type == "Attention"]
-    assert len(attention) == result.num_layers
-    assert all(len([i for i in n.input if i]) == 4 for n in attention)  # q, k, v, mask: past concatenated outside
-    rewritten = _rewrite_and_compare(result.path, f"{family}/dynamo opset 23")
-    layers = rewritten.report.layers
-    assert [r.pattern for r in layers] == ["onnx_attention"] * result.num_layers
-    assert {(r.num_heads, r.num_kv_heads, r.window) for r in layers} == {(4, 2, OPSET23_FAMILIES[family])}
-    assert not {n.op_type for n in rewritten.model.graph.node} & {"Attention", "RotaryEmbedding"}
+    if (exporter, opset, attention) == ("dynamo", 23, "sdpa"):  # the standard ops, past concatenated outside
+        graph = onnx.load(str(result.path), load_external_data=False).graph
+        attention_ops = [n for n in graph.node if n.op_type == "Attention"]
+        assert len(attention_ops) == result.num_layers
+        assert all(len([i for i in n.input if i]) == 4 for n in attention_ops)  # q, k, v, mask
+    rewritten = rewrite_and_compare(result.path, f"{family}/{exporter} opset {opset}/{attention}")
+    want = ATTENTION_PATTERN.get((exporter, opset, attention), "decomposed")
+    assert [r.pattern for r in rewritten.report.layers] == [want] * result.num_layers
+    assert not {n.op_type for n in rewritten.model.graph.node} & {"Attention", "RotaryEmbedding", "Softmax"}
+    window = 8 if family == "mistral" else 0
+    assert {r.window for r in rewritten.report.layers} == {window}
 
 
 # ONNX Runtime's transformer optimizer on the legacy export, before the rewrite. In onnxruntime 1.32 there is no
@@ -155,7 +115,7 @@ def test_ort_transformer_optimizer_then_rewrite(family, tmp_path_factory):
 
     from pagedkv.onnx_export._hf_families import tiny_config
 
-    exported = _export(family, "legacy", tmp_path_factory)
+    exported = _export(family, "legacy", tmp_path_factory, attention="eager")
     config = tiny_config(family)
     optimized = optimizer.optimize_model(str(exported.path), model_type="gpt2", num_heads=config.num_attention_heads,
                                          hidden_size=config.hidden_size)
@@ -165,7 +125,7 @@ def test_ort_transformer_optimizer_then_rewrite(family, tmp_path_factory):
     assert not [op for op in ops if op[1] in ATTENTION_FUSIONS]  # nothing attention-related was fused
     path = tmp_path_factory.mktemp("ort") / f"{family}_legacy_ort.onnx"
     optimized.save_model_to_file(str(path))
-    rewritten = _rewrite_and_compare(path, f"{family}/legacy + ORT optimizer")
+    rewritten = rewrite_and_compare(path, f"{family}/legacy + ORT optimizer")
     assert [r.pattern for r in rewritten.report.layers] == ["decomposed"] * exported.num_layers
     after = [(n.domain, n.op_type) for n in rewritten.model.graph.node]
     for op in {op for op in ops if op[1] in fused}:  # the fused norms / GELUs are kept as they are
@@ -176,7 +136,9 @@ def test_ort_transformer_optimizer_then_rewrite(family, tmp_path_factory):
 @pytest.mark.parametrize("exporter", hf.EXPORTERS)
 def test_exported_graph_follows_the_convention(exporter, tmp_path_factory):
     result = _export("llama", exporter, tmp_path_factory)
-    model = onnx.load(str(result.path))
+    model = onnx.load(str(result.path), load_external_data=False)
+    assert sorted(p.name for p in result.path.parent.iterdir() if p.name.startswith(result.path.name)) == [
+        result.path.name, result.path.name + ".data"]  # the graph and its one data file, nothing else
     inputs = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
     outputs = [o.name for o in model.graph.output]
     assert inputs == ["input_ids", "attention_mask", "position_ids", "past_key_values.0.key",

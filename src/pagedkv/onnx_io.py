@@ -4,7 +4,7 @@ A protobuf message cannot be serialized past 2 GB, so a model's weights live bes
 file named after it::
 
     model.onnx         the graph (nodes, shapes, small constants)
-    model.onnx.data    every tensor of EXTERNAL_MIN_BYTES or more, big ones aligned to DATA_ALIGNMENT
+    model.onnx.data    every initializer of EXTERNAL_MIN_BYTES or more, big ones aligned to DATA_ALIGNMENT
 
     from pagedkv import onnx_io
     model = onnx_io.load("model.onnx")            # weights stay on disk until read
@@ -35,7 +35,7 @@ from onnx import numpy_helper
 from pagedkv.userio import UsageError, atomic_output, check_input_file, check_output_path
 
 DATA_SUFFIX = ".data"  # model.onnx -> model.onnx.data
-EXTERNAL_MIN_BYTES = 1024  # tensors this big or bigger go to the data file (onnx's own default threshold)
+EXTERNAL_MIN_BYTES = 1024  # initializers this big or bigger go to the data file (onnx's own default threshold)
 DATA_ALIGNMENT = 65536  # offsets of tensors >= ALIGN_MIN_BYTES: the mmap granularity ONNX Runtime maps at
 ALIGN_MIN_BYTES = 1 << 20
 # The most bytes of inline tensor data a model held in memory may carry and still be serialized for ONNX Runtime
@@ -51,28 +51,32 @@ def data_path(path) -> Path:
 
 
 # ---- tensors ------------------------------------------------------------------------------------------
-def _graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    yield from graph.initializer
+def _walk(graph: onnx.GraphProto) -> Iterator[tuple[onnx.TensorProto, bool]]:
+    """(tensor, is an initializer) for every tensor of a graph and its subgraphs."""
+    for tensor in graph.initializer:
+        yield tensor, True
     for node in graph.node:
         for attr in node.attribute:
             if attr.HasField("t"):
-                yield attr.t
-            yield from attr.tensors
-            if attr.HasField("g"):
-                yield from _graph_tensors(attr.g)
-            for sub in attr.graphs:
-                yield from _graph_tensors(sub)
+                yield attr.t, False
+            for tensor in attr.tensors:
+                yield tensor, False
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                yield from _walk(sub)
+
+
+def _walk_model(model: onnx.ModelProto) -> Iterator[tuple[onnx.TensorProto, bool]]:
+    yield from _walk(model.graph)
+    for function in model.functions:
+        for node in function.node:
+            for attr in node.attribute:
+                for tensor in ([attr.t] if attr.HasField("t") else []) + list(attr.tensors):
+                    yield tensor, False
 
 
 def tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
     """Every tensor of the model: initializers and node attributes, subgraphs and functions included."""
-    yield from _graph_tensors(model.graph)
-    for function in model.functions:
-        for node in function.node:
-            for attr in node.attribute:
-                if attr.HasField("t"):
-                    yield attr.t
-                yield from attr.tensors
+    return (tensor for tensor, _ in _walk_model(model))
 
 
 def is_external(tensor: onnx.TensorProto) -> bool:
@@ -214,16 +218,18 @@ def _copy_range(src: Path, offset: int, length: int, fd: int) -> None:
 
 
 def _write_data(model: onnx.ModelProto, data_file: Path, data_name: str, undo: list) -> None:
-    """Move every tensor of EXTERNAL_MIN_BYTES or more into ``data_file`` (inline ones and external ones of other
-    files alike) and point it at ``data_name``; ``undo`` collects what ``_undo`` needs to give the tensors back."""
+    """Move every initializer of EXTERNAL_MIN_BYTES or more and every external tensor (of whatever file) into
+    ``data_file`` and point it at ``data_name``; ``undo`` collects what ``_undo`` needs to give the tensors back.
+    Node-attribute tensors (Constant nodes) stay inline unless they already were external, as onnx's own
+    external-data conversion leaves them: tools read them as part of the graph."""
     fd = os.open(data_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         end = 0
-        for tensor in tensors(model):
+        for tensor, initializer in _walk_model(model):
             if tensor.data_type == onnx.TensorProto.STRING:
                 continue
             external, size = is_external(tensor), _nbytes(tensor)
-            if not external and size < EXTERNAL_MIN_BYTES:
+            if not external and (size < EXTERNAL_MIN_BYTES or not initializer):
                 continue
             offset = end
             if size >= ALIGN_MIN_BYTES and offset % DATA_ALIGNMENT:
@@ -260,7 +266,7 @@ def _undo(undo: list) -> None:
 
 
 def save(model: onnx.ModelProto, path, *, inputs: Iterable = (), name: str = "output", check: bool = True) -> Path:
-    """Write ``model`` to ``path`` and its tensors of EXTERNAL_MIN_BYTES or more to ``path`` + ``.data`` (always
+    """Write ``model`` to ``path`` and its initializers of EXTERNAL_MIN_BYTES or more to ``path`` + ``.data`` (always
     written, empty when no tensor is that big), both at once
     (``userio.atomic_output``: the two appear together, or, on an error, neither), then check the written model by
     path with ``onnx.checker.check_model``. External data the model refers to (an input's data file) is copied,
@@ -313,6 +319,9 @@ def skeleton(model: onnx.ModelProto, min_bytes: int = EXTERNAL_MIN_BYTES) -> onn
     out = onnx.ModelProto()
     _copy_fields(model, out, {"graph"})
     _copy_fields(model.graph, out.graph, {"initializer"})
+    for tensor, _ in _walk(out.graph):  # a Constant node's external value: inline (shape inference reads it)
+        if is_external(tensor):
+            tensor.CopyFrom(numpy_helper.from_array(to_array(tensor), tensor.name))
     listed = {i.name for i in model.graph.input}
     for tensor in model.graph.initializer:
         if is_external(tensor) or _nbytes(tensor) >= min_bytes:

@@ -206,6 +206,24 @@ def _value_types(model: onnx.ModelProto) -> dict[str, str]:
 
 
 # ---- the original (decoder with past) -----------------------------------------------------------------
+def passthrough_state(graph: onnx.GraphProto) -> dict[str, list[str]]:
+    """Graph inputs that only pass through to graph outputs (every reader an Identity producing an output): state
+    an exporter carries along with the cache and nothing reads, as transformers' exporter does with a sliding-window
+    layer's ``_sliding_window_tensor``. -> {input: its outputs}."""
+    outputs = {o.name for o in graph.output}
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    found = {}
+    for vi in graph.input:
+        nodes = readers.get(vi.name, [])
+        if nodes and all(n.op_type == "Identity" and n.output[0] in outputs for n in nodes):
+            found[vi.name] = [n.output[0] for n in nodes]
+    return found
+
+
+
 _LAYER = re.compile(r"(\d+)")
 
 
@@ -232,6 +250,7 @@ class DecoderGraph:
     kv_heads: tuple[int, ...]
     head_dims: tuple[int, ...]  # 0 where the graph leaves it symbolic (DenseSession takes it from the caller)
     past_dtype: str
+    passthrough: tuple[tuple[str, int], ...] = ()  # (input, ONNX elem type) of passthrough_state: fed, never read
 
     @property
     def num_layers(self) -> int:
@@ -254,7 +273,10 @@ class DecoderGraph:
         past = _pair_by_layer([i for i in inputs if _rank(i) == 4], "past input")
         if not past:
             raise GraphError(f"original graph: no rank-4 past key/value inputs; inputs are {names}")
-        present = _pair_by_layer([o for o in g.output if o.name != "logits"], "present output")
+        passthrough = passthrough_state(g)
+        carried = {o for outs in passthrough.values() for o in outs}
+        present = _pair_by_layer([o for o in g.output if o.name != "logits" and o.name not in carried],
+                                 "present output")
         if "logits" not in [o.name for o in g.output]:
             raise GraphError(f"original graph: no logits output; outputs are {[o.name for o in g.output]}")
         if len(past) != len(present):
@@ -272,8 +294,9 @@ class DecoderGraph:
             kv_heads.append(kvh)
             head_dims.append(next((d[3] for d in dims if len(d) == 4 and d[3]), 0))
         past_dtype = _elem_type_name(by_name[past[0][0]].type.tensor_type.elem_type) if past else "float32"
+        state = tuple((name, by_name[name].type.tensor_type.elem_type) for name in passthrough)
         return cls(ids, mask, pos, tuple(past), tuple(present), "logits", tuple(kv_heads), tuple(head_dims),
-                   past_dtype)
+                   past_dtype, state)
 
 
 def _rank(vi) -> int:

@@ -23,6 +23,7 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
 
 from pagedkv import engine_io, onnx_io
 from pagedkv.config import ATTENTION_PLUGIN_NAME, WRITE_PLUGIN_NAME
@@ -288,6 +289,8 @@ class DenseSession:
             feed[g.position_ids] = np.arange(past_len, past_len + n, dtype=np.int64)[None, :]
         for (k, v), i in zip(g.past, range(g.num_layers)):
             feed[k], feed[v] = self._past[seq_id][2 * i], self._past[seq_id][2 * i + 1]
+        for name, elem_type in g.passthrough:  # only passed through to outputs nobody reads: any value does
+            feed[name] = np.zeros((), dtype=onnx.helper.tensor_dtype_to_np_dtype(elem_type))
         feed = {k: np.ascontiguousarray(a, dtype=self._types.get(k) or a.dtype) for k, a in feed.items()}
         logits, *present = self.session.run(self._outputs, feed)
         self._past[seq_id] = present
