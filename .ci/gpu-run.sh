@@ -23,6 +23,9 @@ if has setup; then
     > "$OUT/setup.log" 2>&1 || { log "wheel install failed"; cat "$OUT/setup.log"; exit 1; }
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee -a "$OUT/summary.txt"
 fi
+# FlashInfer 0.7.2's JIT needs the real CUDA_HOME, ninja and libcuda on that machine (../shared/tools/flashinfer-env.sh)
+# shellcheck disable=SC1091
+[ -f .whl/flashinfer-env.sh ] && source .whl/flashinfer-env.sh
 
 if has build; then
   log "build (sm_90)"
@@ -60,13 +63,22 @@ if has sanitize; then
 fi
 
 if has bench; then
-  for b in write attention; do
+  for b in write attention runtime serving; do
+    extra=""; [ "$b" = runtime ] && extra="--backend cuda"  # + the kernels' decode step, eager vs CUDA graph
     if [ -f benchmarks/bench_$b.py ]; then
       log "benchmark $b"
-      timeout 420 python3 benchmarks/bench_$b.py --json "$OUT/bench_$b.json" > "$OUT/bench_$b.log" 2>&1
+      timeout ${PAGEDKV_BENCH_TIMEOUT:-540} python3 benchmarks/bench_$b.py $extra --json "$OUT/bench_$b.json" > "$OUT/bench_$b.log" 2>&1
       t=$?; [ $t -ne 0 ] && { log "bench $b exit $t"; rc=$t; }
       tail -40 "$OUT/bench_$b.log" | tee -a "$OUT/summary.txt"
     fi
+  done
+  # Head dims 80 / 96 on their own (FlashInfer may JIT-compile or refuse them): a slow peer cannot cost the rows above.
+  for b in write attention; do
+    log "benchmark $b, head dims"
+    timeout ${PAGEDKV_BENCH_HEADDIM_TIMEOUT:-300} python3 benchmarks/bench_$b.py --cases headdim \
+      --json "$OUT/bench_${b}_headdim.json" > "$OUT/bench_${b}_headdim.log" 2>&1
+    t=$?; [ $t -ne 0 ] && { log "bench $b headdim exit $t"; rc=$t; }
+    tail -16 "$OUT/bench_${b}_headdim.log" | tee -a "$OUT/summary.txt"
   done
 fi
 log "done rc=$rc"

@@ -28,6 +28,10 @@ CASES = [
     (4, 4, 64, 24, CacheDType.FP16, PageLayout.NHD, 0, 0, 0),
     (8, 1, 256, 32, CacheDType.FP8_E4M3, PageLayout.HND, 0, 0, 0),
     (8, 2, 128, 16, CacheDType.INT8, PageLayout.HND, 48, 4, 96),
+    # head dims 80 and 96: 16-bit tiles in 128-element rows, flat-order KV copies, idle write lanes, the 8-bit
+    # decode's per-warp conversion
+    (4, 2, 80, 16, CacheDType.FP16, PageLayout.NHD, 0, 0, 0),
+    (6, 2, 96, 24, CacheDType.FP8_E4M3, PageLayout.HND, 48, 4, 96),
 ]
 
 
@@ -36,7 +40,7 @@ def run_case(rng, heads, kv_heads, head_dim, page, cache, page_layout, window, s
     past = np.array([0, 40, 77, 20])
     kv_lens = past + q_lens
     pool_cfg = PoolConfig(num_kv_heads=kv_heads, head_dim=head_dim, page_size=page, num_layers=2, layer_index=1,
-                          cache_dtype=cache, page_layout=page_layout, sink_tokens=sinks, cyclic_len=cyclic,
+                          cache_dtype=cache, page_layout=page_layout, ring_sink_tokens=sinks, cyclic_len=cyclic,
                           k_scale=0.05, v_scale=0.04)
     layout = pool_cfg.layout()
     pages = [int(layout.pages_needed(n)) for n in kv_lens]

@@ -3,6 +3,21 @@ puts this directory on ``sys.path``: import it as ``from _bench_common import ..
 
 from __future__ import annotations
 
+import statistics
+import time
+from typing import Callable
+
+
+def median_ms(fn: Callable[[], object], repeat: int) -> float:
+    """Median wall time of ``fn()`` in ms over ``repeat`` calls, after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e3
+
 
 def import_flashinfer():
     """``(flashinfer, None)``, or ``(None, reason)`` when FlashInfer does not import; the reason is printed

@@ -1,21 +1,31 @@
-"""Paged attention (pagedkv) against FlashInfer 0.6.0, side by side in one process, same K/V values.
+"""Paged attention (pagedkv) against FlashInfer 0.7.2, side by side in one process, same K/V values.
 
 Decode: H=32, KVH=8, D=128, bf16, the 12 shapes of ../shared/ANCHORS.md (pages of 16 and 64 tokens; batch x
 cache length 1x32K, 1x128K, 16x8K, 64x4K, 128x2K, 256x1K), pages shuffled. Ours reads its HND pool through the
-block table; FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=False)`` reads its own NHD copy
-of the same values. Extra rows: our fp8 e4m3 cache at 64x4K (goal: >= 1.8x faster than our bf16), and the
-TensorRT plugin's loose bounds (max_q_len = T, max_kv_len = MB * page_size) at 64x4K and 256x1K.
-Chunked prefill: 4 sequences x a 2048-token chunk over 8192 cached tokens (causal), against
-``BatchPrefillWithPagedKVCacheWrapper`` (fa2, and fa3 when available).
+block table; the peers read their own NHD copy of the same values: ``tc_fa2`` =
+``BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True, backend="fa2")`` and ``xqa`` =
+``trtllm_batch_decode_with_kv_cache(backend="xqa")`` (TensorRT-LLM's XQA kernel), the two best decode paths of
+0.7.2 (ANCHORS.md; its CUDA-core decode, the 0.6.0 comparison, is ``--peers fa2``). Extra rows: our fp8 e4m3
+cache at 64x4K against xqa's fp8 decode (and our bf16), and the TensorRT plugin's loose bounds
+(max_q_len = T, max_kv_len = MB * page_size) at 64x4K and 256x1K.
+Prefill: 4 sequences x a 2048-token chunk over 8192 cached tokens and 1 x 8192 over nothing (causal), against
+``BatchPrefillWithPagedKVCacheWrapper(backend="fa3")`` (and fa2 with ``--peers``).
+Head dims (``--cases headdim``): decode P16 64x4K and prefill P16 4x2048 over 8192 at D = 80 (Phi-2) and 96
+(Phi-3-mini), same H and KVH, each row's note with its time relative to ours at D = 128 (the decode / prefill row
+of the same run, or timed for the purpose when those cases did not run); the peers are tried at those head dims
+too (a peer without a kernel for them reports its failure in the note). Not in the default cases: FlashInfer
+may JIT-compile (or refuse) these head dims, so .ci/gpu-run.sh runs them on their own, under their own timeout.
 
 Timing: median of ``triton.testing.do_bench`` (L2 flushed between repetitions) after warm-up, plain launches
 (no CUDA graphs: both libraries pay their Python launch cost, hidden behind the GPU time for these sizes).
 Bytes count each KV element read once (decode); TB/s = bytes / time; % is of the 4.28 TB/s copy ceiling.
-Prefill TFLOP/s counts 4*H*D per attended (query, key) pair. "FI/ours" > 1 means ours is faster.
+Prefill TFLOP/s counts 4*H*D per attended (query, key) pair. Each row names the best peer and "best/ours" (its
+time over ours: > 1 means ours is faster); the note has every peer's time, ratio and max |ours - peer|.
 benchmarks/NOTES-attention.md has the byte counts, floors and predictions.
 
 Run on the GPU machine from the repository root (pagedkv built, torch + triton, FlashInfer importable):
-    python benchmarks/bench_attention.py [--json out.json] [--cases decode,prefill,fp8,plugin]
+    python benchmarks/bench_attention.py [--json out.json] [--cases decode,prefill,fp8,plugin,headdim] [--peers ...]
+FlashInfer 0.7.2 compiles each kernel on first use (``.whl/flashinfer-env.sh`` sets its JIT up there).
 """
 
 from __future__ import annotations
@@ -30,8 +40,11 @@ from dataclasses import asdict, dataclass
 
 COPY_CEILING_TBS = 4.28
 H, KVH, D = 32, 8, 128
+HEAD_DIMS = (80, 96)  # --cases headdim: the 64x4K decode and the 4x2048-over-8192 prefill (P16) at these D
 DECODE_SHAPES = [(1, 32768), (1, 131072), (16, 8192), (64, 4096), (128, 2048), (256, 1024)]
-PREFILL = dict(num_seqs=4, chunk=2048, cached=8192)
+PREFILLS = [dict(num_seqs=4, chunk=2048, cached=8192), dict(num_seqs=1, chunk=8192, cached=0)]
+DEFAULT_PEERS = ("tc_fa2", "xqa", "fa3")
+PEERS = ("fa2", "tc_fa2", "xqa", "fa2_prefill", "fa3")  # fa2: CUDA-core decode; fa2_prefill / fa3: prefill backends
 
 
 @dataclass
@@ -42,8 +55,10 @@ class Result:
     tbs: float | None = None         # decode: KV bytes / time
     pct_ceiling: float | None = None
     tflops: float | None = None      # prefill
-    flashinfer_us: float | None = None
-    fi_over_ours: float | None = None  # FlashInfer time / our time: > 1 -> ours faster
+    best_peer: str | None = None     # the fastest FlashInfer path on this row
+    best_peer_us: float | None = None
+    best_over_ours: float | None = None  # best peer time / our time: > 1 -> ours faster
+    peers_us: dict | None = None     # every peer timed on this row
     note: str = ""
 
 
@@ -51,12 +66,13 @@ class Step:
     """One step on the GPU (torch tensors): shuffled block table, our HND pool, queries, our launch args."""
 
     def __init__(self, torch, *, num_seqs: int, q_len: int, past_len: int, page_size: int, cache: str = "bf16",
-                 seed: int = 0):
+                 head_dim: int = D, seed: int = 0):
         from pagedkv.config import AttentionConfig, PoolConfig
         from pagedkv.layout import CacheDType
 
         self.torch = torch
         self.num_seqs, self.q_len, self.past_len, self.page_size = num_seqs, q_len, past_len, page_size
+        self.head_dim = head_dim
         self.kv_len = past_len + q_len
         self.tokens = num_seqs * q_len
         self.pages = -(-self.kv_len // page_size)
@@ -66,11 +82,11 @@ class Step:
         self.block_table = perm.view(num_seqs, self.pages).contiguous()
         self.cu_q_lens = torch.arange(num_seqs + 1, device="cuda", dtype=torch.int32) * q_len
         self.past_lens = torch.full((num_seqs,), past_len, device="cuda", dtype=torch.int32)
-        self.q = torch.randn(self.tokens, H * D, device="cuda", dtype=torch.bfloat16, generator=g)
+        self.q = torch.randn(self.tokens, H * head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
         self.cache = cache
         cache_dtype = {"bf16": CacheDType.BF16, "fp8": CacheDType.FP8_E4M3}[cache]
         self.cfg = AttentionConfig(num_q_heads=H, pool=PoolConfig(
-            num_kv_heads=KVH, head_dim=D, page_size=page_size, num_layers=1, layer_index=0, cache_dtype=cache_dtype,
+            num_kv_heads=KVH, head_dim=head_dim, page_size=page_size, num_layers=1, layer_index=0, cache_dtype=cache_dtype,
             k_scale=1.0, v_scale=1.0))
         shape = self.cfg.pool.layout().pool_shape(self.num_blocks)  # HND [NB, 1, 2, KVH, P, D]
         # Every slot holds a value (positions past a sequence's end included): N(0, 1) in the cache dtype.
@@ -78,11 +94,11 @@ class Step:
         if cache == "fp8":
             self.pool = self.pool.to(torch.float8_e4m3fn)
         self.descs = torch.tensor([[self.pool.data_ptr(), self.num_blocks, 0, 0]], device="cuda", dtype=torch.int64)
-        self.out = torch.empty(self.tokens, H * D, device="cuda", dtype=torch.bfloat16)
+        self.out = torch.empty(self.tokens, H * head_dim, device="cuda", dtype=torch.bfloat16)
 
     @property
     def kv_bytes(self) -> int:
-        return self.num_seqs * self.kv_len * KVH * D * 2 * (2 if self.cache == "bf16" else 1)
+        return self.num_seqs * self.kv_len * KVH * self.head_dim * 2 * (2 if self.cache == "bf16" else 1)
 
     @property
     def attended_pairs(self) -> int:
@@ -96,9 +112,9 @@ class Step:
         torch = self.torch
         max_q = self.tokens if plugin_bounds else self.q_len
         max_kv = self.pages * self.page_size if plugin_bounds else self.kv_len
-        ws_bytes = A.attention_workspace_bytes(self.tokens, self.num_seqs, H, D, max_kv, self.page_size)
+        ws_bytes = A.attention_workspace_bytes(self.tokens, self.num_seqs, H, self.head_dim, max_kv, self.page_size)
         ws = torch.empty(max(ws_bytes, 16), device="cuda", dtype=torch.uint8)
-        args = A.make_attention_args(
+        args = A.attention_params(
             self.cfg, io_dtype=A.IODType.BF16, num_tokens=self.tokens, num_seqs=self.num_seqs, max_blocks=self.pages,
             max_q_len=max_q, max_kv_len=max_kv, q=self.q.data_ptr(), out=self.out.data_ptr(),
             pool_descs=self.descs.data_ptr(), block_table=self.block_table.data_ptr(),
@@ -127,36 +143,56 @@ class Step:
         return kv, indptr, indices, last
 
 
-def flashinfer_decode(step: Step, flashinfer):
-    torch = step.torch
-    kv, indptr, indices, last = step.flashinfer_layout()
-    workspace = torch.empty(256 << 20, device="cuda", dtype=torch.uint8)
-    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=False)
-    wrapper.plan(indptr, indices, last, H, KVH, D, step.page_size, q_data_type=torch.bfloat16,
-                 kv_data_type=kv.dtype)
-    q = step.q.view(step.tokens, H, D)
+class Peers:
+    """FlashInfer's paged decode and prefill paths on a step's own K/V values (its NHD copy), one launcher each."""
 
-    def launch():
-        return wrapper.run(q, kv)
+    def __init__(self, torch, flashinfer):
+        import flashinfer.decode  # noqa: F401 - trtllm_batch_decode_with_kv_cache (xqa) lives there
 
-    launch.keep = (kv, indptr, indices, last, workspace, wrapper)
-    return launch
+        self.torch, self.fi = torch, flashinfer
+        self.workspace = torch.empty(512 << 20, device="cuda", dtype=torch.uint8)  # fa2/fa3 wrappers
+        self.xqa_workspace = torch.zeros(256 << 20, device="cuda", dtype=torch.uint8)  # XQA: semaphores start zeroed
 
+    def decode(self, step: Step, peer: str):
+        torch, fi = self.torch, self.fi
+        kv, indptr, indices, last = step.flashinfer_layout()
+        head_dim = step.head_dim
+        q = step.q.view(step.tokens, H, head_dim)
+        out = torch.empty_like(q)
+        if peer == "xqa":
+            block_tables = step.block_table
+            seq_lens = torch.full((step.num_seqs,), step.kv_len, device="cuda", dtype=torch.int32)
 
-def flashinfer_prefill(step: Step, flashinfer, backend: str):
-    torch = step.torch
-    kv, indptr, indices, last = step.flashinfer_layout()
-    workspace = torch.empty(256 << 20, device="cuda", dtype=torch.uint8)
-    wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=backend)
-    wrapper.plan(step.cu_q_lens, indptr, indices, last, H, KVH, D, step.page_size, causal=True,
-                 q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
-    q = step.q.view(step.tokens, H, D)
+            def launch():
+                return fi.decode.trtllm_batch_decode_with_kv_cache(
+                    query=q, kv_cache=kv, workspace_buffer=self.xqa_workspace, block_tables=block_tables,
+                    seq_lens=seq_lens, max_seq_len=step.kv_len, bmm1_scale=1.0 / math.sqrt(head_dim), bmm2_scale=1.0,
+                    out=out, kv_layout="NHD", backend="xqa")
+            launch.keep = (kv, block_tables, seq_lens, out)
+            return launch
+        wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=(peer == "tc_fa2"),
+                                                        backend="fa2")
+        wrapper.plan(indptr, indices, last, H, KVH, head_dim, step.page_size, q_data_type=torch.bfloat16,
+                     kv_data_type=kv.dtype, o_data_type=torch.bfloat16)
 
-    def launch():
-        return wrapper.run(q, kv)
+        def launch():
+            return wrapper.run(q, kv, out=out)
+        launch.keep = (kv, indptr, indices, last, wrapper, out)
+        return launch
 
-    launch.keep = (kv, indptr, indices, last, workspace, wrapper)
-    return launch
+    def prefill(self, step: Step, peer: str):
+        torch = self.torch
+        kv, indptr, indices, last = step.flashinfer_layout()
+        backend = {"fa2_prefill": "fa2", "fa3": "fa3"}[peer]
+        wrapper = self.fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=backend)
+        wrapper.plan(step.cu_q_lens, indptr, indices, last, H, KVH, step.head_dim, step.page_size, causal=True,
+                     q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+        q = step.q.view(step.tokens, H, step.head_dim)
+
+        def launch():
+            return wrapper.run(q, kv)
+        launch.keep = (kv, indptr, indices, last, wrapper)
+        return launch
 
 
 def time_us(fn, torch, triton) -> float:
@@ -165,30 +201,47 @@ def time_us(fn, torch, triton) -> float:
     return 1000.0 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def compare(ours_out, theirs_out) -> str:
-    diff = (ours_out.float().view(-1) - theirs_out.float().reshape(-1)).abs().max().item()
-    return f"max|ours - FI| = {diff:.4f}"
+def max_diff(ours_out, theirs_out) -> float:
+    return (ours_out.float().view(-1) - theirs_out.float().reshape(-1)).abs().max().item()
 
 
-def run(which: set[str]) -> list[Result]:
+def run(which: set[str], peers: tuple[str, ...]) -> list[Result]:
     import torch
     import triton
 
     from _bench_common import import_flashinfer
 
     flashinfer, fi_error = import_flashinfer()
-
+    lib = Peers(torch, flashinfer) if flashinfer is not None else None
     results: list[Result] = []
 
-    def fi_time(make, *a):
-        if flashinfer is None:
-            return None, None, f"FlashInfer unavailable: {fi_error}"
-        try:
-            fn = make(*a)
-            return time_us(fn, torch, triton), fn, ""
-        except Exception as exc:  # noqa: BLE001 - one failing FlashInfer config must not stop the benchmark
-            return None, None, f"FlashInfer failed: {type(exc).__name__}: {str(exc)[:120]}"
+    def time_peers(step: Step, ours, kind: str, names, flops=None):
+        """Each peer's median time and a note with its ratio to ours, its max |ours - peer| (and TFLOP/s)."""
+        times, notes = {}, []
+        for peer in names:
+            if lib is None:
+                notes.append(f"{peer}: FlashInfer unavailable ({fi_error})")
+                continue
+            try:
+                fn = getattr(lib, kind)(step, peer)
+                peer_us = time_us(fn, torch, triton)
+                ours()
+                diff = max_diff(step.out, fn())
+            except Exception as exc:  # noqa: BLE001 - one failing peer config must not stop the benchmark
+                notes.append(f"{peer} failed: {type(exc).__name__}: {str(exc)[:100]}")
+                continue
+            times[peer] = peer_us
+            rate = f", {flops / (peer_us * 1e-6) / 1e12:.0f} TFLOP/s" if flops else ""
+            notes.append(f"{peer} {peer_us:.1f} us{rate} (x{peer_us / ours.us:.2f}, max|diff| {diff:.4f})")
+        return times, notes
 
+    def row(case, impl, step, ours, us, times, notes, *, tbs=None, tflops=None, extra=""):
+        best = min(times, key=times.get) if times else None
+        results.append(Result(case, impl, us, tbs, 100 * tbs / COPY_CEILING_TBS if tbs else None, tflops, best,
+                              times[best] if best else None, times[best] / us if best else None, times or None,
+                              "; ".join(notes + ([extra] if extra else []))))
+
+    decode_peers = [p for p in peers if p in ("fa2", "tc_fa2", "xqa")]
     if "decode" in which or "fp8" in which or "plugin" in which:
         for page in (16, 64):
             for batch, length in DECODE_SHAPES:
@@ -199,54 +252,80 @@ def run(which: set[str]) -> list[Result]:
                     continue
                 step = Step(torch, num_seqs=batch, q_len=1, past_len=length - 1, page_size=page, seed=batch + page)
                 ours = step.our_launcher()
-                us = time_us(ours, torch, triton)
-                fi_us, fi_fn, note = fi_time(flashinfer_decode, step, flashinfer)
-                if fi_fn is not None:
-                    ours()
-                    note = compare(step.out, fi_fn())
-                plan = ours.plan
-                note += f"  [split {plan['decode_grid'][2]}]"
+                us = ours.us = time_us(ours, torch, triton)
+                times, notes = time_peers(step, ours, "decode", decode_peers)
                 tbs = step.kv_bytes / (us * 1e-6) / 1e12
-                results.append(Result(name, "pagedkv bf16", us, tbs, 100 * tbs / COPY_CEILING_TBS, None, fi_us,
-                                      fi_us / us if fi_us else None, note.strip()))
+                row(name, "pagedkv bf16", step, ours, us, times, notes, tbs=tbs,
+                    extra=f"[split {ours.plan['decode_grid'][2]}]")
                 bf16_us = us
                 if "plugin" in which and (batch, length) in ((64, 4096), (256, 1024)) and page == 16:
                     loose = step.our_launcher(plugin_bounds=True)
                     us = time_us(loose, torch, triton)
-                    tbs = step.kv_bytes / (us * 1e-6) / 1e12
-                    results.append(Result(name, "pagedkv bf16, plugin bounds", us, tbs,
-                                          100 * tbs / COPY_CEILING_TBS, None, fi_us, fi_us / us if fi_us else None,
-                                          f"runs multi-token kernel too: {bool(loose.plan['run_multi'])}"))
+                    row(name, "pagedkv bf16, plugin bounds", step, loose, us, times, [],
+                        tbs=step.kv_bytes / (us * 1e-6) / 1e12,
+                        extra=f"runs multi-token kernel too: {bool(loose.plan['run_multi'])}")
                 del step
                 if "fp8" in which and (batch, length) == (64, 4096):
                     step = Step(torch, num_seqs=batch, q_len=1, past_len=length - 1, page_size=page, cache="fp8")
                     ours = step.our_launcher()
-                    us = time_us(ours, torch, triton)
-                    tbs = step.kv_bytes / (us * 1e-6) / 1e12
-                    results.append(Result(name, "pagedkv fp8 e4m3 cache", us, tbs, 100 * tbs / COPY_CEILING_TBS,
-                                          note=f"{bf16_us / us:.2f}x faster than our bf16 (goal >= 1.8x)"))
+                    us = ours.us = time_us(ours, torch, triton)
+                    times, notes = time_peers(step, ours, "decode", [p for p in decode_peers if p == "xqa"])
+                    row(name, "pagedkv fp8 e4m3 cache", step, ours, us, times, notes,
+                        tbs=step.kv_bytes / (us * 1e-6) / 1e12, extra=f"{bf16_us / us:.2f}x faster than our bf16")
                     del step
                 torch.cuda.empty_cache()
 
+    prefill_peers = [p for p in peers if p in ("fa2_prefill", "fa3")]
     if "prefill" in which:
-        for page in (16, 64):
-            step = Step(torch, num_seqs=PREFILL["num_seqs"], q_len=PREFILL["chunk"], past_len=PREFILL["cached"],
-                        page_size=page, seed=7)
-            name = f"prefill P{page} {PREFILL['num_seqs']}x{PREFILL['chunk']} over {PREFILL['cached']}"
-            flops = 4 * H * D * step.attended_pairs
+        for shape in PREFILLS:
+            for page in (16, 64):
+                step = Step(torch, num_seqs=shape["num_seqs"], q_len=shape["chunk"], past_len=shape["cached"],
+                            page_size=page, seed=7)
+                name = f"prefill P{page} {shape['num_seqs']}x{shape['chunk']} over {shape['cached']}"
+                flops = 4 * H * D * step.attended_pairs
+                ours = step.our_launcher()
+                us = ours.us = time_us(ours, torch, triton)
+                times, notes = time_peers(step, ours, "prefill", prefill_peers, flops)
+                row(name, "pagedkv bf16", step, ours, us, times, notes, tflops=flops / (us * 1e-6) / 1e12)
+                del step
+                torch.cuda.empty_cache()
+
+    if "headdim" in which:
+        def d128_us(case: str, make) -> float:
+            # The D = 128 row of this run, or (headdim alone) ours timed at D = 128 here, without peers.
+            found = next((r.us for r in results if r.case == case and r.impl == "pagedkv bf16"), None)
+            if found is None:
+                step = make(D)
+                ours = step.our_launcher()
+                found = time_us(ours, torch, triton)
+                row(case, "pagedkv bf16", step, ours, found, {}, ["D = 128 reference for the head-dim rows"])
+                del step
+            return found
+
+        def decode_step(d):
+            return Step(torch, num_seqs=64, q_len=1, past_len=4095, page_size=16, head_dim=d, seed=80 + d)
+
+        def prefill_step(d):
+            return Step(torch, num_seqs=4, q_len=2048, past_len=8192, page_size=16, head_dim=d, seed=7)
+
+        base_decode = d128_us("decode P16 64x4096", decode_step)
+        base_prefill = d128_us("prefill P16 4x2048 over 8192", prefill_step)
+        for d in HEAD_DIMS:
+            step = decode_step(d)
             ours = step.our_launcher()
-            us = time_us(ours, torch, triton)
-            notes, best = [], None
-            for backend in ("fa2", "fa3"):
-                fi_us, fi_fn, note = fi_time(flashinfer_prefill, step, flashinfer, backend)
-                if fi_fn is not None:
-                    ours()
-                    note = f"{backend}: {fi_us:.0f} us ({flops / (fi_us * 1e-6) / 1e12:.0f} TFLOP/s), " + \
-                           compare(step.out, fi_fn())
-                    best = fi_us if best is None else min(best, fi_us)
-                notes.append(note)
-            results.append(Result(name, "pagedkv bf16", us, None, None, flops / (us * 1e-6) / 1e12, best,
-                                  best / us if best else None, "; ".join(notes)))
+            us = ours.us = time_us(ours, torch, triton)
+            times, notes = time_peers(step, ours, "decode", decode_peers)
+            row(f"decode P16 64x4096 D{d}", "pagedkv bf16", step, ours, us, times, notes,
+                tbs=step.kv_bytes / (us * 1e-6) / 1e12,
+                extra=f"[split {ours.plan['decode_grid'][2]}] {us / base_decode:.2f}x the D = 128 time")
+            del step
+            step = prefill_step(d)
+            flops = 4 * H * d * step.attended_pairs
+            ours = step.our_launcher()
+            us = ours.us = time_us(ours, torch, triton)
+            times, notes = time_peers(step, ours, "prefill", prefill_peers, flops)
+            row(f"prefill P16 4x2048 over 8192 D{d}", "pagedkv bf16", step, ours, us, times, notes,
+                tflops=flops / (us * 1e-6) / 1e12, extra=f"{us / base_prefill:.2f}x the D = 128 time")
             del step
             torch.cuda.empty_cache()
     return results
@@ -254,7 +333,7 @@ def run(which: set[str]) -> list[Result]:
 
 def print_table(results: list[Result]) -> None:
     header = (f"{'case':<34} {'implementation':<30} {'us':>9} {'TB/s':>6} {'%4.28':>6} {'TFLOP/s':>8} "
-              f"{'FI us':>9} {'FI/ours':>7}  note")
+              f"{'best peer':>9} {'peer us':>9} {'best/ours':>9}  note")
     print(header)
     print("-" * len(header))
 
@@ -263,24 +342,30 @@ def print_table(results: list[Result]) -> None:
 
     for r in results:
         print(f"{r.case:<34} {r.impl:<30} {r.us:9.1f} {f(r.tbs, '6.2f'):>6} {f(r.pct_ceiling, '6.1f'):>6} "
-              f"{f(r.tflops, '8.0f'):>8} {f(r.flashinfer_us, '9.1f'):>9} {f(r.fi_over_ours, '7.2f'):>7}  {r.note}")
+              f"{f(r.tflops, '8.0f'):>8} {r.best_peer or '-':>9} {f(r.best_peer_us, '9.1f'):>9} "
+              f"{f(r.best_over_ours, '9.2f'):>9}  {r.note}")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", help="write the results to this file")
     ap.add_argument("--cases", default="decode,fp8,plugin,prefill",
-                    help="comma-separated subset of: decode, fp8, plugin, prefill")
+                    help="comma-separated subset of: decode, fp8, plugin, prefill, headdim")
+    ap.add_argument("--peers", default=",".join(DEFAULT_PEERS),
+                    help=f"comma-separated FlashInfer paths to time, of: {', '.join(PEERS)} (default %(default)s)")
     args = ap.parse_args()
     which = set(args.cases.split(","))
-    unknown = which - {"decode", "fp8", "plugin", "prefill"}
+    unknown = which - {"decode", "fp8", "plugin", "prefill", "headdim"}
     if unknown:
         ap.error(f"--cases: unknown {sorted(unknown)}")
+    peers = tuple(p for p in args.peers.split(",") if p)
+    if set(peers) - set(PEERS):
+        ap.error(f"--peers: unknown {sorted(set(peers) - set(PEERS))}")
     t0 = time.time()
-    results = run(which)
+    results = run(which, peers)
     print_table(results)
     print(f"\n{len(results)} rows in {time.time() - t0:.0f} s; reproduce: python benchmarks/bench_attention.py "
-          f"--cases {args.cases}")
+          f"--cases {args.cases} --peers {args.peers}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump([asdict(r) for r in results], f, indent=1)

@@ -15,11 +15,10 @@ Reproduce: python benchmarks/bench_metadata.py [--seqs 256 --context 4096 --page
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 
 import numpy as np
+from _bench_common import median_ms
 
 from pagedkv.kvcache import KVCacheManager, PoolGroup
 from pagedkv.kvcache.upload import pack_into, pack_layout, step_arrays
@@ -31,16 +30,6 @@ MODELS = {  # KV geometry of one pool group (the metadata cost does not depend o
     "qwen2-7b": dict(num_layers=28, num_kv_heads=4, head_dim=128),
 }
 BUDGET_MS = 1.0
-
-
-def median_ms(fn, repeat: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
 
 
 def main(argv=None) -> int:

@@ -7,13 +7,15 @@ activations, NeoX RoPE over the full head, pages of 16 and 64 tokens:
   prefill 1 x 16384 and 8 x 2048 new tokens (nothing cached)
   decode  64 and 256 sequences x 1 new token over 4096 cached (timed as CUDA-graph replays)
 and the same with an fp8 e4m3 cache (ours only: FlashInfer's append copies, it does not quantize).
+Head dims (``--cases headdim``): prefill 8 x 2048 and decode 256 x 1 @4096 (P16) at D = 80 and 96 (a warp pass
+of 3 / 2 head rows on 30 / 24 lanes instead of 2 rows on 32 at D = 128), FlashInfer tried at those D too.
 
 Timing: median of ``triton.testing.do_bench`` (which flushes L2 between repetitions) after warm-up. "GB" is
 the minimal traffic (read the packed QKV once, write q once, write K and V once); TB/s = GB / time; the copy
 ceiling is the measured 4.28 TB/s device-to-device copy (../shared/ANCHORS.md).
 
 Run on the GPU machine from the repository root (pagedkv installed, torch + triton, FlashInfer importable):
-    python benchmarks/bench_write.py [--json out.json] [--cases prefill,decode] [--no-check]
+    python benchmarks/bench_write.py [--json out.json] [--cases prefill,decode,headdim] [--no-check]
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import asdict, dataclass
 
 COPY_CEILING_TBS = 4.28
 H, KVH, D = 32, 8, 128
+HEAD_DIMS = (80, 96)  # --cases headdim
 THETA = 10000.0
 
 
@@ -48,6 +51,7 @@ class Shape:
     q_len: int
     past_len: int
     page_size: int
+    head_dim: int = D
 
     @property
     def decode(self) -> bool:
@@ -67,12 +71,16 @@ def shapes(which: set[str]) -> list[Shape]:
         if "decode" in which:
             out += [Shape(f"decode 64x1 @4096 P{page}", 64, 1, 4096, page),
                     Shape(f"decode 256x1 @4096 P{page}", 256, 1, 4096, page)]
+    if "headdim" in which:
+        for d in HEAD_DIMS:
+            out += [Shape(f"prefill 8x2048 P16 D{d}", 8, 2048, 0, 16, d),
+                    Shape(f"decode 256x1 @4096 P16 D{d}", 256, 1, 4096, 16, d)]
     return out
 
 
 def minimal_bytes(shape: Shape, cache_bytes: int) -> int:
-    t = shape.tokens
-    return t * (H + 2 * KVH) * D * 2 + t * H * D * 2 + t * 2 * KVH * D * cache_bytes
+    t, d = shape.tokens, shape.head_dim
+    return t * (H + 2 * KVH) * d * 2 + t * H * d * 2 + t * 2 * KVH * d * cache_bytes
 
 
 class Step:
@@ -82,8 +90,8 @@ class Step:
         self.shape = shape
         g = torch.Generator(device="cuda").manual_seed(0)
         dev = "cuda"
-        t = shape.tokens
-        self.qkv = torch.randn(t, (H + 2 * KVH) * D, device=dev, dtype=torch.bfloat16, generator=g)
+        t, d = shape.tokens, shape.head_dim
+        self.qkv = torch.randn(t, (H + 2 * KVH) * d, device=dev, dtype=torch.bfloat16, generator=g)
         kv_len = shape.past_len + shape.q_len
         self.pages_per_seq = -(-kv_len // shape.page_size)
         self.num_blocks = shape.num_seqs * self.pages_per_seq
@@ -92,7 +100,7 @@ class Step:
         self.cu_q_lens = (torch.arange(shape.num_seqs + 1, device=dev, dtype=torch.int32) * shape.q_len)
         self.past_lens = torch.full((shape.num_seqs,), shape.past_len, device=dev, dtype=torch.int32)
         self.positions = (shape.past_len + torch.arange(t, device=dev, dtype=torch.int32) % shape.q_len)
-        self.q_out = torch.empty(t, H * D, device=dev, dtype=torch.bfloat16)
+        self.q_out = torch.empty(t, H * d, device=dev, dtype=torch.bfloat16)
         self.status = torch.zeros(4, device=dev, dtype=torch.int32)
         self.kv_len = kv_len
 
@@ -107,7 +115,7 @@ def our_launcher(step: Step, torch, cache: str, layout: str):
     page_layout = {"HND": PageLayout.HND, "NHD": PageLayout.NHD}[layout]
     shape = step.shape
     cfg = WriteConfig(num_q_heads=H, rope=RopeConfig(theta=THETA),
-                      pool=PoolConfig(num_kv_heads=KVH, head_dim=D, page_size=shape.page_size, num_layers=1,
+                      pool=PoolConfig(num_kv_heads=KVH, head_dim=shape.head_dim, page_size=shape.page_size, num_layers=1,
                                       layer_index=0, cache_dtype=cache_dtype, page_layout=page_layout,
                                       k_scale=0.05, v_scale=0.05))
     torch_dtype = torch.bfloat16 if cache == "bf16" else torch.float8_e4m3fn
@@ -116,8 +124,8 @@ def our_launcher(step: Step, torch, cache: str, layout: str):
     meta = write.StepPointers(descs.data_ptr(), step.block_table.data_ptr(), step.cu_q_lens.data_ptr(),
                               step.past_lens.data_ptr(), num_seqs=shape.num_seqs, num_tokens=shape.tokens,
                               max_blocks=step.pages_per_seq)
-    args = write.build_args(cfg, write.IODType.BF16, qkv=step.qkv.data_ptr(), q_out=step.q_out.data_ptr(),
-                            status=step.status.data_ptr(), meta=meta)
+    args = write.write_params(cfg, write.IODType.BF16, qkv=step.qkv.data_ptr(), q_out=step.q_out.data_ptr(),
+                              status=step.status.data_ptr(), meta=meta)
     lib = write._capi()
     keep = (pool, descs, args)
 
@@ -141,7 +149,7 @@ def our_launcher(step: Step, torch, cache: str, layout: str):
 def flashinfer_launcher(step: Step, torch, flashinfer):
     """FlashInfer's unfused pipeline on its own NHD pool: rope (out of place) then append."""
     shape = step.shape
-    t = shape.tokens
+    t, D = shape.tokens, shape.head_dim  # noqa: N806 - the head dim, as in the module's legend
     kv_cache = torch.zeros(step.num_blocks, 2, shape.page_size, KVH, D, device="cuda", dtype=torch.bfloat16)
     kv_indices = step.block_table.reshape(-1).contiguous()
     kv_indptr = (torch.arange(shape.num_seqs + 1, device="cuda", dtype=torch.int32) * step.pages_per_seq)
@@ -210,10 +218,14 @@ def run(which: set[str], check: bool) -> list[Result]:
         fi_us = None
         fi_pool = None
         if flashinfer is not None:
-            fi_launch, fi_pool, note, fi_keep = flashinfer_launcher(step, torch, flashinfer)
-            fi_us = time_us(fi_launch, torch, triton, graph=shape.decode)
-            gb = minimal_bytes(shape, 2) / 1e9
-            results.append(Result(shape.name, "flashinfer rope+append (NHD)", fi_us, gb, 0.0, 0.0, None, note))
+            try:
+                fi_launch, fi_pool, note, fi_keep = flashinfer_launcher(step, torch, flashinfer)
+                fi_us = time_us(fi_launch, torch, triton, graph=shape.decode)
+                gb = minimal_bytes(shape, 2) / 1e9
+                results.append(Result(shape.name, "flashinfer rope+append (NHD)", fi_us, gb, 0.0, 0.0, None, note))
+            except Exception as exc:  # noqa: BLE001 - e.g. a head dim FlashInfer has no kernel for: ours alone
+                fi_us = fi_pool = None
+                print(f"{shape.name}: flashinfer failed: {type(exc).__name__}: {str(exc)[:100]}", flush=True)
         if shape.decode:
             # The floor of a one-kernel graph replay under this timing (L2 flush, events): what any decode kernel
             # pays before its first instruction and after its last store. Decode time minus this is the kernel's
@@ -266,13 +278,15 @@ def print_table(results: list[Result]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", help="write the results to this file")
-    ap.add_argument("--cases", default="prefill,decode", help="comma-separated: prefill, decode")
+    ap.add_argument("--cases", default="prefill,decode",
+                    help="comma-separated: prefill, decode, headdim (not in the default: FlashInfer may JIT-compile "
+                         "or refuse those head dims; .ci/gpu-run.sh runs them on their own)")
     ap.add_argument("--no-check", action="store_true", help="skip the ours-vs-FlashInfer value check")
     args = ap.parse_args()
     which = set(args.cases.split(","))
-    unknown = which - {"prefill", "decode"}
+    unknown = which - {"prefill", "decode", "headdim"}
     if unknown:
-        ap.error(f"--cases: unknown {sorted(unknown)}; expected prefill and/or decode")
+        ap.error(f"--cases: unknown {sorted(unknown)}; expected prefill, decode and/or headdim")
     results = run(which, check=not args.no_check)
     print_table(results)
     print(f"\nreproduce: python benchmarks/bench_write.py --cases {args.cases}   (GPU: see nvidia-smi)")

@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_attention import PREFILL, Step  # noqa: E402
+from bench_attention import PREFILLS, Step  # noqa: E402
 
 
 def main() -> int:
@@ -28,7 +28,7 @@ def main() -> int:
     import torch
 
     if args.case == "prefill":
-        step = Step(torch, num_seqs=PREFILL["num_seqs"], q_len=PREFILL["chunk"], past_len=PREFILL["cached"],
+        step = Step(torch, num_seqs=PREFILLS[0]["num_seqs"], q_len=PREFILLS[0]["chunk"], past_len=PREFILLS[0]["cached"],
                     page_size=args.page, seed=7)
     else:
         step = Step(torch, num_seqs=64, q_len=1, past_len=4095, page_size=args.page,

@@ -10,13 +10,15 @@ keeps the graph's own precisions, which is what a rewritten float16 graph wants)
 ``dlopen``s a library, which relies on the library's self-registration; ``load_library`` does not.
 
 Optimization profile (one): every dynamic engine input (``pagedkv.engine_io``) gets (min, opt, max) from
-``ProfileSpec``: T tokens of a step, B sequences and MB block-table columns; ``kv_pools`` is static
-[num_pool_groups, 4]. The engine runs in ``pagedkv.runtime.trt.TrtSession``.
+``ProfileSpec``: T tokens of a step, B sequences, MB block-table columns, R logits rows (up to T: ``compare``
+asks for every row) and W penalty tokens per row; ``kv_pools`` is static [num_pool_groups, 4]. The engine runs
+in ``pagedkv.runtime.trt.TrtExecutor``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,12 +36,15 @@ class ProfileSpec:
     opt_seqs: int = 8
     max_blocks: int = 256  # block-table columns (MB) per sequence
     opt_blocks: int = 32
+    max_penalty_tokens: int = 4096  # W: distinct prompt + output tokens a penalized row may carry
+    opt_penalty_tokens: int = 1
 
     def __post_init__(self):
-        for name in ("max_tokens", "opt_tokens", "max_seqs", "opt_seqs", "max_blocks", "opt_blocks"):
+        for name in FIELDS:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        for opt, mx in (("opt_tokens", "max_tokens"), ("opt_seqs", "max_seqs"), ("opt_blocks", "max_blocks")):
+        for opt, mx in (("opt_tokens", "max_tokens"), ("opt_seqs", "max_seqs"), ("opt_blocks", "max_blocks"),
+                        ("opt_penalty_tokens", "max_penalty_tokens")):
             if getattr(self, opt) > getattr(self, mx):
                 raise ValueError(f"{opt}={getattr(self, opt)} exceeds {mx}={getattr(self, mx)}")
 
@@ -47,16 +52,18 @@ class ProfileSpec:
         """(min, opt, max) values of ``pagedkv.engine_io``'s symbolic dims."""
         static = {engine_io.NUM_POOL_GROUPS: num_pool_groups}
         return ({engine_io.NUM_TOKENS: 1, engine_io.BATCH: 1, engine_io.BATCH_PLUS_1: 2, engine_io.MAX_BLOCKS: 1,
-                 **static},
+                 engine_io.NUM_LOGITS: 1, engine_io.PENALTY_WIDTH: 1, **static},
                 {engine_io.NUM_TOKENS: self.opt_tokens, engine_io.BATCH: self.opt_seqs,
-                 engine_io.BATCH_PLUS_1: self.opt_seqs + 1, engine_io.MAX_BLOCKS: self.opt_blocks, **static},
+                 engine_io.BATCH_PLUS_1: self.opt_seqs + 1, engine_io.MAX_BLOCKS: self.opt_blocks,
+                 engine_io.NUM_LOGITS: self.opt_seqs, engine_io.PENALTY_WIDTH: self.opt_penalty_tokens, **static},
                 {engine_io.NUM_TOKENS: self.max_tokens, engine_io.BATCH: self.max_seqs,
-                 engine_io.BATCH_PLUS_1: self.max_seqs + 1, engine_io.MAX_BLOCKS: self.max_blocks, **static})
+                 engine_io.BATCH_PLUS_1: self.max_seqs + 1, engine_io.MAX_BLOCKS: self.max_blocks,
+                 engine_io.NUM_LOGITS: self.max_tokens, engine_io.PENALTY_WIDTH: self.max_penalty_tokens, **static})
 
     def shapes(self, graph) -> dict[str, tuple[tuple, tuple, tuple]]:
         """Per engine input of a ``RewrittenGraph``: (min, opt, max) shapes."""
         bounds = self.bounds(graph.num_groups)
-        inputs = engine_io.engine_inputs(graph.num_groups, engine_io.POSITION_IDS in graph.input_names)
+        inputs = engine_io.engine_inputs(graph.num_groups, graph.explicit_positions, graph.sampling)
         out = {name: tuple(engine_io.resolve_shape(spec, dims) for dims in bounds) for name, spec in inputs}
         unknown = [n for n in graph.input_names if n not in out]
         if unknown:
@@ -64,16 +71,26 @@ class ProfileSpec:
         return out
 
 
+FIELDS = tuple(f.name for f in dataclasses.fields(ProfileSpec))
+
+
 def build_engine(onnx_path: str | Path, engine_path: str | Path, *, profile: ProfileSpec = ProfileSpec(),
                  plugin_library: str | Path | None = None, workspace_bytes: int | None = None) -> Path:
-    """Parse the rewritten ONNX with our plugins, build a strongly typed engine, save it."""
+    """Parse the rewritten ONNX with our plugins, build a strongly typed engine, save it. A graph whose plugin
+    activations the plugins do not take (float32: a rewrite without ``--dtype``) is refused first, naming the fix
+    (TensorRT would say "Failed to find any supported plugin/custom tactic format")."""
+    from pagedkv.config import SUPPORTED_IO_DTYPES
+    from pagedkv.runtime.graph import RewrittenGraph
+
+    graph = RewrittenGraph.load(str(onnx_path))
+    io_dtypes = sorted({layer.io_dtype for layer in graph.layers} - set(SUPPORTED_IO_DTYPES))
+    if io_dtypes:
+        raise ValueError(f"{onnx_path}: the plugin activations are {', '.join(io_dtypes)}; the plugins take "
+                         f"{' or '.join(SUPPORTED_IO_DTYPES)}: rewrite with --dtype fp16|bf16")
     trt = import_tensorrt()
     from polygraphy.backend.trt import CreateConfig, EngineBytesFromNetwork, NetworkFromOnnxPath, Profile
 
-    from pagedkv.runtime.graph import RewrittenGraph
-
     load_plugin_library(trt, plugin_library)
-    graph = RewrittenGraph.load(str(onnx_path))
     prof = Profile()
     for name, (lo, opt, hi) in profile.shapes(graph).items():
         prof.add(name, min=lo, opt=opt, max=hi)
@@ -94,7 +111,7 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plugins", default=None, help="plugin library (default: the installed one)")
     parser.add_argument("--workspace-mib", type=int, default=None)
     defaults = ProfileSpec()
-    for name in ("max_tokens", "opt_tokens", "max_seqs", "opt_seqs", "max_blocks", "opt_blocks"):
+    for name in FIELDS:
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
 
 
@@ -104,8 +121,7 @@ def run_build(args) -> int:
         print(f"pagedkv build: {reason}. Engines need TensorRT >= 10 (pip install tensorrt on a machine with "
               "a GPU); the rewritten graph can still be checked with `pagedkv compare`.")
         return 2
-    profile = ProfileSpec(**{k: getattr(args, k) for k in ("max_tokens", "opt_tokens", "max_seqs", "opt_seqs",
-                                                           "max_blocks", "opt_blocks")})
+    profile = ProfileSpec(**{k: getattr(args, k) for k in FIELDS})
     ws = args.workspace_mib * 2**20 if args.workspace_mib else None
     path = build_engine(args.rewritten, args.output, profile=profile, plugin_library=args.plugins,
                         workspace_bytes=ws)

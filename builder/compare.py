@@ -11,7 +11,7 @@ steps, so only one of the two models is ever resident (a model past 2 GB costs o
 * original: ONNX Runtime, dense past K/V, one sequence per run (``pagedkv.runtime.session.DenseSession``);
 * rewritten: the chosen backend — ``reference`` (ONNX Runtime + numpy pools + float64 references),
   ``cuda`` (ONNX Runtime + device pools + CUDA kernels through the C API), ``trt`` (an engine built here with
-  ``pagedkv.builder.build``, run by ``pagedkv.runtime.trt.TrtSession``) — every step packs all sequences
+  ``pagedkv.builder.build``, run by ``pagedkv.runtime.trt.TrtExecutor``) — every step packs all sequences
   (mixed prefill chunks and decodes).
 
 The next token of each sequence is the argmax of the *original's* logits, fed to both, so a single
@@ -26,18 +26,25 @@ window, bias or scale give errors of the logits' own order and still fail by far
 the pools (reference backend) and compared with the original's present K/V — the keys after RoPE, so this
 checks the written cache itself, not only its effect on the logits.
 
+Reduced precision: a rewritten float16 / bfloat16 graph is compared with its float32 original as the
+reference. ONNX Runtime's CPU provider has no bfloat16 kernels and onnxruntime-extensions' Python ops (the
+plugins' reference ops) take float32 only, so the CPU backends run 16-bit graphs emulated in float32
+(``pagedkv.builder.precision.emulate_in_float32``): weights exact, every op computing in float32 and rounding
+its result to the graph's dtype, as an unfused 16-bit execution does. The ``trt`` backend builds its engine from
+the graph itself. The CLI's default tolerance is the loosest of the cache dtype's and the activations' dtype's
+(``default_tolerance``; ``pagedkv.tolerances.MODEL_TOLERANCES``).
+
 Exit status (CLI): 0 when every step is within tolerance and every greedy token agrees, 1 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from pagedkv.tolerances import TOLERANCES
+from pagedkv.tolerances import MODEL_TOLERANCES, TOLERANCES
 
 REWRITTEN_BACKENDS = ("reference", "cuda", "trt")
 DEFAULT_PROMPT_LENS = (5, 17, 33, 12, 26, 9, 40, 3)
@@ -82,6 +89,8 @@ class CompareReport:
     decode_steps: int
     steps: list[StepResult] = field(default_factory=list)
     kv: list[KVResult] = field(default_factory=list)
+    dtypes: tuple[str, str] = ("float32", "float32")  # activations of (original, rewritten)
+    emulated: bool = False  # a 16-bit graph ran emulated in float32 (module docstring)
 
     @property
     def logits_passed(self) -> bool:
@@ -112,8 +121,11 @@ class CompareReport:
         return out
 
     def __str__(self) -> str:
+        dtypes = f"{self.dtypes[0]} original, {self.dtypes[1]} rewritten" + (
+            " (16-bit graphs emulated in float32: each op's result rounded)" if self.emulated else "")
         lines = [f"compare: backend={self.backend}, prompts {self.prompt_lens}, chunk {self.chunk_size or 'none'}, "
-                 f"{self.decode_steps} decode steps, tolerance |diff| <= {self.atol:g} + {self.rtol:g} * max|original|",
+                 f"{self.decode_steps} decode steps, {dtypes}, "
+                 f"tolerance |diff| <= {self.atol:g} + {self.rtol:g} * max|original|",
                  f"{'step':>4}  {'tokens':>6}  {'batch':<34} {'max abs':>9}  {'abs/scale':>9}  {'argmax':>7}  greedy"]
         for s in self.steps:
             batch = " ".join(f"{seq}:{kind[0]}{n}" for seq, n, kind in s.entries)
@@ -179,9 +191,9 @@ def open_rewritten(rewritten, backend: str, num_blocks):
     """A session with ``.step`` / ``.free`` / ``.has_sequence`` over the rewritten graph (path or ModelProto);
     for ``trt``, an engine is built from it first (into a temporary directory, gone once the session has it)."""
     if backend in ("reference", "cuda"):
-        from pagedkv.runtime.session import PagedSession
+        from pagedkv.runtime.session import OrtExecutor
 
-        return PagedSession(rewritten, backend=backend, num_blocks=num_blocks)
+        return OrtExecutor(rewritten, backend=backend, num_blocks=num_blocks)
     if backend == "trt":
         import tempfile
         from pathlib import Path
@@ -198,8 +210,15 @@ def open_rewritten(rewritten, backend: str, num_blocks):
             if isinstance(rewritten, onnx.ModelProto):
                 source = onnx_io.save(rewritten, Path(tmp) / "rewritten.onnx")
             engine = build_engine(source, Path(tmp) / "model.engine")
-            return trt.TrtSession(rewritten, engine=engine, num_blocks=num_blocks)
+            return trt.TrtExecutor(rewritten, engine=engine, num_blocks=num_blocks)
     raise ValueError(f"backend: expected one of {REWRITTEN_BACKENDS}, got {backend!r}")
+
+
+def activation_dtype(model) -> str:
+    """numpy name of a graph's activation dtype: its weights' (``precision.model_dtype``)."""
+    from pagedkv.builder.precision import dtype_name, model_dtype
+
+    return dtype_name(model_dtype(model))
 
 
 @dataclass
@@ -216,11 +235,11 @@ def _run_original(original, prompts, decode_steps: int, chunk_size: int, check_k
     """The original through the whole schedule (it alone chooses the tokens), then closed: only one of the two
     graphs is ever resident, so a big model costs one copy of its weights. ``head_dims``: the rewritten layers'
     (for an original that leaves them symbolic). -> (steps, dense presents by (sequence, layer) when ``check_kv``)."""
-    from pagedkv.runtime.loop import Request, Schedule
+    from pagedkv.runtime.loop import Prompt, Schedule
     from pagedkv.runtime.session import DenseSession
 
     dense = DenseSession(original, head_dims)
-    sched = Schedule([Request(f"s{i}", p) for i, p in enumerate(prompts)], decode_steps=decode_steps,
+    sched = Schedule([Prompt(f"s{i}", p) for i, p in enumerate(prompts)], decode_steps=decode_steps,
                      chunk_size=chunk_size)
     steps = []
     while entries := sched.next_step():
@@ -243,11 +262,17 @@ def compare(original, rewritten, *, backend: str = "reference", num_prompts: int
     ``backend="trt"``, the rewritten ONNX an engine is built from: ``open_rewritten``). Paths are opened with
     ``pagedkv.onnx_io`` (any size); the original runs first, to the end, then the rewritten graph replays its steps."""
     from pagedkv import onnx_io
+    from pagedkv.builder.precision import emulate_in_float32
     from pagedkv.runtime.graph import DecoderGraph, RewrittenGraph
 
-    rewritten = onnx_io.load_if_path(rewritten, "rewritten graph")
-    graph = RewrittenGraph.load(rewritten)
     original_model = onnx_io.load_if_path(original, "original graph")
+    rewritten = onnx_io.load_if_path(rewritten, "rewritten graph")
+    dtypes = (activation_dtype(original_model), activation_dtype(rewritten))
+    runnable = emulate_in_float32(original_model)
+    emulated = runnable is not original_model
+    if emulated:
+        original = runnable
+    graph = RewrittenGraph.load(rewritten)
     decoder = DecoderGraph.load(original_model)
     if graph.num_groups and len(graph.layers) != decoder.num_layers:
         raise ValueError(f"rewritten graph has {len(graph.layers)} plugin layers, the original "
@@ -255,17 +280,23 @@ def compare(original, rewritten, *, backend: str = "reference", num_prompts: int
     if prompts is None:
         if num_prompts is None:
             num_prompts = len(prompt_lens) if prompt_lens else 3
-        prompts = make_prompts(num_prompts, prompt_lens, _vocab(original_model, decoder.logits), seed)
+        prompts = make_prompts(num_prompts, prompt_lens, vocab_size(original_model, decoder.logits), seed)
     lens = [int(len(p)) for p in prompts]
     if num_blocks is None:
         num_blocks = _blocks_needed(graph.groups, lens, decode_steps)
-    report = CompareReport(backend, atol, rtol, chunk_size, lens, decode_steps)
+    report = CompareReport(backend, atol, rtol, chunk_size, lens, decode_steps, dtypes=dtypes)
     kv_atol = atol if kv_atol is None else kv_atol
     kv_rtol = rtol if kv_rtol is None else kv_rtol
 
     head_dims = [layer.write.pool.head_dim for layer in graph.layers] if graph.layers else None
     steps, presents = _run_original(original, prompts, decode_steps, chunk_size, check_kv and backend == "reference",
                                     head_dims)
+    del original, runnable  # the original's run is over: only the rewritten graph is resident from here on
+    if backend != "trt":  # the CPU backends' plugin ops take float32 (module docstring); an engine takes the graph
+        runnable = emulate_in_float32(rewritten)  # after the original's run: one model resident at a time
+        emulated |= runnable is not rewritten
+        rewritten = runnable
+    report.emulated = emulated
     paged = open_rewritten(rewritten, backend, num_blocks)
     try:
         for index, step in enumerate(steps, start=1):
@@ -298,7 +329,8 @@ def _compare_kv(present, paged, seq, layer, atol, rtol) -> KVResult:
     return KVResult(layer, seq, max_abs, max_scaled, ok, int(resident.sum()))
 
 
-def _vocab(model, logits: str) -> int:
+def vocab_size(model, logits: str) -> int:
+    """The static vocabulary size (last dim) of the ``logits`` output."""
     for o in model.graph.output:
         if o.name == logits:
             dims = o.type.tensor_type.shape.dim
@@ -318,39 +350,60 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk-size", type=int, default=0, help="prefill chunk (0: whole prompt at once)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--atol", type=float, default=None,
-                        help="default: by the rewritten pool's cache dtype (see docs/builder.md, compare)")
+                        help="default: by the rewritten graph's cache and activation dtypes (docs/builder.md, "
+                             "compare)")
     parser.add_argument("--rtol", type=float, default=None)
     parser.add_argument("--no-kv-check", action="store_true", help="skip the paged-vs-present K/V check")
 
 
-# Default tolerances of the CLI, keyed by the narrowest storage a value passes through: the cache dtype
-# of the rewritten pools (the model's own activations are float32 in the graphs compared here). fp16/bf16
-# come from the one table (pagedkv.tolerances). Its fp8/int8 entries are per element in units of the scale;
-# through a whole model the logits move by more, so the CLI allows 10% of the logits' scale there.
+# Default tolerances of the CLI by the cache dtype of the rewritten pools, for float32 activations (16-bit
+# activations add pagedkv.tolerances.MODEL_TOLERANCES: default_tolerance takes the loosest). fp16/bf16 come from
+# the one table (pagedkv.tolerances). Its fp8/int8 entries are per element in units of the scale; through a
+# whole model the logits move by more, so the CLI allows 10% of the logits' scale there.
 CLI_TOLERANCE_BY_CACHE = {"FP16": TOLERANCES["float16"], "BF16": TOLERANCES["bfloat16"],
                           "FP8_E4M3": (1e-1, 1e-1), "INT8": (1e-1, 1e-1)}
 
 
-def run_compare(args) -> int:
+def default_tolerance(rewritten, original=None) -> tuple[float, float]:
+    """(atol, rtol) for comparing ``rewritten`` (path or ModelProto) with its original: the loosest of its pools'
+    cache dtypes (``CLI_TOLERANCE_BY_CACHE``) and of the activation dtypes of both graphs
+    (``pagedkv.tolerances.MODEL_TOLERANCES``, for 16-bit graphs)."""
+    from pagedkv import onnx_io
     from pagedkv.runtime.graph import RewrittenGraph
 
-    lens = [int(x) for x in args.prompt_lens.split(",")] if args.prompt_lens else None
-    num = len(lens) if lens else args.prompts
-    atol, rtol = args.atol, args.rtol
-    if atol is None or rtol is None:
-        graph = RewrittenGraph.load(args.rewritten)
-        worst = max((CLI_TOLERANCE_BY_CACHE[g.cache_dtype.name] for g in graph.groups), key=lambda t: t[0])
-        atol = worst[0] if atol is None else atol
-        rtol = worst[1] if rtol is None else rtol
+    rewritten = onnx_io.load_if_path(rewritten, "rewritten graph")  # weights stay on disk: only types are read
+    graph = RewrittenGraph.load(rewritten)
+    candidates = [CLI_TOLERANCE_BY_CACHE[g.cache_dtype.name] for g in graph.groups]
+    for model in (rewritten, original):
+        if model is not None:
+            candidates.append(MODEL_TOLERANCES[activation_dtype(onnx_io.load_if_path(model, "original graph"))])
+    return max(candidates, key=lambda t: t[0])
+
+
+def run_compare(args) -> int:
     from pagedkv.runtime.backends import BackendUnavailable
     from pagedkv.runtime.graph import GraphError
+    from pagedkv.userio import UsageError, check_float, check_input_file, check_int, parse_int_list
 
+    original = check_input_file(args.original, "original")
+    rewritten = check_input_file(args.rewritten, "rewritten")
+    lens = parse_int_list("prompt-lens", args.prompt_lens, low=1) if args.prompt_lens else None
+    num = len(lens) if lens else check_int("prompts", args.prompts, low=1)
+    check_int("decode-steps", args.decode_steps, low=0)
+    check_int("chunk-size", args.chunk_size, low=0)
+    atol, rtol = args.atol, args.rtol
+    for name, value in (("atol", atol), ("rtol", rtol)):
+        if value is not None:
+            check_float(name, value, low=0.0)
     try:
-        report = compare(args.original, args.rewritten, backend=args.backend, num_prompts=num, prompt_lens=lens,
+        if atol is None or rtol is None:
+            default = default_tolerance(rewritten, original)
+            atol = default[0] if atol is None else atol
+            rtol = default[1] if rtol is None else rtol
+        report = compare(original, rewritten, backend=args.backend, num_prompts=num, prompt_lens=lens,
                          decode_steps=args.decode_steps, chunk_size=args.chunk_size, seed=args.seed, atol=atol,
                          rtol=rtol, check_kv=not args.no_kv_check)
     except (BackendUnavailable, GraphError) as exc:
-        print(f"pagedkv compare: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from None
     print(report)
     return 0 if report.passed else 1

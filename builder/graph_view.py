@@ -59,7 +59,7 @@ SHAPE_PRESERVING_FOREIGN_OPS = {
 SYMBOLIC_STAND_INS = {("", "Attention")}
 
 
-def _inferred_value_info(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+def inferred_value_info(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     """Inputs, outputs and intermediate tensors with shape inference's types and shapes. Inferred on the model's
     weightless skeleton (``onnx_io.skeleton``: big weights become inputs of their shape, so a model of any size
     serializes, and external data is never read); ORT's shape-preserving fused ops stand in as Identity nodes."""
@@ -101,7 +101,7 @@ class GraphView:
                 if inp:
                     self.consumers.setdefault(inp, []).append(node)
         self.initializers = {t.name: t for t in self.graph.initializer}
-        self.value_info = {v.name: v for v in _inferred_value_info(model)}
+        self.value_info = {v.name: v for v in inferred_value_info(model)}
         self.graph_inputs = [i.name for i in self.graph.input if i.name not in self.initializers]
         self.graph_outputs = [o.name for o in self.graph.output]
         self._order = {id(n): i for i, n in enumerate(self.nodes)}
@@ -297,15 +297,19 @@ class GraphView:
         and the graph inputs as ``step`` sets them, in ONNX Runtime on the CPU."""
         import onnxruntime as ort
 
+        from pagedkv.builder.precision import emulate_in_float32
+
         key = (tuple(outputs), tuple(sorted(feeds)))
         if key not in self._sessions:
             model, shape_feeds = self._extract(outputs, feeds, step)
+            model = emulate_in_float32(model)  # 16-bit graphs: float32 math, each result rounded (no bf16 CPU kernels)
             options = ort.SessionOptions()
             options.log_severity_level = 4  # a sin/cos table too short for a probe is expected, not news
             self._sessions[key] = (onnx_io.ort_session(model, options), shape_feeds)
         session, shape_feeds = self._sessions[key]
         names = {i.name for i in session.get_inputs()}
-        inputs = dict(feeds)
+        wide = {i.name for i in session.get_inputs() if i.type == "tensor(float)"}
+        inputs = {k: np.asarray(v, np.float32) if k in wide else v for k, v in feeds.items()}
         for name, node in shape_feeds.items():
             shape = np.asarray(step.shape(self.source_input(node.input[0])), dtype=np.int64)
             start, end = self.attr(node, "start", 0), self.attr(node, "end", None)

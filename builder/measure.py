@@ -27,6 +27,25 @@ class RopeMeasurement:
     rotary_dim: int
     inv_freq: np.ndarray  # [R/2] measured
     max_position: int  # largest position measured
+    dtype: np.dtype = np.dtype(np.float32)  # of the measured cos/sin values (the graph's)
+
+    @property
+    def eps(self) -> float:
+        """Relative precision of one measured cos/sin value: the graph dtype's machine epsilon."""
+        return float(_finfo(self.dtype).eps)
+
+
+def _finfo(dtype):
+    import ml_dtypes
+
+    return ml_dtypes.finfo(dtype)
+
+
+def _value_tolerance(dtype) -> tuple[float, float]:
+    """(entry, norm) tolerances of a measured rotation: float32's, or one ulp of a 16-bit graph (its cos/sin are
+    rounded once to its dtype)."""
+    eps = float(_finfo(dtype).eps)
+    return max(1e-5, eps), max(1e-4, 2 * eps)
 
 
 def _unwrap_inv_freq(positions: list[int], angles: np.ndarray) -> np.ndarray:
@@ -71,8 +90,10 @@ def measure_rope(view: GraphView, region: Region, step: ProbeStep, heads_map: np
         return np.stack([y[:, heads_map[h]].T for h in range(heads)])  # [heads, out d, in d]
 
     node = region.nodes[-1]
+    dtype = np.dtype(_np_dtype(view.elem_type(region.output) or view.elem_type(region.input)))
+    atol, norm_tol = _value_tolerance(dtype)
     zero = run(0)
-    if not np.allclose(zero, np.eye(D), atol=1e-5):
+    if not np.allclose(zero, np.eye(D), atol=atol):
         raise RewriteError(f"{describe(node)}: expected RoPE (identity at position 0); the region from "
                            f"{region.input!r} to {region.output!r} is not")
     positions, mats = [], []
@@ -85,7 +106,7 @@ def measure_rope(view: GraphView, region: Region, step: ProbeStep, heads_map: np
             if not positions:
                 raise
             break
-        if not np.allclose(m, m[:1], atol=1e-5):
+        if not np.allclose(m, m[:1], atol=atol):
             raise RewriteError(f"{describe(node)}: expected the same rotation for every head")
         positions.append(p)
         mats.append(m[0])
@@ -104,11 +125,11 @@ def measure_rope(view: GraphView, region: Region, step: ProbeStep, heads_map: np
     for style, (first, second) in candidates.items():
         sin = np.stack([m[second, first] for m in mats])  # x = e_a -> b gets sin
         cos = np.stack([m[first, first] for m in mats])
-        ok = all(np.allclose(m[first, second], -m[second, first], atol=1e-5) and
-                 np.allclose(m[second, second], m[first, first], atol=1e-5) for m in mats)
-        if ok and np.allclose(sin ** 2 + cos ** 2, 1.0, atol=1e-4):
+        ok = all(np.allclose(m[first, second], -m[second, first], atol=atol) and
+                 np.allclose(m[second, second], m[first, first], atol=atol) for m in mats)
+        if ok and np.allclose(sin ** 2 + cos ** 2, 1.0, atol=norm_tol):
             angles = np.arctan2(sin, cos)
-            return RopeMeasurement(style, R, _unwrap_inv_freq(positions, angles), positions[-1])
+            return RopeMeasurement(style, R, _unwrap_inv_freq(positions, angles), positions[-1], dtype)
     raise RewriteError(f"{describe(node)}: expected a rotate-half (NeoX) or interleaved (GPT-J) rotation of "
                        f"unit scale on the first {R} dims")
 
@@ -117,44 +138,60 @@ def rope_from_tables(cos: np.ndarray, sin: np.ndarray, style: RopeStyle) -> Rope
     """Measure from position-indexed cos/sin caches [max_positions, R/2]."""
     positions = [p for p in LADDER if p < cos.shape[0]]
     angles = np.arctan2(sin[positions].astype(np.float64), cos[positions].astype(np.float64))
-    return RopeMeasurement(style, 2 * cos.shape[1], _unwrap_inv_freq(positions, angles), positions[-1])
+    return RopeMeasurement(style, 2 * cos.shape[1], _unwrap_inv_freq(positions, angles), positions[-1], cos.dtype)
 
 
-def _snap(theta: float) -> float:
+def _snap(theta: float, rel: float = 1e-5) -> float:
     r = round(theta)
-    return float(r) if r > 0 and abs(theta - r) <= 1e-5 * theta else theta
+    return float(r) if r > 0 and abs(theta - r) <= rel * theta else theta
 
 
 def fit_rope_config(m: RopeMeasurement, head_dim: int, where: str) -> RopeConfig:
-    """A RopeConfig whose inverse frequencies reproduce the measured ones (NONE, LINEAR, then LLAMA3)."""
+    """A RopeConfig whose inverse frequencies reproduce the measured ones (NONE, LINEAR, then LLAMA3).
+
+    A 16-bit graph may hold its frequencies rounded to its dtype (transformers' ``model.to(float16)`` rounds the
+    ``inv_freq`` buffer): those match too, and the plugin then computes the exact ones, as the float32 model does."""
     from pagedkv.reference.rope import rope_inv_freq
 
     f = m.inv_freq
     R = m.rotary_dim
     x = np.arange(0, R, 2) / R
     rotary_dim = 0 if R == head_dim else R
-    # 2e-6 relative: the graph's float32 frequencies and angles; plus what a 1e-3 rad drift at max_position allows
-    tol = 2e-6 * f + 1e-3 / m.max_position
+    # 2e-6 relative: the graph's float32 frequencies and angles; plus what a 1e-3 rad drift at max_position allows,
+    # and the rounding of one cos/sin value to the graph's dtype (an angle error of up to eps rad)
+    tol = 2e-6 * f + (1e-3 + m.eps) / m.max_position
+    rounded = m.dtype != np.float32
+    snap_rel = max(1e-5, m.eps) if rounded else 1e-5  # a 16-bit graph's frequencies fit theta to about eps
+
+    def snap(value: float) -> float:
+        return _snap(value, snap_rel)
 
     def matches(cfg: RopeConfig) -> bool:
-        return bool(np.all(np.abs(rope_inv_freq(head_dim, cfg) - f) <= tol))
+        exact = rope_inv_freq(head_dim, cfg)
+        if np.all(np.abs(exact - f) <= tol):
+            return True
+        return rounded and bool(np.all(np.abs(exact.astype(m.dtype).astype(np.float64) - f) <= tol))
 
     def fit_theta(values) -> float:
         y = -np.log(values)
-        return _snap(float(np.exp((x[1:] @ y[1:]) / (x[1:] @ x[1:])))) if len(x) > 1 else 10000.0
+        return snap(float(np.exp((x[1:] @ y[1:]) / (x[1:] @ x[1:])))) if len(x) > 1 else 10000.0
 
-    base = RopeConfig(style=m.style, rotary_dim=rotary_dim, theta=fit_theta(f))
-    if matches(base):
-        return base
+    # theta by a least-squares fit over every frequency, or from the two highest (best measured: a 16-bit
+    # sin/cos table leaves the lowest ones noisy at its few positions)
+    thetas = [fit_theta(f)] + ([snap(float((f[0] / f[1]) ** (R / 2)))] if len(f) > 1 else [])
+    for theta in dict.fromkeys(thetas):
+        base = RopeConfig(style=m.style, rotary_dim=rotary_dim, theta=theta)
+        if matches(base):
+            return base
     factor = float(1.0 / f[0])
     linear = RopeConfig(style=m.style, rotary_dim=rotary_dim, theta=fit_theta(f * factor),
-                        scaling=RopeScaling.LINEAR, factor=_snap(factor))
+                        scaling=RopeScaling.LINEAR, factor=snap(factor))
     if matches(linear):
         return linear
     if len(f) > 2 and abs(f[0] - 1.0) < 1e-6:
-        theta = _snap(float((f[0] / f[1]) ** (R / 2)))
+        theta = snap(float((f[0] / f[1]) ** (R / 2)))
         unscaled = theta ** (-x)
-        factor = _snap(float(unscaled[-1] / f[-1]))
+        factor = snap(float(unscaled[-1] / f[-1]))
         llama3 = RopeConfig(style=m.style, rotary_dim=rotary_dim, theta=theta, scaling=RopeScaling.LLAMA3,
                             factor=factor)
         if matches(llama3):
@@ -250,26 +287,26 @@ CACHE_PROBE = (2, 3)  # (past, seq) of the cache-path probe: 5 positions, none e
 def measure_cache_path(view: GraphView, path: CachePath, kv_heads: int, heads: int, head_dim: int, step: ProbeStep,
                        node, feeds: dict | None = None) -> None:
     """Check what the ops between a present cache [1, KVH, L, D] and the attention input do (``CachePath``): run them
-    on two encodings of the cache, its KV-head index and its (position, dim) index l * D + d (small integers: exact
-    in fp16 too), and compare with the GQA repeat (query head h reads KV head h // (H / KVH), as the plugin does)
-    and the expected transposition. ``feeds``: extra tensors (the layer's hidden state) that cut the probe short."""
+    on three encodings of the cache, its KV-head index, its position index l and its dim index d (small integers,
+    at most 255: exact in fp16 and bf16, where a joint code l * D + d would round), and compare with the GQA repeat
+    (query head h reads KV head h // (H / KVH), as the plugin does) and the expected transposition. ``feeds``: extra tensors (the layer's hidden state) that cut the probe short."""
     past, seq = CACHE_PROBE
     length = past + seq
     dtype = _np_dtype(view.elem_type(path.start))
-    head_code = np.broadcast_to(np.arange(kv_heads, dtype=np.float64)[None, :, None, None], (1, kv_heads, length, head_dim))
-    spot_code = np.broadcast_to((np.arange(length)[:, None] * head_dim + np.arange(head_dim))[None, None],
-                                (1, kv_heads, length, head_dim)).astype(np.float64)
+    cache_shape = (1, kv_heads, length, head_dim)
+    codes = [np.broadcast_to(np.arange(n, dtype=np.float64).reshape(view_shape), cache_shape) for n, view_shape in
+             ((kv_heads, (1, kv_heads, 1, 1)), (length, (1, 1, length, 1)), (head_dim, (1, 1, 1, head_dim)))]
     group = heads // kv_heads if kv_heads and heads % kv_heads == 0 else 0
     layouts = [("repeated", np.arange(heads) // group)] if group else []
     if path.kv_heads_ok:
         layouts.append(("kept", np.arange(kv_heads)))
     got = []
-    for code in (head_code, spot_code):
+    for code in codes:
         (y,) = view.evaluate([path.end], {path.start: np.ascontiguousarray(code.astype(dtype)), **(feeds or {})},
                              step.at(1, past, seq))
         got.append(np.asarray(y, dtype=np.float64) / path.scale)
     for _, index in layouts:
-        want = [code[:, index] for code in (head_code, spot_code)]
+        want = [code[:, index] for code in codes]
         if path.transposed:
             want = [w.swapaxes(-1, -2) for w in want]
         if all(g.shape == w.shape and np.allclose(g, w, rtol=0, atol=0.5) for g, w in zip(got, want)):

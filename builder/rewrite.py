@@ -14,10 +14,15 @@ How (``docs/builder.md`` has the full story):
    window and the GQA head mapping are measured by running the graph's own ops (``measure.measure_*``).
 4. On a copy: one packed QKV MatMul (or, when a q/k norm sits before RoPE, the kept q/k/v re-concatenated),
    the two plugin nodes, a Reshape into the o_proj; past/present, mask and RoPE plumbing become dead and are
-   removed. The result is checked with ``onnx.checker`` and shape inference before it is returned.
+   removed. ``dtype`` converts weights, activations and the plugin I/O (``pagedkv.builder.precision``); quantized
+   caches take per-layer scales, given or calibrated on the input graph (``pagedkv.builder.calibrate``). The logits
+   heads go on top (``logits_head``: the LM head computes only the ``logits_rows`` rows; the sampling head picks the
+   next tokens on the device). Every plugin attribute is checked against the plugins' capability table
+   (``pagedkv.config``), the result with ``onnx.checker``, strict shape inference and ``precision.check_types``
+   before it is returned.
 
 Any size: a model file is opened with ``pagedkv.onnx_io.load`` (weights stay on disk, read through memory maps
-where a probe or the packed QKV weight needs them), the result refers to the input's weights until
+where a probe, the calibration or the packed QKV weight needs them), the result refers to the input's weights until
 ``onnx_io.save`` copies them into the output's own data file.
 """
 
@@ -26,7 +31,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,13 +40,16 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from pagedkv import engine_io, onnx_io
-from pagedkv.builder import patterns
+from pagedkv.builder import logits_head, patterns
+from pagedkv.builder.calibrate import CalibrationError, CalibrationPlan, KVCalibration
 from pagedkv.builder.graph_view import GraphView, ProbeStep, RewriteError, describe
 from pagedkv.builder.measure import (CACHE_PROBE, _np_dtype, fit_rope_config, measure_cache_path, measure_guard,
                                      measure_mask, measure_rope, rope_from_tables)
+from pagedkv.builder.precision import check_types, convert_float_dtype, dtype_name, parse_dtype
 from pagedkv.builder.projection import find_projection, heads_colmap, layout_chain, trace_projection
-from pagedkv.config import (ATTENTION_PLUGIN_NAME, ONNX_DOMAIN, PLUGIN_VERSION, WRITE_PLUGIN_NAME,
-                            AttentionConfig, RopeConfig, RopeStyle, WriteConfig)
+from pagedkv.config import (ATTENTION_PLUGIN_NAME, ATTRIBUTE_RANGES, INT32_MAX, ONNX_DOMAIN, PLUGIN_VERSION,
+                            SUPPORTED_IO_DTYPES, WRITE_PLUGIN_NAME, AttentionConfig, RopeConfig, RopeStyle,
+                            WriteConfig, check_attribute_values)
 from pagedkv.engine_io import CU_Q_LENS, KV_POOLS, NUM_TOKENS, PAST_LENS, POSITION_IDS
 from pagedkv.layout import CacheDType, KVLayout
 from pagedkv.pool_group import PoolGroup
@@ -57,29 +64,51 @@ POOL_GROUPING = ("auto", "single", "per_layer")
 class RewriteOptions:
     page_size: int = 16
     cache_dtype: CacheDType | str = CacheDType.FP16
-    k_scale: float = 1.0
-    v_scale: float = 1.0
+    # Quantized caches (fp8, int8) need scales, x ~= stored * scale: one K and one V scale for every layer, or a
+    # per-layer calibration (a KVCalibration, or a CalibrationPlan the rewrite runs on its input graph).
+    k_scale: float | None = None
+    v_scale: float | None = None
+    calibration: KVCalibration | CalibrationPlan | None = None
+    dtype: str | None = None  # weights and activations: None keeps the graph's; "fp16" | "bf16" | "fp32" converts
     window: int | None = None  # None: as found in the graph; 0: full causal; > 0: force this window
     max_blocks: int | None = None  # static block-table width (None: dynamic "max_blocks")
     pool_grouping: str = "auto"  # auto: one group per (kv heads, head dim, window); single; per_layer
     explicit_positions: bool | None = None  # None: only when nodes outside attention still read position_ids
     require_rope: bool = True  # attention without RoPE is an error (every supported family has RoPE)
     zero_v_tail: bool = True
+    sampling: bool = True  # append the sampling head (logits_head); False: logits only
+    sampling_candidates: int = 1024  # K of top-k / top-p (TensorRT's TopK allows <= 3840)
+    top_logprobs: int = 20  # N best tokens reported per row (OpenAI's maximum)
 
     def __post_init__(self):
         object.__setattr__(self, "cache_dtype", CacheDType.parse(self.cache_dtype))
-        if self.page_size <= 0:
-            raise ValueError(f"page_size: must be > 0, got {self.page_size}")
+        check_attribute_values({"page_size": self.page_size})
         if self.pool_grouping not in POOL_GROUPING:
             raise ValueError(f"pool_grouping: expected one of {POOL_GROUPING}, got {self.pool_grouping!r}")
-        if self.window is not None and self.window < 0:
-            raise ValueError(f"window: must be >= 0 or None, got {self.window}")
-        if self.max_blocks is not None and self.max_blocks <= 0:
-            raise ValueError(f"max_blocks: must be > 0, got {self.max_blocks}")
-        for name in ("k_scale", "v_scale"):
-            v = getattr(self, name)
-            if not (math.isfinite(v) and v > 0):
-                raise ValueError(f"{name}: must be finite and > 0, got {v}")
+        if self.window is not None and not 0 <= self.window <= ATTRIBUTE_RANGES["window"][1]:
+            raise ValueError(f"window: expected a value in [0, {ATTRIBUTE_RANGES['window'][1]}] or None, "
+                             f"got {self.window}")
+        if self.max_blocks is not None and not 0 < self.max_blocks <= INT32_MAX // self.page_size:
+            raise ValueError(f"max_blocks: expected a value in [1, {INT32_MAX // self.page_size}] (max_blocks * "
+                             f"page_size cache positions must fit int32), got {self.max_blocks}")
+        if self.dtype is not None:
+            object.__setattr__(self, "dtype", dtype_name(parse_dtype(self.dtype)))
+        given = [name for name in ("k_scale", "v_scale") if getattr(self, name) is not None]
+        for name in given:
+            check_attribute_values({name: getattr(self, name)})
+        cache = self.cache_dtype.name.lower()
+        if not self.cache_dtype.quantized:
+            if given or self.calibration is not None:
+                raise ValueError(f"{'/'.join(given) or 'calibration'}: only quantized caches (fp8, int8) take "
+                                 f"scales; cache_dtype is {cache}")
+        elif self.calibration is not None and given:
+            raise ValueError(f"{'/'.join(given)}: give scales or a calibration, not both")
+        elif self.calibration is None and len(given) < 2:
+            raise ValueError(f"cache_dtype={cache}: a quantized cache needs K and V scales; calibrate them on the "
+                             "original graph (--calibrate [--calib-data FILE]) or give --k-scale and --v-scale")
+        for name in ("sampling_candidates", "top_logprobs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass
@@ -114,22 +143,39 @@ class RewriteReport:
     removed_outputs: list[str]
     nodes_before: int
     nodes_after: int
+    page_size: int = 16
+    cache_dtype: str = "fp16"
+    scales: str = ""  # quantized caches: where the per-layer scales (LayerReport.write.pool) came from
+    calibration: KVCalibration | None = None
+    dtype: str = "float32"  # of the weights, activations and plugin I/O
+    conversion: str = ""  # what the dtype conversion did (empty: none asked)
+    notes: list[str] = field(default_factory=list)
+    heads: logits_head.HeadReport | None = None
 
     def __str__(self) -> str:
         lines = [f"rewrote {len(self.layers)} attention layer(s); nodes {self.nodes_before} -> {self.nodes_after}; "
-                 f"positions {'explicit (position_ids input)' if self.explicit_positions else 'past_len + i'}"]
+                 f"positions {'explicit (position_ids input)' if self.explicit_positions else 'past_len + i'}",
+                 f"  KV cache: page_size={self.page_size} cache_dtype={self.cache_dtype}"
+                 + (f", scales {self.scales}" if self.scales else ""),
+                 f"  activations: {self.dtype}" + (f" ({self.conversion})" if self.conversion else "")]
         for r in self.layers:
             rope = r.rope
             rope_text = ("none" if rope.style == RopeStyle.NONE else
                          f"{rope.style.name.lower()} dim={rope.rotary_dim or r.head_dim} theta={rope.theta:g}"
                          + (f" {rope.scaling.name.lower()} x{rope.factor:g}" if rope.scaling else ""))
+            scales = (f" k_scale={r.write.pool.k_scale:.6g} v_scale={r.write.pool.v_scale:.6g}"
+                      if self.scales and r.write is not None else "")
             lines.append(
                 f"  layer {r.index} [{r.pattern} @ {r.anchor}] heads={r.num_heads} kv_heads={r.num_kv_heads} "
                 f"head_dim={r.head_dim} rope=({rope_text}) bias={int(r.qkv_bias)} fused_qkv={int(r.fused_qkv)} "
                 f"qk_norm={int(r.qk_norm)} window={r.window} sinks={r.attention_sinks} "
-                f"scale={r.softmax_scale:.6g} softcap={r.logit_softcap:g} qkv={r.projection} pool_group={r.pool_group}")
+                f"scale={r.softmax_scale:.6g} softcap={r.logit_softcap:g} qkv={r.projection} "
+                f"pool_group={r.pool_group}{scales}")
+        if self.heads is not None:
+            lines.append(f"  {self.heads}")
         lines.append(f"  removed inputs: {', '.join(self.removed_inputs)}")
         lines.append(f"  removed outputs: {', '.join(self.removed_outputs)}")
+        lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
 
@@ -262,7 +308,28 @@ def _as_attribute(value: float) -> float:
     return float(np.float32(value))
 
 
-def _pool_groups(plans: list[_LayerPlan], options: RewriteOptions) -> list[PoolGroup]:
+def _layer_scales(plans: list[_LayerPlan], options: RewriteOptions, calibration: KVCalibration | None) \
+        -> tuple[dict[int, float], dict[int, float]]:
+    """K and V scale of every layer (by report index): the given ones, the calibration's, or 1.0 (16-bit caches)."""
+    layers = [p.report.index for p in plans]
+    if calibration is None:
+        k = 1.0 if options.k_scale is None else options.k_scale
+        v = 1.0 if options.v_scale is None else options.v_scale
+        return {i: k for i in layers}, {i: v for i in layers}
+    k_scales, v_scales = calibration.scales(options.cache_dtype)
+    by_present = {present_key: i for i, (present_key, _) in enumerate(calibration.present)}
+    k_out, v_out = {}, {}
+    for plan in plans:
+        i = by_present.get(plan.match.present_key)
+        if i is None:
+            raise RewriteError(f"calibration: no amax for layer {plan.report.index} (present output "
+                               f"{plan.match.present_key!r}); it was calibrated on another graph")
+        k_out[plan.report.index], v_out[plan.report.index] = _as_attribute(k_scales[i]), _as_attribute(v_scales[i])
+    return k_out, v_out
+
+
+def _pool_groups(plans: list[_LayerPlan], options: RewriteOptions,
+                 calibration: KVCalibration | None = None) -> list[PoolGroup]:
     keys = {}
     for plan in plans:
         r = plan.report
@@ -275,14 +342,15 @@ def _pool_groups(plans: list[_LayerPlan], options: RewriteOptions) -> list[PoolG
                 raise RewriteError(f"pool_grouping=single: layer {r.index} has (kv_heads, head_dim, window, "
                                    f"attention_sinks)={key}, layer {keys[first][0]} has {first}")
         keys.setdefault(key, []).append(r.index)
+    k_scales, v_scales = _layer_scales(plans, options, calibration)
     groups = []
     for g, ((kv_heads, head_dim, window, sinks, *_), layers) in enumerate(keys.items()):
         n = len(layers)
         try:
             groups.append(PoolGroup(f"group{g}", KVLayout(n, kv_heads, options.page_size, head_dim),
                                     options.cache_dtype, window=window, attention_sinks=sinks,
-                                    k_scales=(options.k_scale,) * n, v_scales=(options.v_scale,) * n,
-                                    layers=tuple(layers)))
+                                    k_scales=tuple(k_scales[i] for i in layers),
+                                    v_scales=tuple(v_scales[i] for i in layers), layers=tuple(layers)))
         except ValueError as e:
             raise RewriteError(f"pool group {g} (layers {layers}): {e}") from None
     return groups
@@ -314,6 +382,15 @@ class _Emitter:
     def node(self, op: str, inputs, outputs, name: str, domain: str | None = None, **attrs) -> None:
         self.graph.nodes.append(gs.Node(op=op, name=self.name(name), inputs=list(inputs), outputs=list(outputs),
                                         attrs=attrs, domain=domain))
+
+    def as_model_dtype(self, x: gs.Variable, elem_type: int | None, base: str) -> gs.Variable:
+        """``x`` in the model's dtype (the plugins' I/O): a Cast when the graph computed it in another (GPT-J
+        casts q and k to float32 before attention)."""
+        if elem_type is None or onnx.helper.tensor_dtype_to_np_dtype(elem_type) == self.dtype:
+            return x
+        cast = self.var(f"{base}/model_dtype", self.dtype, x.shape)
+        self.node("Cast", [x], [cast], f"{base}/Cast", to=onnx.helper.np_dtype_to_tensor_dtype(self.dtype))
+        return cast
 
     def reshape(self, x, shape: list[int], base: str, out_shape) -> gs.Variable:
         out = self.var(base, x.dtype if x.dtype is not None else self.dtype, out_shape)
@@ -350,7 +427,7 @@ class _Emitter:
             chain = chains[n]
             rope = chain.region("rope")
             cut, layout = (rope.input, rope.layout) if rope else (chain.end, chain.end_layout)
-            x = self.tensors[cut]
+            x = self.as_model_dtype(self.tensors[cut], self.view.elem_type(cut), f"{prefix}/{n}")
             perm = layout.tokens_first()
             if perm != list(range(len(perm))):
                 moved = self.var(f"{prefix}/{n}/tokens_first", self.dtype, None)
@@ -398,13 +475,24 @@ class _Emitter:
         out = self.var(f"{prefix}/attn_out", self.dtype, [NUM_TOKENS, q_width])
         self.node(ATTENTION_PLUGIN_NAME, [q, *inputs[1:5], status], [out], f"{prefix}/{ATTENTION_PLUGIN_NAME}",
                   domain=ONNX_DOMAIN, **attention.to_attributes())
-        # The o_proj input keeps its name and its consumers stay untouched: only its producer changes.
+        # The o_proj input keeps its name, dtype and consumers: only its producer changes.
         merged = self.tensors[m.out]
         merged.inputs.clear()
-        merged.dtype, merged.shape = self.dtype, [1, NUM_TOKENS, q_width]
+        out_type = self.view.elem_type(m.out)
+        merged_dtype = onnx.helper.tensor_dtype_to_np_dtype(out_type) if out_type else self.dtype
+        reshaped = merged if merged_dtype == self.dtype else self.var(f"{prefix}/attn_out/3d", self.dtype, None)
+        merged.dtype, merged.shape = merged_dtype, [1, NUM_TOKENS, q_width]
+        reshaped.shape = merged.shape
         self.node("Reshape", [out, self.const(f"{prefix}/attn_out.shape", np.asarray([1, -1, q_width], np.int64))],
-                  [merged], f"{prefix}/attn_out/Reshape")
+                  [reshaped], f"{prefix}/attn_out/Reshape")
+        if reshaped is not merged:
+            self.node("Cast", [reshaped], [merged], f"{prefix}/attn_out/Cast", to=out_type)
         return status
+
+
+def _model_float(view: GraphView, plans: list[_LayerPlan]) -> np.dtype:
+    """The model's float dtype, that of its projection weights: the plugins' activations are in it."""
+    return np.dtype(view.constant(plans[0].chains["q"].weight).dtype)
 
 
 def _engine_tensor(name: str, spec: engine_io.TensorSpec, dims: dict[str, int]) -> gs.Variable:
@@ -412,14 +500,15 @@ def _engine_tensor(name: str, spec: engine_io.TensorSpec, dims: dict[str, int]) 
     return gs.Variable(name, dtype=spec.dtype, shape=list(engine_io.resolve_shape(spec, dims)))
 
 
-def _emit(model, view, plans, groups, roles, options, explicit: bool) -> tuple[gs.Graph, list, list]:
+def _emit(model, view, plans, groups, roles, options, explicit: bool) -> tuple[gs.Graph, list, list, object]:
     em = _Emitter(model, view, roles)
-    em.dtype = em.tensors[plans[0].match.q_end].dtype or np.float32
+    em.dtype = _model_float(view, plans)
     dims = {engine_io.NUM_POOL_GROUPS: len(groups)}
     if options.max_blocks:
         dims[engine_io.MAX_BLOCKS] = options.max_blocks
     # every engine input but input_ids, which the graph has (its shape is set below)
-    engine = {name: _engine_tensor(name, spec, dims) for name, spec in engine_io.engine_inputs(len(groups), explicit)
+    engine = {name: _engine_tensor(name, spec, dims)
+              for name, spec in engine_io.engine_inputs(len(groups), explicit, options.sampling)
               if name != engine_io.INPUT_IDS}
     old_inputs = {t.name: t for t in em.graph.inputs}
     position_role = [n for n, role in roles.items() if role == "position_ids"]
@@ -452,9 +541,19 @@ def _emit(model, view, plans, groups, roles, options, explicit: bool) -> tuple[g
     for t in em.graph.outputs:
         if t.shape is not None and len(t.shape) == 3 and t not in statuses:
             t.shape = [1, NUM_TOKENS, t.shape[2]]
+    heads = logits_head.attach(em, engine, vocab=_vocab(em.graph), sampling=options.sampling,
+                               candidates=options.sampling_candidates, top_logprobs=options.top_logprobs)
     em.graph.cleanup(remove_unused_graph_inputs=False).toposort()
     removed_inputs = [n for n in replaced if n in old_inputs]
-    return em.graph, removed_inputs, removed_outputs
+    return em.graph, removed_inputs, removed_outputs, heads
+
+
+def _vocab(graph: gs.Graph) -> int:
+    logits = next((t for t in graph.outputs if t.name == engine_io.LOGITS), None)
+    if logits is None or not logits.shape or not isinstance(logits.shape[-1], (int, np.integer)):
+        raise RewriteError(f"the graph's `{engine_io.LOGITS}` output needs a static vocabulary dimension, has shape "
+                           f"{None if logits is None else logits.shape}")
+    return int(logits.shape[-1])
 
 
 def _fold_shape_reads(graph: gs.Graph, reads: dict, roles: dict, past_shape: dict) -> None:
@@ -487,7 +586,8 @@ def _still_read(graph: gs.Graph, names) -> dict[str, list[str]]:
     return reads
 
 
-def _finish(graph: gs.Graph, model: onnx.ModelProto) -> onnx.ModelProto:
+def _finish(graph: gs.Graph, model: onnx.ModelProto, dtype: str | None) -> tuple[onnx.ModelProto, str]:
+    """The exported, converted (``dtype``) and checked model, and what the conversion did."""
     out = gs.export_onnx(graph, do_type_check=True)
     opsets = [o for o in out.opset_import if o.domain != ONNX_DOMAIN]
     del out.opset_import[:]
@@ -498,19 +598,23 @@ def _finish(graph: gs.Graph, model: onnx.ModelProto) -> onnx.ModelProto:
     out.doc_string = (model.doc_string + "\n" if model.doc_string else "") + "rewritten by pagedkv.builder.rewrite"
     del out.metadata_props[:]
     out.metadata_props.extend(model.metadata_props)
+    conversion = ""
+    if dtype is not None:
+        out, report = convert_float_dtype(out, dtype)
+        conversion = str(report)
     _check(out, model)
-    return out
+    return out, conversion
 
 
 UNCHECKED_DOMAIN = "pagedkv.unchecked"
 
 
 def _check(out: onnx.ModelProto, model: onnx.ModelProto) -> None:
-    """onnx.checker and strict shape inference on the result's weightless skeleton (``onnx_io.skeleton``: any size;
-    ``onnx_io.save`` checks the written file, weights included, by path). Ops the input model already carried in the
-    default domain that onnx has no schema for (ORT's transformer optimizer writes ``SimplifiedLayerNormalization``
-    there: ONNX Runtime registers it, onnx does not) are untouched by the rewrite: they are checked like custom
-    ops."""
+    """onnx.checker, strict shape inference and the type check (``precision.check_types``: what a strongly typed
+    TensorRT network needs) on the result's weightless skeleton (``onnx_io.skeleton``: any size; ``onnx_io.save``
+    checks the written file, weights included, by path). Ops the input model already carried in the default domain
+    that onnx has no schema for (ORT's transformer optimizer writes ``SimplifiedLayerNormalization`` there: ONNX
+    Runtime registers it, onnx does not) are untouched by the rewrite: they are checked like custom ops."""
     foreign = {n.op_type for n in model.graph.node if n.domain in ("", "ai.onnx") and not onnx.defs.has(n.op_type)}
     checked = onnx_io.skeleton(out)
     if foreign:
@@ -520,12 +624,15 @@ def _check(out: onnx.ModelProto, model: onnx.ModelProto) -> None:
         checked.opset_import.append(onnx.helper.make_opsetid(UNCHECKED_DOMAIN, 1))
     onnx.checker.check_model(checked)
     onnx.shape_inference.infer_shapes(checked, strict_mode=True)
+    check_types(checked)
 
 
-def rewrite_model(model: onnx.ModelProto | str | Path, options: RewriteOptions | None = None) -> RewriteResult:
-    """Rewrite every attention layer into the pagedkv plugins. Raises RewriteError, never returns a
-    half-rewritten graph (the input model is not modified). ``model``: a path (``onnx_io.load``: any size) or a
-    ``ModelProto``; the result refers to the input's external weights, ``onnx_io.save`` writes it."""
+def rewrite_model(model: onnx.ModelProto | str | Path, options: RewriteOptions | None = None, *,
+                  quiet: bool = False) -> RewriteResult:
+    """Rewrite every attention layer into the pagedkv plugins. Raises RewriteError (CalibrationError when a
+    calibration plan's prompts cannot be read), never returns a half-rewritten graph (the input model is not
+    modified). ``model``: a path (``onnx_io.load``: any size) or a ``ModelProto``; the result refers to the input's
+    external weights, ``onnx_io.save`` writes it. ``quiet``: no progress bar while calibrating."""
     options = options or RewriteOptions()
     model = copy.deepcopy(model) if isinstance(model, onnx.ModelProto) else onnx_io.load(model)
     view = GraphView(model)
@@ -543,9 +650,12 @@ def rewrite_model(model: onnx.ModelProto | str | Path, options: RewriteOptions |
     roles, past_shape, int_types = _input_roles(view, matches)
     step = ProbeStep(roles, past_shape, int_types=int_types)
     plans = [_analyze(view, m, step, i, options) for i, m in enumerate(matches)]
-    groups = _pool_groups(plans, options)
+    calibration = options.calibration
+    if isinstance(calibration, CalibrationPlan):  # after the analysis: structural errors come first
+        calibration = calibration.run(model, quiet=quiet)
+    groups = _pool_groups(plans, options, calibration)
     explicit = bool(options.explicit_positions)
-    graph, removed_inputs, removed_outputs = _emit(model, view, plans, groups, roles, options, explicit)
+    graph, removed_inputs, removed_outputs, heads = _emit(model, view, plans, groups, roles, options, explicit)
     reads = _still_read(graph, {n for n, role in roles.items() if role != "input_ids"})
     position_reads = {n for n in reads if roles[n] == "position_ids"}
     if position_reads and not explicit:
@@ -553,7 +663,7 @@ def rewrite_model(model: onnx.ModelProto | str | Path, options: RewriteOptions |
             raise RewriteError(f"explicit_positions=False, but nodes outside attention read position_ids: "
                                f"{reads[next(iter(position_reads))]}")
         explicit = True
-        graph, removed_inputs, removed_outputs = _emit(model, view, plans, groups, roles, options, explicit)
+        graph, removed_inputs, removed_outputs, heads = _emit(model, view, plans, groups, roles, options, explicit)
         reads = _still_read(graph, {n for n, role in roles.items() if role not in ("input_ids", "position_ids")})
     _fold_shape_reads(graph, reads, roles, past_shape)
     reads = _still_read(graph, {n for n in reads if roles[n] != "position_ids" or not explicit})
@@ -561,20 +671,48 @@ def rewrite_model(model: onnx.ModelProto | str | Path, options: RewriteOptions |
         if roles[name] != "position_ids":
             raise RewriteError(f"graph input {name!r} ({roles[name]}) is still read outside attention by "
                                f"{readers[:3]}: the packed graph cannot provide it")
-    out = _finish(graph, model)
+    out, conversion = _finish(graph, model, options.dtype)
+    io_dtype = options.dtype or _model_float(view, plans).name
+    cache = options.cache_dtype
+    scales = ""
+    if cache.quantized:
+        scales = (calibration.describe(cache) if calibration is not None else
+                  f"given: k_scale={options.k_scale:g} v_scale={options.v_scale:g} for every layer")
+    notes = [] if io_dtype in SUPPORTED_IO_DTYPES else [
+        f"the plugin activations are {io_dtype}; the plugins take {' or '.join(SUPPORTED_IO_DTYPES)} (an engine "
+        "build needs them): convert with --dtype fp16|bf16"]
     report = RewriteReport([p.report for p in plans], explicit, sorted(removed_inputs), removed_outputs,
-                           len(model.graph.node), len(out.graph.node))
+                           len(model.graph.node), len(out.graph.node), page_size=options.page_size,
+                           cache_dtype=cache.name.lower(), scales=scales, calibration=calibration, dtype=io_dtype,
+                           conversion=conversion, notes=notes, heads=heads)
     return RewriteResult(out, report, groups)
 
 
 # ---- `pagedkv rewrite` -----------------------------------------------------------------------------------
 def add_rewrite_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    lo, hi = ATTRIBUTE_RANGES["page_size"]
     parser.add_argument("input", help="exported decoder-with-past ONNX model")
     parser.add_argument("-o", "--output", required=True, help="where to write the rewritten model")
-    parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default 16)")
+    parser.add_argument("--page-size", type=int, default=16, help=f"tokens per KV page, {lo}..{hi} (default 16)")
     parser.add_argument("--cache-dtype", default="fp16", help="fp16 | bf16 | fp8 | int8 (default fp16)")
-    parser.add_argument("--k-scale", type=float, default=1.0, help="quantized caches: K ~= stored * k_scale")
-    parser.add_argument("--v-scale", type=float, default=1.0, help="quantized caches: V ~= stored * v_scale")
+    parser.add_argument("--dtype", default=None, choices=["fp16", "bf16", "fp32"],
+                        help="convert weights, activations and the plugin I/O (default: keep the graph's own; "
+                             "TensorRT engines need fp16 or bf16)")
+    scales = parser.add_argument_group("quantized caches (fp8, int8): per-layer K/V scales, x ~= stored * scale")
+    scales.add_argument("--calibrate", action="store_true",
+                        help="measure per-layer K/V amax on the input graph: scale = amax / 448 (fp8) or / 127 "
+                             "(int8); prompts from --calib-data, else random token ids")
+    scales.add_argument("--calib-data", default=None, metavar="FILE",
+                        help="calibration prompts: JSON lines {\"input_ids\": [...]} (or {\"text\": ...}), or text "
+                             "with one prompt per line (needs --tokenizer); implies --calibrate")
+    scales.add_argument("--tokenizer", default=None, metavar="DIR", help="local tokenizer directory for text prompts")
+    scales.add_argument("--calib-prompts", type=int, default=None, metavar="N",
+                        help="random calibration prompts (default 8)")
+    scales.add_argument("--calib-len", type=int, default=None, metavar="L",
+                        help="tokens per random calibration prompt (default 128)")
+    scales.add_argument("--k-scale", type=float, default=None, help="one K scale for every layer (instead of "
+                                                                       "--calibrate)")
+    scales.add_argument("--v-scale", type=float, default=None, help="one V scale for every layer")
     parser.add_argument("--window", type=int, default=None,
                         help="override the sliding window found in the graph (0: full causal)")
     parser.add_argument("--max-blocks", type=int, default=None, help="static block-table width (default dynamic)")
@@ -583,23 +721,63 @@ def add_rewrite_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     parser.add_argument("--explicit-positions", action=argparse.BooleanOptionalAction, default=None,
                         help="add a position_ids engine input (default: only when needed)")
     parser.add_argument("--allow-no-rope", action="store_true", help="accept attention without RoPE")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--no-sampling", action="store_true",
+                        help="no sampling head: the graph gives logits only (the runtime then samples on the host)")
+    parser.add_argument("--sampling-candidates", type=int, default=1024,
+                        help="top-k / top-p candidates of the sampling head (default 1024; TensorRT: <= 3840)")
+    parser.add_argument("--top-logprobs", type=int, default=20, help="top logprobs reported per token (default 20)")
     return parser
+
+
+def _calibration_from_args(args) -> CalibrationPlan | None:
+    from pagedkv.userio import check_input_dir, check_input_file
+
+    random_options = args.calib_prompts is not None or args.calib_len is not None
+    if not (args.calibrate or args.calib_data is not None or random_options):
+        if args.tokenizer is not None:
+            raise ValueError("tokenizer: only used with --calib-data (text calibration prompts)")
+        return None
+    if args.calib_data is not None:
+        if random_options:
+            raise ValueError("calib-prompts/calib-len: set the random prompts; --calib-data gives the prompts")
+        check_input_file(args.calib_data, "calib-data")
+    if args.tokenizer is not None:
+        check_input_dir(args.tokenizer, "tokenizer")
+    return CalibrationPlan(data=args.calib_data, tokenizer=args.tokenizer,
+                           **{k: v for k, v in (("num_prompts", args.calib_prompts), ("prompt_len", args.calib_len))
+                              if v is not None})
 
 
 def options_from_args(args: argparse.Namespace) -> RewriteOptions:
     return RewriteOptions(page_size=args.page_size, cache_dtype=args.cache_dtype, k_scale=args.k_scale,
-                          v_scale=args.v_scale, window=args.window, max_blocks=args.max_blocks,
-                          pool_grouping=args.pool_grouping, explicit_positions=args.explicit_positions,
-                          require_rope=not args.allow_no_rope)
+                          v_scale=args.v_scale, calibration=_calibration_from_args(args), dtype=args.dtype,
+                          window=args.window, max_blocks=args.max_blocks, pool_grouping=args.pool_grouping,
+                          explicit_positions=args.explicit_positions, require_rope=not args.allow_no_rope,
+                          sampling=not args.no_sampling, sampling_candidates=args.sampling_candidates,
+                          top_logprobs=args.top_logprobs)
 
 
 def run_rewrite(args: argparse.Namespace) -> int:
+    from pagedkv.userio import UsageError, check_input_file, check_output_path, print_json
+
+    source = check_input_file(args.input, "input")
+    check_output_path(args.output, [source])
     try:
-        result = rewrite_model(args.input, options_from_args(args))
+        options = options_from_args(args)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        result = rewrite_model(source, options, quiet=getattr(args, "quiet", False))
+    except CalibrationError as exc:
+        raise UsageError(str(exc)) from None
     except RewriteError as exc:
         print(f"pagedkv rewrite: {exc}", file=sys.stderr)
         return 1
-    path = onnx_io.save(result.model, args.output, inputs=[args.input])
-    print(result.report)
-    print(f"wrote {path} and {onnx_io.data_path(path).name}")
+    path = onnx_io.save(result.model, args.output, inputs=[source])
+    if args.json:
+        print_json({"output": str(path), "data": str(onnx_io.data_path(path)), "report": result.report})
+    else:
+        print(result.report)
+        print(f"wrote {path} and {onnx_io.data_path(path).name}")
     return 0

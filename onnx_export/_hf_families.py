@@ -2,8 +2,8 @@
 
 Each is a real decoder of its family (same modules, same attention code path), shrunk to 2 layers, a
 hidden size of 64-128 and a 128-token vocabulary so that export and ONNX Runtime take seconds on a CPU.
-Head dims stay within the plugins' set (64, 128, 256); families whose head dim is ``hidden / heads``
-use hidden 128 with 2 heads. Parameters that matter for the attention rewrite are deliberately
+Head dims stay within the kernels' set (``pagedkv.capabilities``: 64, 128, 256 today); families whose head
+dim is ``hidden / heads`` use hidden 128 with 2 heads. Parameters that matter for the attention rewrite are deliberately
 non-default: GQA, partial rotary, QKV bias, a short sliding window, q/k norms, head dim 256.
 
 ``randomize_weights`` replaces the transformers initialisation (std 0.02, zero biases, unit norms), under

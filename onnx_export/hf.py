@@ -17,8 +17,20 @@ together once the export is verified, whatever the model's size.
 Exporters: ``legacy`` = ``torch.onnx.export(..., dynamo=False)`` (TorchScript tracing, opset 17, fully
 decomposed) and ``dynamo`` = ``torch.onnx.export(..., dynamo=True)`` (torch.export, opset 20 by default).
 Tracing bakes Python control flow in, so every export is verified against the eager model on shapes other
-than the traced one (prefill with no past, decode past the sliding window, a left-padded batch). Attention:
-``sdpa`` by default, as transformers loads models (``attn_implementation="eager"`` for the explicit form).
+than the traced one (prefill with no past, decode past the sliding window, a left-padded batch). The exporter
+writes into a private folder beside ``path``, the graph is verified there, and only then ``onnx_io.save`` writes
+``path`` and its data file together (atomically): a failed export or verification leaves nothing behind.
+Attention: ``sdpa`` by default, as transformers loads models (``attn_implementation="eager"`` for the explicit
+form).
+
+``dtype`` float16 / bfloat16 exports the model in that dtype; its rotary ``inv_freq`` buffers stay float32
+(transformers' rotary modules read them with ``.float()``; ``model.to(float16)`` would round them by up to 2^-12,
+turning angles by 0.4 rad at position 4096, where the plugin computes them from theta in float32). A 16-bit
+export is verified against the eager model run in float32 with the same (rounded) weights, relative to each
+output's scale, with the dtype's tolerance (``pagedkv.tolerances.MODEL_TOLERANCES``), or no farther from it
+than twice eager PyTorch in the export's dtype is; the graph runs emulated in float32
+(``pagedkv.builder.precision.emulate_in_float32``: ONNX Runtime's CPU provider has no bfloat16 kernels), and its
+types are checked as a strongly typed TensorRT network needs them (``precision.check_types``).
 
 torch, transformers and onnxscript are the optional ``export`` extra (``pip install pagedkv[export]``);
 they are imported only when an export runs. Nothing here touches the network: ``HF_HUB_OFFLINE=1`` is set
@@ -43,12 +55,11 @@ from pagedkv.userio import check_output_path
 
 EXPORTERS = ("legacy", "dynamo")
 DEFAULT_OPSET = {"legacy": 17, "dynamo": 20}
+DTYPES = ("float32", "float16", "bfloat16")
 # transformers loads models with SDPA attention unless told otherwise: so does the export.
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
 DEFAULT_ATTENTION = "sdpa"
-# Export verification: ONNX Runtime vs eager PyTorch, both float32. Kernel-order differences stay far
-# below this; a branch baked in by tracing (wrong mask, wrong cache length) gives errors of order 1.
-VERIFY_ATOL, VERIFY_RTOL = 1e-3, 1e-3
+ROTARY_FREQUENCY_BUFFERS = ("inv_freq", "original_inv_freq")  # kept float32 in 16-bit exports (docstring)
 
 
 class ExportError(RuntimeError):
@@ -102,12 +113,14 @@ class ExportResult:
     verify_max_abs_err: float | None
     input_names: list[str] = field(default_factory=list)
     output_names: list[str] = field(default_factory=list)
+    dtype: str = "float32"
+    verification: str = ""  # how it was verified (16-bit exports: against what, in which precision)
 
     def __str__(self) -> str:
         check = ("not verified" if self.verify_max_abs_err is None
-                 else f"verified vs eager, max abs err {self.verify_max_abs_err:.2e}")
+                 else self.verification or f"verified vs eager, max abs err {self.verify_max_abs_err:.2e}")
         return (f"{self.path} (+ {onnx_io.data_path(self.path).name}): {self.source} via {self.exporter} exporter "
-                f"(opset {self.opset}), "
+                f"(opset {self.opset}), {self.dtype}, "
                 f"{self.num_layers} layers, {self.num_kv_heads} KV heads x {self.head_dim}, "
                 f"{self.seconds:.1f} s, {check}")
 
@@ -127,7 +140,7 @@ def load_model(source: str | os.PathLike, *, seed: int = 0, attn_implementation:
     torch, transformers = require_export_deps()
     torch_dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}.get(dtype)
     if torch_dtype is None:
-        raise ValueError(f"dtype: expected float32, float16 or bfloat16, got {dtype!r}")
+        raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
     source = str(source)
     if source in FAMILIES:
         config = tiny_config(source)
@@ -140,7 +153,13 @@ def load_model(source: str | os.PathLike, *, seed: int = 0, attn_implementation:
     else:
         raise ValueError(f"source: {source!r} is neither a family ({', '.join(sorted(FAMILIES))}) "
                          "nor a local model directory")
-    return model.to(torch_dtype).eval()
+    frequencies = {name: buf.detach().float().clone() for name, buf in model.named_buffers()
+                   if name.rsplit(".", 1)[-1] in ROTARY_FREQUENCY_BUFFERS}
+    model = model.to(torch_dtype).eval()
+    for name, value in frequencies.items():  # float32 rotary frequencies (module docstring)
+        owner, _, leaf = name.rpartition(".")
+        model.get_submodule(owner)._buffers[leaf] = value
+    return model
 
 
 def _geometry(model) -> tuple[int, int, int]:
@@ -180,62 +199,77 @@ def _vocab(model) -> int:
 
 def export_model(model, path: str | os.PathLike, *, exporter: str = "legacy", opset: int | None = None,
                  verify: bool = True, source: str = "model") -> ExportResult:
-    """Export an eval-mode transformers causal LM; see the module docstring for the graph I/O.
+    """Export an eval-mode transformers causal LM; see the module docstring for the graph I/O. Raises
+    ExportError (and leaves no file behind) when the export or its verification fails.
 
     The exporter writes into a private folder beside ``path`` (its own file layout: the legacy exporter scatters
     one file per weight past 2 GB), the result is verified there, and only then ``onnx_io.save`` writes ``path``
-    and ``path`` + ``.data`` (every weight, one file) together; a failed export or check leaves nothing behind."""
-    torch, _ = require_export_deps()
-    from pagedkv.onnx_export._hf_wrapper import DecoderWithPast
-
+    and ``path`` + ``.data`` (every weight, one file) together."""
+    require_export_deps()
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter: expected one of {EXPORTERS}, got {exporter!r}")
     opset = int(opset or DEFAULT_OPSET[exporter])
     path = Path(path)
     check_output_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{path.name}.", suffix=".export", dir=path.parent) as raw_dir:
+        raw = Path(raw_dir) / path.name
+        result = _export_to(model, path, raw, exporter, opset, verify, source)
+        onnx_io.save(onnx_io.load(raw, "exported model"), path)
+    return result
+
+
+def _export_to(model, path: Path, tmp: Path, exporter: str, opset: int, verify: bool, source: str) -> ExportResult:
+    """Export into ``tmp`` (in a private folder: the exporter's own file layout) and verify it there."""
+    torch, _ = require_export_deps()
+    from pagedkv.onnx_export._hf_wrapper import DecoderWithPast
+
     num_layers, kv_heads, head_dim = _geometry(model)
     wrapper = DecoderWithPast(model, num_layers).eval()
     dtype = next(model.parameters()).dtype
     # Distinct, non-1 sizes so that no dimension is specialised or unified with another while tracing.
     example = _inputs(2, 3, 5, num_layers, kv_heads, head_dim, _vocab(model), dtype, seed=1)
     in_names, out_names = io_names(num_layers)
-    cases = _verify_cases(wrapper, num_layers, kv_heads, head_dim, _vocab(model), dtype) if verify else None
 
-    with tempfile.TemporaryDirectory(prefix=f".{path.name}.", suffix=".export", dir=path.parent) as raw_dir:
-        raw = Path(raw_dir) / path.name
-        start = time.perf_counter()
-        try:
-            with torch.no_grad():
-                if exporter == "legacy":
-                    dyn = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "total"},
-                           "position_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}}
-                    for name in in_names[3:]:
-                        dyn[name] = {0: "batch", 2: "past"}
-                    for name in out_names[1:]:
-                        dyn[name] = {0: "batch", 2: "total"}
-                    torch.onnx.export(wrapper, example, str(raw), input_names=in_names, output_names=out_names,
-                                      dynamic_axes=dyn, opset_version=opset, dynamo=False)
-                else:
-                    from torch.export import Dim
+    start = time.perf_counter()
+    try:
+        with torch.no_grad():
+            if exporter == "legacy":
+                dyn = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "total"},
+                       "position_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}}
+                for name in in_names[3:]:
+                    dyn[name] = {0: "batch", 2: "past"}
+                for name in out_names[1:]:
+                    dyn[name] = {0: "batch", 2: "total"}
+                torch.onnx.export(wrapper, example, str(tmp), input_names=in_names, output_names=out_names,
+                                  dynamic_axes=dyn, opset_version=opset, dynamo=False)
+            else:
+                from torch.export import Dim
 
-                    batch, seq, past, total = Dim("batch"), Dim("seq"), Dim("past"), Dim("total")
-                    shapes = ({0: batch, 1: seq}, {0: batch, 1: total}, {0: batch, 1: seq},
-                              tuple({0: batch, 2: past} for _ in range(2 * num_layers)))
-                    program = torch.onnx.export(wrapper, example, input_names=in_names, output_names=out_names,
-                                                dynamic_shapes=shapes, opset_version=opset, dynamo=True)
-                    program.save(str(raw))
-                    del program
-        except Exception as exc:
-            raise ExportError(f"{exporter} export of {source} failed: {type(exc).__name__}: {exc}") from exc
-        seconds = time.perf_counter() - start
-        err = _verify(raw, cases, path) if verify else None
-        onnx_io.save(onnx_io.load(raw, "exported model"), path)
+                batch, seq, past, total = Dim("batch"), Dim("seq"), Dim("past"), Dim("total")
+                shapes = ({0: batch, 1: seq}, {0: batch, 1: total}, {0: batch, 1: seq},
+                          tuple({0: batch, 2: past} for _ in range(2 * num_layers)))
+                program = torch.onnx.export(wrapper, example, input_names=in_names, output_names=out_names,
+                                            dynamic_shapes=shapes, opset_version=opset, dynamo=True)
+                program.save(str(tmp))
+                del program
+    except Exception as exc:
+        raise ExportError(f"{exporter} export of {source} failed: {type(exc).__name__}: {exc}") from exc
+    seconds = time.perf_counter() - start
+
+    dtype_name = str(dtype).removeprefix("torch.")
+    err, how = None, ""
+    if verify:
+        shapes = (num_layers, kv_heads, head_dim, _vocab(model))
+        if dtype == torch.float32:
+            err = _verify(wrapper, tmp, path, *shapes, dtype)
+        else:
+            err, how = _verify_reduced(model, wrapper, tmp, path, *shapes, dtype)
     return ExportResult(path, source, exporter, opset, num_layers, kv_heads, head_dim, seconds, err,
-                        in_names, out_names)
+                        in_names, out_names, dtype_name, how)
 
 
-# Shapes other than the traced one: (batch, seq, past, left_pad).
+# Shapes other than the traced one: (batch, seq, past, left_pad)
 VERIFY_CASES = {
     "prefill, no past": (1, 7, 0, 0),
     "decode past a short window": (3, 1, 11, 0),
@@ -244,45 +278,101 @@ VERIFY_CASES = {
 }
 
 
-def _verify_cases(wrapper, num_layers, kv_heads, head_dim, vocab, dtype) -> list:
-    """[(what, shape, inputs, eager outputs)] per VERIFY_CASES entry: the eager side of the check, computed before
-    the export."""
+def _verify_runs(session, models, path, num_layers, kv_heads, head_dim, vocab, dtype):
+    """Per case and output: (what, case, name, graph output, [each eager model's output]) as float64, the
+    positions of left padding dropped (meaningless in both: their query rows see nothing in the logits, and what
+    they computed reaches the next layer's K/V in the presents). ``models``: eager wrappers, fed the same inputs
+    (cast to each one's dtype)."""
     import torch
 
-    cases = []
-    for seed, (what, shape) in enumerate(VERIFY_CASES.items()):
-        batch, seq, past, left_pad = shape
-        args = _inputs(batch, seq, past, num_layers, kv_heads, head_dim, vocab, dtype, seed + 10, left_pad)
-        with torch.no_grad():
-            expected = [t.float().numpy() for t in wrapper(*args)]
-        cases.append((what, shape, [a.numpy() for a in args], expected))
-    return cases
-
-
-def _verify(exported: Path, cases: list, path: Path) -> float:
-    """Run the exported graph on ``cases`` (``_verify_cases``) in ONNX Runtime; return the max abs error vs eager."""
-    session = onnx_io.ort_session(exported)
     in_names = [i.name for i in session.get_inputs()]
-    worst = 0.0
-    for what, (batch, seq, past, left_pad), args, expected in cases:
-        got = session.run(None, dict(zip(in_names, args)))
-        for name, e, g in zip([o.name for o in session.get_outputs()], expected, got):
-            if e.shape != g.shape:
-                raise ExportError(f"{path}: output {name} has shape {g.shape} in ONNX Runtime but {e.shape} "
+    feed_types = {i.name: np.float32 if i.type == "tensor(float)" else None for i in session.get_inputs()}
+    for seed, (what, case) in enumerate(VERIFY_CASES.items()):
+        batch, seq, past, left_pad = case
+        args = _inputs(batch, seq, past, num_layers, kv_heads, head_dim, vocab, dtype, seed + 10, left_pad)
+        expected = []
+        with torch.no_grad():
+            for wrapper, wrapper_dtype in models:
+                cast = [a.to(wrapper_dtype) if a.is_floating_point() else a for a in args]
+                expected.append([t.float().numpy().astype(np.float64) for t in wrapper(*cast)])
+        feed = {n: (a.float() if feed_types[n] is not None else a).numpy() for n, a in zip(in_names, args)}
+        got = session.run(None, feed)
+        for k, name in enumerate(o.name for o in session.get_outputs()):
+            g, es = got[k].astype(np.float64), [e[k] for e in expected]
+            if any(e.shape != g.shape for e in es):
+                raise ExportError(f"{path}: output {name} has shape {g.shape} in ONNX Runtime but {es[0].shape} "
                                   f"in PyTorch ({what})")
-            if left_pad:  # padding positions are meaningless in both: their query rows see nothing (logits),
-                live = np.ones((batch, seq), dtype=bool)  # and what they computed reaches the next layer's K/V
+            if left_pad:
+                live = np.ones((batch, seq), dtype=bool)
                 live[0, :left_pad] = False
-                e, g = (e[live], g[live]) if name == "logits" else (e.transpose(0, 2, 1, 3)[live],
-                                                                     g.transpose(0, 2, 1, 3)[live])
-            diff = np.abs(g.astype(np.float64) - e)
-            bound = VERIFY_ATOL + VERIFY_RTOL * np.abs(e)
-            if not np.all(diff <= bound):
-                raise ExportError(f"{path}: output {name} differs from eager PyTorch ({what}: batch {batch}, "
-                                  f"seq {seq}, past {past}): max abs err {diff.max():.3e} — the exporter baked "
-                                  "in a shape-dependent branch")
-            worst = max(worst, float(diff.max()) if diff.size else 0.0)
+                if name == "logits":
+                    g, es = g[live], [e[live] for e in es]
+                else:  # [batch, kv_heads, past + seq, head_dim] with past 0: positions are the query rows
+                    g, es = g.transpose(0, 2, 1, 3)[live], [e.transpose(0, 2, 1, 3)[live] for e in es]
+            yield what, case, name, g, es
+
+
+def _verify(wrapper, tmp, path, num_layers, kv_heads, head_dim, vocab, dtype) -> float:
+    """float32: the exported graph vs the eager model on shapes other than the traced one, element-wise
+    (``pagedkv.tolerances.EXPORT_FLOAT32_TOLERANCE``); returns the max abs err."""
+    from pagedkv.tolerances import EXPORT_FLOAT32_TOLERANCE
+
+    atol, rtol = EXPORT_FLOAT32_TOLERANCE
+    session = onnx_io.ort_session(tmp)
+    worst = 0.0
+    for what, (batch, seq, past, _), name, g, (e,) in _verify_runs(session, [(wrapper, dtype)], path,
+                                                                      num_layers, kv_heads, head_dim, vocab, dtype):
+        diff = np.abs(g - e)
+        if not np.all(diff <= atol + rtol * np.abs(e)):
+            raise ExportError(f"{path}: output {name} differs from eager PyTorch ({what}: batch {batch}, "
+                              f"seq {seq}, past {past}): max abs err {diff.max():.3e} — the exporter baked "
+                              "in a shape-dependent branch")
+        worst = max(worst, float(diff.max()) if diff.size else 0.0)
     return worst
+
+
+def _verify_reduced(model, wrapper, tmp, path, num_layers, kv_heads, head_dim, vocab, dtype) -> tuple[float, str]:
+    """16-bit: the graph (emulated in float32) against the eager model in float32 with the same weights, relative
+    to each output's scale (module docstring). Returns (max abs err, how it was verified)."""
+    import copy
+
+    import torch
+
+    from pagedkv.builder.precision import DTypeError, check_types, emulate_in_float32
+    from pagedkv.onnx_export._hf_wrapper import DecoderWithPast
+    from pagedkv.tolerances import MODEL_TOLERANCES
+
+    name = str(dtype).removeprefix("torch.")
+    atol, rtol = MODEL_TOLERANCES[name]
+    graph = onnx_io.load(tmp, "exported model")
+    try:
+        check_types(graph)
+    except DTypeError as exc:
+        raise ExportError(f"{path}: the exported {name} graph mixes dtypes: {exc}") from None
+    session = onnx_io.ort_session(emulate_in_float32(graph))
+    reference = DecoderWithPast(copy.deepcopy(model).float(), num_layers).eval()
+    worst_abs, worst, worst_eager = 0.0, 0.0, 0.0
+    for what, (batch, seq, past, _), out, g, (e32, e16) in _verify_runs(
+            session, [(reference, torch.float32), (wrapper, dtype)], path, num_layers, kv_heads, head_dim, vocab,
+            dtype):
+        scale = float(np.max(np.abs(e32))) if e32.size else 0.0
+        if not scale:
+            continue
+        err, eager = float(np.max(np.abs(g - e32))), float(np.max(np.abs(e16 - e32)))
+        bound = atol + rtol * scale
+        if err > max(bound, 2 * eager):
+            raise ExportError(
+                f"{path}: output {out} ({what}: batch {batch}, seq {seq}, past {past}) is off the float32 model by "
+                f"{err / scale:.2e} of its scale, eager PyTorch in {name} only by {eager / scale:.2e} (bound "
+                f"{bound / scale:.2e}): the graph computes something else than the model (a branch baked in by "
+                "tracing, or a dtype the exporter changed), not just rounding")
+        worst_abs = max(worst_abs, err)
+        worst, worst_eager = max(worst, err / scale), max(worst_eager, eager / scale)
+    how = (f"verified vs eager float32 with the same weights: max err {worst:.2e} of the scale (eager {name}: "
+           f"{worst_eager:.2e}; bound {atol:g} + {rtol:g} * scale), the graph run in float32 with {name} rounding "
+           f"per op (ONNX Runtime's CPU provider has no bfloat16 kernels: both 16-bit dtypes run so), its types "
+           "checked")
+    return worst_abs, how
 
 
 def export_hf(source: str | os.PathLike, path: str | os.PathLike, *, exporter: str = "legacy", seed: int = 0,
@@ -305,17 +395,25 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attn-implementation", default=DEFAULT_ATTENTION, choices=ATTENTION_IMPLEMENTATIONS,
                         help=f"transformers' attention code path (default {DEFAULT_ATTENTION}, as transformers loads "
                              "models)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--dtype", default="float32", choices=list(DTYPES),
+                        help="export in this dtype (16-bit: verified against the float32 model; docs/builder.md)")
     parser.add_argument("--no-verify", action="store_true", help="skip the ONNX Runtime vs eager check")
 
 
 def run_export(args) -> int:
+    from pagedkv.userio import UsageError, check_input_dir
+
+    if args.model_dir is not None:
+        check_input_dir(args.model_dir, "model-dir")
+    check_output_path(args.output)
     try:
         result = export_hf(args.family or args.model_dir, args.output, exporter=args.exporter, seed=args.seed,
                            opset=args.opset, attn_implementation=args.attn_implementation, dtype=args.dtype,
                            verify=not args.no_verify)
     except MissingExportDependencies as exc:
+        raise UsageError(str(exc)) from None
+    except ExportError as exc:
         print(f"pagedkv export: {exc}", file=sys.stderr)
-        return 2
+        return 1
     print(result)
     return 0

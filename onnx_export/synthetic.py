@@ -3,7 +3,7 @@
 It writes the structures real exporters produce, so that the rewrite (``pagedkv.builder.rewrite``) can be
 tested without torch: MHA / GQA / MQA, QKV bias, fused or separate projections, rotate-half (NeoX) or
 interleaved (GPT-J) RoPE from an in-graph outer product or a position-indexed sin/cos table, partial rotary,
-RoPE scaling, a sliding window built into the in-graph mask, head dims 64..256, Qwen3's q/k RMSNorm, the
+RoPE scaling, a sliding window built into the in-graph mask, head dims 32..256, Qwen3's q/k RMSNorm, the
 softmax scale as one Mul on the scores or sqrt(scale) on both Q and K, and the GQA repeat after the past/present
 Concat. ``attention_form`` picks how attention itself is written:
 

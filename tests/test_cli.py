@@ -38,7 +38,9 @@ def test_each_verb_lives_in_its_module(verb):
     args = cli.build_parser().parse_args([verb.name] + {"export": ["--family", "llama", "-o", "x.onnx"],
                                                         "rewrite": ["in.onnx", "-o", "out.onnx"],
                                                         "compare": ["a.onnx", "b.onnx"],
-                                                        "build": ["in.onnx", "-o", "x.engine"]}.get(verb.name, []))
+                                                        "build": ["in.onnx", "-o", "x.engine"],
+                                                        "generate": ["m.onnx"], "serve": ["m.onnx"],
+                                                        "bench": ["m.onnx"]}.get(verb.name, []))
     assert args.func is getattr(module, f"run_{verb.name}")
 
 

@@ -33,6 +33,10 @@ CASES = {
     "d128-llama3": BASE.replace(head_dim=128, rope=RopeConfig(scaling=RopeScaling.LLAMA3, factor=8.0,
                                                               original_max_positions=64)),
     "d256-mqa": BASE.replace(head_dim=256, num_heads=2, num_kv_heads=1),
+    # head dims outside 64/128/256: Phi-2's 80 with partial rotary (32 of 80), Phi-3-mini's 96 (fused QKV), 32
+    "d80-partial-rotary": BASE.replace(head_dim=80, num_heads=2, num_kv_heads=2, rope=RopeConfig(rotary_dim=32)),
+    "d96-fused": BASE.replace(head_dim=96, num_heads=2, num_kv_heads=1, fused_qkv=True),
+    "d32-gptj": BASE.replace(head_dim=32, rope=RopeConfig(style=RopeStyle.GPTJ)),
     "contrib-rotary": BASE.replace(attention_form="contrib_rotary"),
     "contrib-gqa": BASE.replace(attention_form="contrib_gqa"),
     "onnx23": BASE.replace(attention_form="onnx23"),

@@ -35,7 +35,8 @@ def test_the_rewrite_emits_exactly_the_contract(options, num_groups):
     cfg = SyntheticConfig(num_layers=3, hidden=64, vocab=96, intermediate=128)
     model = rewrite_model(make_synthetic_model(cfg), options).model
     explicit = bool(options.explicit_positions)
-    dims = {engine_io.NUM_POOL_GROUPS: num_groups, engine_io.VOCAB: cfg.vocab}
+    dims = {engine_io.NUM_POOL_GROUPS: num_groups, engine_io.VOCAB: cfg.vocab,
+            engine_io.NUM_TOP_LOGPROBS: min(options.top_logprobs, cfg.vocab)}
     if options.max_blocks:
         dims[engine_io.MAX_BLOCKS] = options.max_blocks
     for values, expected in ((model.graph.input, engine_io.engine_inputs(num_groups, explicit)),
@@ -58,7 +59,7 @@ def test_names_and_indices_round_trip():
     assert engine_io.status_name(12) == "kv_write_status_12" and engine_io.status_layer("kv_write_status_12") == 12
     for name in ("kv_write_status_", "kv_write_status_x", "kv_pools", "kv_write_status_1b", "xkv_write_status_1"):
         assert engine_io.status_layer(name) is None
-    assert engine_io.REQUIRED_INPUTS == ("input_ids", "kv_pools", "cu_q_lens", "past_lens")
+    assert engine_io.REQUIRED_INPUTS == ("input_ids", "kv_pools", "cu_q_lens", "past_lens", "logits_rows")
     spec = engine_io.SPECS[engine_io.BLOCK_TABLE]
     assert engine_io.resolve_shape(spec, {engine_io.BATCH: 5}) == (5, engine_io.MAX_BLOCKS)
 
@@ -78,7 +79,7 @@ def test_header_compiles_and_agrees_with_step_metadata(tmp_path):
     source.write_text('#include "pagedkv/engine_io.h"\n'
                       "namespace io = pagedkv::engine_io;\n"
                       'static_assert(io::kTensors[0].shape[1].dim == io::Dim::kNumTokens, "input_ids is [1, T]");\n'
-                      "int main() { return io::kNumTensors == 8 ? 0 : 1; }\n")
+                      "int main() { return io::kNumTensors == 16 ? 0 : 1; }\n")
     run = subprocess.run([compiler, "-std=c++17", "-Wall", "-Wextra", "-Werror", "-fsyntax-only",
                           f"-I{ROOT / 'plugins' / 'include'}", str(source)], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
@@ -89,8 +90,13 @@ def test_json_description(capsys):
     described = json.loads(capsys.readouterr().out)
     assert described == engine_io.describe()
     assert [t["name"] for t in described["inputs"]] == ["input_ids", "kv_pools", "cu_q_lens", "past_lens",
-                                                        "block_table_{g}", "position_ids"]
-    assert [t["name"] for t in described["outputs"]] == ["logits", "kv_write_status_{i}"]
+                                                        "block_table_{g}", "position_ids", "logits_rows",
+                                                        "sampling_params", "penalty_tokens", "penalty_counts"]
+    assert [t["name"] for t in described["outputs"]] == ["logits", "next_tokens", "next_logprobs", "top_tokens",
+                                                         "top_logprobs", "kv_write_status_{i}"]
+    sampling = described["records"]["sampling_params"]
+    assert sampling["fields"] == engine_io.SAMPLING_FIELDS == len(sampling["columns"])
+    assert sorted(sampling["columns"].values()) == list(range(engine_io.SAMPLING_FIELDS))
     status = described["records"]["kv_write_status"]
     assert status["fields"] == step.STATUS_FIELDS and status["columns"]["entry"] == step.STATUS_ENTRY
     cli = subprocess.run([sys.executable, "-m", "pagedkv.engine_io", "--json"], capture_output=True, text=True)

@@ -20,10 +20,11 @@ import sys
 import numpy as np
 import onnx
 import pytest
-from conftest import rewrite_and_compare
+from conftest import MATRIX_PROMPTS, rewrite_and_compare
 
 from pagedkv.onnx_export import hf
 from pagedkv.onnx_export._hf_families import FAMILIES
+from pagedkv.tolerances import EXPORT_FLOAT32_TOLERANCE
 
 NO_EXPORT = hf.why_export_unavailable()
 needs_export = pytest.mark.skipif(NO_EXPORT is not None, reason=f"export extra missing: {NO_EXPORT}")
@@ -70,7 +71,7 @@ def _cells():
 @pytest.mark.parametrize("family,exporter,opset,attention", list(_cells()))
 def test_export_rewrite_compare(family, exporter, opset, attention, tmp_path_factory):
     result = _export(family, exporter, tmp_path_factory, opset, attention)
-    assert result.verify_max_abs_err is not None and result.verify_max_abs_err <= hf.VERIFY_ATOL
+    assert result.verify_max_abs_err is not None and result.verify_max_abs_err <= EXPORT_FLOAT32_TOLERANCE[0]
     if (exporter, opset, attention) == ("dynamo", 23, "sdpa"):  # the standard ops, past concatenated outside
         graph = onnx.load(str(result.path), load_external_data=False).graph
         attention_ops = [n for n in graph.node if n.op_type == "Attention"]
@@ -193,3 +194,118 @@ def test_cli_export(tmp_path, capsys):
     out = tmp_path / "phi.onnx"
     assert main(["export", "--family", "phi", "-o", str(out), "--exporter", "legacy"]) == 0
     assert out.is_file() and "verified vs eager" in capsys.readouterr().out
+
+
+# ---- dtypes and quantized caches on every family ---------------------------------------------------------
+# rewrite --dtype fp16|bf16 of the float32 export: the plugins' activations in that dtype (a dtype of the
+# capability table), then compare against the float32 original with the dtype's stated tolerance
+# (pagedkv.tolerances.MODEL_TOLERANCES, relative to the logits' scale).
+@needs_export
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_rewrite_dtype_every_family(family, dtype, tmp_path_factory):
+    from pagedkv.builder.compare import compare
+    from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
+    from pagedkv.config import SUPPORTED_IO_DTYPES
+    from test_precision import plugin_activation_types
+
+    from pagedkv.tolerances import MODEL_TOLERANCES
+
+    exported = _export(family, "legacy", tmp_path_factory)
+    result = rewrite_model(str(exported.path), RewriteOptions(dtype=dtype))
+    name = {"fp16": "float16", "bf16": "bfloat16"}[dtype]
+    assert plugin_activation_types(result.model) == {name} and name in SUPPORTED_IO_DTYPES
+    atol, rtol = MODEL_TOLERANCES[name]
+    report = compare(str(exported.path), result.model, prompt_lens=MATRIX_PROMPTS, decode_steps=8, chunk_size=8,
+                     atol=atol, rtol=rtol)
+    print(f"{family} --dtype {dtype}: logits {max(s.max_scaled for s in report.steps):.2e} of the scale")
+    assert report.passed, str(report)
+
+
+# fp8 / int8 caches with per-layer scales calibrated on the float32 original (random-token prompts), compared
+# with the CLI's default tolerance (compare.default_tolerance).
+@needs_export
+@pytest.mark.parametrize("cache", ["fp8", "int8"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_calibrated_quantized_cache_every_family(family, cache, tmp_path_factory):
+    from pagedkv.builder.calibrate import CalibrationPlan
+    from pagedkv.builder.compare import compare, default_tolerance
+    from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
+
+    exported = _export(family, "legacy", tmp_path_factory)
+    rewritten = rewrite_model(str(exported.path), RewriteOptions(cache_dtype=cache, calibration=CalibrationPlan()),
+                              quiet=True).model
+    atol, rtol = default_tolerance(rewritten, str(exported.path))
+    report = compare(str(exported.path), rewritten, prompt_lens=MATRIX_PROMPTS, decode_steps=8, chunk_size=8,
+                     atol=atol, rtol=rtol)
+    print(f"{family} {cache}: logits {max(s.max_scaled for s in report.steps):.2e} of the scale (bound {atol:g})")
+    assert report.passed, str(report)
+
+
+# export --dtype float16|bfloat16: verified against the float32 model with the same weights, then the rewrite of
+# the 16-bit graph itself (its probes run on it) compared with the float32 export.
+@needs_export
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gptj"])
+def test_export_16bit_verifies_and_rewrites(family, dtype, tmp_path, tmp_path_factory):
+    from pagedkv.builder.compare import compare
+    from pagedkv.builder.precision import check_types
+    from pagedkv.builder.rewrite import rewrite_model
+    from pagedkv.tolerances import MODEL_TOLERANCES
+
+    result = hf.export_hf(family, tmp_path / f"{family}_{dtype}.onnx", exporter="legacy", dtype=dtype)
+    assert result.dtype == dtype and result.verify_max_abs_err is not None
+    assert "verified vs eager float32 with the same weights" in str(result)
+    graph = onnx.load(str(result.path))
+    check_types(graph)
+    if family != "gptj":  # rotary inv_freq stays float32, unrounded (module docstring); GPT-J has a sin/cos table
+        from onnx import numpy_helper
+
+        exact = (1.0 / 10000.0 ** (np.arange(0, 64, 2) / 64)).astype(np.float32)
+        tensors = list(graph.graph.initializer) + [n.attribute[0].t for n in graph.graph.node
+                                                   if n.op_type == "Constant" and n.attribute[0].name == "value"]
+        float32 = [numpy_helper.to_array(t).ravel() for t in tensors if t.data_type == onnx.TensorProto.FLOAT]
+        assert any(v.shape == exact.shape and np.allclose(v, exact, rtol=1e-6, atol=0) for v in float32)  # fp16: ~1e-4
+    rewritten = rewrite_model(str(result.path))
+    assert rewritten.report.dtype == dtype
+    float32 = _export(family, "legacy", tmp_path_factory)
+    atol, rtol = MODEL_TOLERANCES[dtype]
+    for reference in (str(float32.path), str(result.path)):
+        report = compare(reference, rewritten.model, prompt_lens=MATRIX_PROMPTS, decode_steps=8, chunk_size=8,
+                         atol=atol, rtol=rtol)
+        assert report.passed, str(report)
+
+
+@needs_export
+def test_16bit_export_that_computes_something_else_is_diagnosed_and_leaves_nothing(tmp_path, monkeypatch):
+    """The verification's diagnosis: a graph of other weights is far from the model, eager PyTorch in the same
+    dtype is not: 'computes something else', not rounding. And a failed export leaves no file behind."""
+    import torch
+
+    from pagedkv.onnx_export._hf_wrapper import DecoderWithPast
+
+    path = tmp_path / "llama16.onnx"
+    hf.export_hf("llama", path, exporter="legacy", dtype="float16", seed=0)
+    other = hf.load_model("llama", seed=1, dtype="float16")
+    with pytest.raises(hf.ExportError, match=r"is off the float32 model by .* eager PyTorch in float16 only by .*"
+                                             r"computes something else than the model"):
+        hf._verify_reduced(other, DecoderWithPast(other, 2).eval(), path, path, 2, 2, 64, 128, torch.float16)
+
+    def fail(*args, **kwargs):
+        raise hf.ExportError("verification failed on purpose")
+
+    monkeypatch.setattr(hf, "_verify_reduced", fail)
+    out = tmp_path / "nothing" / "left.onnx"
+    with pytest.raises(hf.ExportError, match="on purpose"):
+        hf.export_hf("llama", out, exporter="legacy", dtype="bfloat16")
+    assert not out.exists() and list(out.parent.iterdir()) == []
+
+
+@needs_export
+def test_cli_export_float16(tmp_path, capsys):
+    from pagedkv.cli import main
+
+    out = tmp_path / "qwen2_fp16.onnx"
+    assert main(["export", "--family", "qwen2", "-o", str(out), "--exporter", "legacy", "--dtype", "float16"]) == 0
+    text = capsys.readouterr().out
+    assert out.is_file() and "float16" in text and "verified vs eager float32" in text

@@ -84,7 +84,7 @@ def test_group_modes_and_sizes():
     full = PoolGroup("full", lay, CacheDType.BF16)
     assert full.mode == WindowMode.FULL and full.block_bytes == 4 * 2 * 8 * 16 * 128 * 2
     assert PoolGroup("w", lay, window=100).mode == WindowMode.RELEASE
-    ring = PoolGroup("c", KVLayout(4, 8, 16, 128, sink_tokens=4, cyclic_len=128), window=100, attention_sinks=4)
+    ring = PoolGroup("c", KVLayout(4, 8, 16, 128, ring_sink_tokens=4, cyclic_len=128), window=100, attention_sinks=4)
     assert ring.mode == WindowMode.CYCLIC and ring.ring_pages == (4 + 12 + 128) // 16
     fp8 = PoolGroup("q", lay, "fp8", k_scales=[0.5, 1, 2, 4], v_scales=[1, 1, 1, 0.25])
     cfg = fp8.pool_config(3, pool_index=2)
@@ -95,7 +95,7 @@ def test_group_modes_and_sizes():
 @pytest.mark.parametrize("kwargs, match", [
     (dict(layout=KVLayout(1, 1, 4, 8, cyclic_len=8)), r"window: a cyclic pool group \(cyclic_len=8\) needs"),
     (dict(layout=KVLayout(1, 1, 4, 8, cyclic_len=8), window=9), r"cyclic_len=8 < window=9"),
-    (dict(layout=KVLayout(1, 1, 4, 8, sink_tokens=2, cyclic_len=8), window=4), r"attention_sinks=0 must equal"),
+    (dict(layout=KVLayout(1, 1, 4, 8, ring_sink_tokens=2, cyclic_len=8), window=4), r"attention_sinks=0 must equal"),
     (dict(layout=KVLayout(2, 1, 4, 8), cache_dtype="int8", k_scales=[1.0]), r"k_scales: expected 2 values"),
     (dict(layout=KVLayout(1, 1, 4, 8), cache_dtype="fp8", v_scales=[float("nan")]), r"v_scales\[0\]: must be finite"),
     (dict(layout=KVLayout(1, 1, 4, 8), k_scales=[2.0]), r"only quantized caches"),

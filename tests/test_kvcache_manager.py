@@ -61,6 +61,13 @@ def test_errors_name_the_sequence_and_values():
         mgr.commit(1, 4)
     with pytest.raises(ValueError, match="token_ids has 1 entries for 2 tokens"):
         mgr.commit(1, 2, [5])
+    with pytest.raises(ValueError, match="token_ids of sequence 1 must fit int32"):
+        mgr.commit(1, 1, [2 ** 31])  # not wrapped into a negative id
+    assert mgr.state(1).known_tokens().size == 0
+    free_rows = len(mgr._free_rows)
+    with pytest.raises(ValueError, match="prompt_tokens: token ids must fit int32"):
+        mgr.add_sequence(3, [1, -2 ** 31 - 1])
+    assert len(mgr._free_rows) == free_rows and 3 not in mgr  # the refused sequence took no table row
     with pytest.raises(ValueError, match=r"sequence 1 has 3 reserved slot\(s\) for 5 new token"):
         mgr.build_step([(1, 5)])
     with pytest.raises(ValueError, match="appears twice"):
@@ -198,7 +205,7 @@ def test_released_window_frees_pages_and_keeps_sinks():
 
 
 def test_cyclic_ring_wraps_in_place_and_validates_the_step_size():
-    ring = PoolGroup("ring", KVLayout(1, 1, 4, 2, sink_tokens=2, cyclic_len=8), window=5, attention_sinks=2)
+    ring = PoolGroup("ring", KVLayout(1, 1, 4, 2, ring_sink_tokens=2, cyclic_len=8), window=5, attention_sinks=2)
     mgr = KVCacheManager([ring], 8, storage="numpy", debug_validate=True)
     assert ring.ring_pages == 3  # sinks 2 + bubble 2 + ring 8 = 12 slots
     toks = list(np.arange(1, 31))

@@ -17,7 +17,7 @@ GROUPS = [
     PoolGroup("full16", KVLayout(2, 2, 16, 8)),
     PoolGroup("full6", KVLayout(1, 1, 6, 4, PageLayout.NHD)),  # non-power-of-two page: divmod path
     PoolGroup("release", KVLayout(1, 1, 8, 4), window=20, attention_sinks=3),
-    PoolGroup("ring", KVLayout(1, 1, 8, 4, sink_tokens=5, cyclic_len=48), window=40, attention_sinks=5),
+    PoolGroup("ring", KVLayout(1, 1, 8, 4, ring_sink_tokens=5, cyclic_len=48), window=40, attention_sinks=5),
 ]
 
 

@@ -31,25 +31,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, \
     run_state_machine_as_test
 
-from pagedkv.kvcache import BlockRefcountError, KVCacheExhaustedError, KVCacheManager, PoolGroup, WindowMode
-from pagedkv.layout import KVLayout, PageLayout
+from pagedkv.kvcache import BlockRefcountError, KVCacheExhaustedError, KVCacheManager, WindowMode
 
-from test_kvcache_support import MAX_TOKEN, check_contents, check_step_reads, snapshot, write_step
+from test_kvcache_support import CONFIGS, MAX_TOKEN, check_contents, check_step_reads, snapshot, write_step
 
-# name -> (groups, primary blocks, host blocks, prefix reuse)
-CONFIGS = {
-    # two full-attention groups with different page sizes and layouts: prefix reuse must align them
-    "prefix": ([PoolGroup("p4", KVLayout(2, 1, 4, 2)),
-                PoolGroup("p8", KVLayout(1, 2, 8, 1, PageLayout.NHD))], [22, 12], [10, 6], True),
-    # full group + released sliding window (page 3: the divmod path) with sinks
-    "release": ([PoolGroup("full", KVLayout(1, 1, 4, 2)),
-                 PoolGroup("win", KVLayout(2, 1, 3, 1, PageLayout.NHD), window=5, attention_sinks=2)],
-                [20, 24], [10, 10], False),
-    # full group + cyclic ring with sinks and a bubble: sinks 2, bubble 2, ring 8 -> 3 pages
-    "cyclic": ([PoolGroup("full", KVLayout(1, 2, 4, 1, PageLayout.NHD)),
-                PoolGroup("ring", KVLayout(1, 1, 4, 2, sink_tokens=2, cyclic_len=8), window=5,
-                          attention_sinks=2)], [20, 14], [8, 6], False),
-}
 
 MAX_SEQS = 7
 OPS = {"count": 0}

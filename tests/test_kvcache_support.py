@@ -17,6 +17,22 @@ from pagedkv.layout import INVALID_BLOCK, KVLayout, PageLayout, attends
 
 MAX_TOKEN = 60  # token ids in [1, MAX_TOKEN]: every encoded value stays an exact fp16 integer (< 2048)
 
+# The random tests' pool configurations (test_kvcache_property, test_kvcache_native):
+# name -> (groups, primary blocks, host blocks, prefix reuse)
+CONFIGS = {
+    # two full-attention groups with different page sizes and layouts: prefix reuse must align them
+    "prefix": ([PoolGroup("p4", KVLayout(2, 1, 4, 2)),
+                PoolGroup("p8", KVLayout(1, 2, 8, 1, PageLayout.NHD))], [22, 12], [10, 6], True),
+    # full group + released sliding window (page 3: the divmod path) with sinks
+    "release": ([PoolGroup("full", KVLayout(1, 1, 4, 2)),
+                 PoolGroup("win", KVLayout(2, 1, 3, 1, PageLayout.NHD), window=5, attention_sinks=2)],
+                [20, 24], [10, 10], False),
+    # full group + cyclic ring with sinks and a bubble: sinks 2, bubble 2, ring 8 -> 3 pages
+    "cyclic": ([PoolGroup("full", KVLayout(1, 2, 4, 1, PageLayout.NHD)),
+                PoolGroup("ring", KVLayout(1, 1, 4, 2, ring_sink_tokens=2, cyclic_len=8), window=5,
+                              attention_sinks=2)], [20, 14], [8, 6], False),
+}
+
 
 def element_offsets(layout: KVLayout, block, offset) -> np.ndarray:
     """Flat element offsets [n, 2, L, KVH, D] of the K and V rows of tokens at (block, offset)."""
@@ -156,7 +172,7 @@ def test_write_step_touches_exactly_the_located_slots(page_layout):
 def test_expected_live_positions_by_mode():
     full = PoolGroup("f", KVLayout(1, 1, 4, 1))
     release = PoolGroup("r", KVLayout(1, 1, 4, 1), window=5, attention_sinks=2)
-    ring = PoolGroup("c", KVLayout(1, 1, 4, 1, sink_tokens=2, cyclic_len=8), window=5, attention_sinks=2)
+    ring = PoolGroup("c", KVLayout(1, 1, 4, 1, ring_sink_tokens=2, cyclic_len=8), window=5, attention_sinks=2)
     assert expected_live_positions(full, 5).tolist() == [0, 1, 2, 3, 4]
     assert expected_live_positions(release, 12).tolist() == [0, 1, 8, 9, 10, 11]
     assert expected_live_positions(ring, 14).tolist() == [0, 1, 6, 7, 8, 9, 10, 11, 12, 13]

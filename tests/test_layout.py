@@ -1,5 +1,6 @@
 """The KV-layout contract (src/pagedkv/layout.py) against independent formulations, and the C++ header
-(plugins/include/pagedkv/kv_layout.h) against its Python twin through the C API entry pagedkv_layout_locate."""
+(plugins/include/pagedkv/kv_layout.h) against its Python twin through the C API entries pagedkv_kv_layout
+(makeKVLayout: the derived strides, shift and bubble) and pagedkv_layout_locate (the address function)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagedkv import _lib
+from pagedkv.kernels import _structs
 from pagedkv.layout import INVALID_BLOCK, CacheDType, KVLayout, PageLayout, attends, log2_if_pow2
 
 PROPERTY = settings(max_examples=60, deadline=None)
@@ -51,7 +53,7 @@ def geometries(draw):
         page_size=page_size,
         head_dim=draw(st.sampled_from([1, 3, 8, 64, 128])),
         page_layout=draw(st.sampled_from(list(PageLayout))),
-        sink_tokens=draw(st.integers(0, 2 * page_size + 3)) if cyclic else 0,
+        ring_sink_tokens=draw(st.integers(0, 2 * page_size + 3)) if cyclic else 0,
         cyclic_len=page_size * draw(st.integers(1, 4)) if cyclic else 0,
     )
 
@@ -62,7 +64,7 @@ def located_cases(draw):
     num_blocks = draw(st.integers(1, 12))
     # entries: valid ids, the -1 sentinel, ids past the pool, other negatives
     row = draw(st.lists(st.integers(-3, num_blocks + 2), min_size=0, max_size=8))
-    span = max(1, (len(row) + 2) * layout.page_size + layout.sink_tokens + layout.cyclic_len)
+    span = max(1, (len(row) + 2) * layout.page_size + layout.ring_sink_tokens + layout.cyclic_len)
     positions = draw(st.lists(st.integers(0, 3 * span), min_size=1, max_size=40))
     return layout, num_blocks, np.array(row, dtype=np.int32), np.array(positions, dtype=np.int32)
 
@@ -72,7 +74,7 @@ def located_cases(draw):
 @given(located_cases())
 def test_token_slot_matches_ring_model(case):
     layout, _, _, positions = case
-    expected = [model_slot(int(p), layout.page_size, layout.sink_tokens, layout.cyclic_len) for p in positions]
+    expected = [model_slot(int(p), layout.page_size, layout.ring_sink_tokens, layout.cyclic_len) for p in positions]
     np.testing.assert_array_equal(layout.token_slot(positions), expected)
 
 
@@ -82,14 +84,14 @@ def test_locate_matches_model(case):
     layout, num_blocks, row, positions = case
     block, offset, raw = layout.locate(row, positions, num_blocks)
     for i, pos in enumerate(positions):
-        want = model_locate(row, int(pos), num_blocks, layout.page_size, layout.sink_tokens, layout.cyclic_len)
+        want = model_locate(row, int(pos), num_blocks, layout.page_size, layout.ring_sink_tokens, layout.cyclic_len)
         assert (int(block[i]), int(offset[i]), int(raw[i])) == want, f"position {pos}"
 
 
 @PROPERTY
 @given(geometries(), st.integers(0, 400))
 def test_slots_used_and_pages_needed_match_ring_model(layout, length):
-    slots = [model_slot(p, layout.page_size, layout.sink_tokens, layout.cyclic_len) for p in range(length)]
+    slots = [model_slot(p, layout.page_size, layout.ring_sink_tokens, layout.cyclic_len) for p in range(length)]
     used = max(slots) + 1 if slots else 0
     assert int(layout.slots_used(length)) == used
     assert int(layout.pages_needed(length)) == -(-used // layout.page_size)
@@ -98,13 +100,13 @@ def test_slots_used_and_pages_needed_match_ring_model(layout, length):
 
 
 def test_bubble_aligns_ring_to_a_page():
-    layout = KVLayout(1, 1, page_size=4, head_dim=8, sink_tokens=6, cyclic_len=8)
+    layout = KVLayout(1, 1, page_size=4, head_dim=8, ring_sink_tokens=6, cyclic_len=8)
     assert layout.bubble_len == 2  # sinks fill slots 0..5, slots 6, 7 are the bubble
     np.testing.assert_array_equal(layout.token_slot(np.arange(16)),
                                   [0, 1, 2, 3, 4, 5, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9])
-    assert KVLayout(1, 1, page_size=4, head_dim=8, sink_tokens=8, cyclic_len=8).bubble_len == 0
+    assert KVLayout(1, 1, page_size=4, head_dim=8, ring_sink_tokens=8, cyclic_len=8).bubble_len == 0
     # a linear cache has no sinks, whatever was asked
-    assert KVLayout(1, 1, page_size=4, head_dim=8, sink_tokens=3, cyclic_len=0).sink_tokens == 0
+    assert KVLayout(1, 1, page_size=4, head_dim=8, ring_sink_tokens=3, cyclic_len=0).ring_sink_tokens == 0
 
 
 @pytest.mark.parametrize("page_size", [1, 2, 4, 16, 64, 128])
@@ -171,7 +173,7 @@ def test_attends_matches_plain_loop_definition():
 
 @pytest.mark.parametrize("kwargs, field", [
     (dict(num_layers=0), "num_layers"), (dict(num_kv_heads=-1), "num_kv_heads"), (dict(page_size=0), "page_size"),
-    (dict(head_dim=0), "head_dim"), (dict(sink_tokens=-1, cyclic_len=16), "sink_tokens"),
+    (dict(head_dim=0), "head_dim"), (dict(ring_sink_tokens=-1, cyclic_len=16), "ring_sink_tokens"),
     (dict(cyclic_len=20), "cyclic_len"), (dict(cyclic_len=-16), "cyclic_len"),
 ])
 def test_invalid_geometry_names_the_field(kwargs, field):
@@ -186,13 +188,18 @@ def _capi_locate():
     fn = lib.pagedkv_layout_locate
     i32, i64 = ctypes.c_int32, ctypes.c_int64
     p32, p64 = ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int64)
-    fn.argtypes = [i32, i32, i32, i32, i32, i32, i32, p32, i32, i64, i32, i32, i32, p32, i32, p64, p32, p64]
+    fn.argtypes = [ctypes.c_void_p, p32, i32, i64, i32, i32, i32, p32, i32, p64, p32, p64]
     fn.restype = i32
     return fn
 
 
 def _ptr(a: np.ndarray, ctype):
     return a.ctypes.data_as(ctypes.POINTER(ctype))
+
+
+def cpp_layout(layout: KVLayout):
+    """The C++ makeKVLayout of the same geometry (pagedkv_kv_layout), as its ctypes mirror."""
+    return _structs.kv_layout(layout)
 
 
 def cpp_locate(layout: KVLayout, row: np.ndarray, num_blocks: int, layer: int, kv: int, head: int,
@@ -205,12 +212,22 @@ def cpp_locate(layout: KVLayout, row: np.ndarray, num_blocks: int, layer: int, k
     out_block = np.full(n, -7, dtype=np.int64)
     out_offset = np.full(n, -7, dtype=np.int32)
     out_elem = np.full(n, -7, dtype=np.int64)
-    rc = _capi_locate()(layout.num_layers, layout.num_kv_heads, layout.page_size, layout.head_dim,
-                        int(layout.page_layout), layout.sink_tokens, layout.cyclic_len,
-                        _ptr(row_buf, ctypes.c_int32), row.size, num_blocks, layer, kv, head,
-                        _ptr(pos, ctypes.c_int32), n, _ptr(out_block, ctypes.c_int64),
+    rc = _capi_locate()(ctypes.byref(cpp_layout(layout)), _ptr(row_buf, ctypes.c_int32), row.size, num_blocks, layer,
+                        kv, head, _ptr(pos, ctypes.c_int32), n, _ptr(out_block, ctypes.c_int64),
                         _ptr(out_offset, ctypes.c_int32), _ptr(out_elem, ctypes.c_int64))
     return rc, out_block, out_offset, out_elem
+
+
+@PROPERTY
+@given(geometries())
+def test_cpp_make_kv_layout_matches_python_twin(layout):
+    c = cpp_layout(layout)
+    assert (c.numLayers, c.numKVHeads, c.pageSize, c.headDim, c.pageLayout, c.ringSinkTokens, c.cyclicLen) == (
+        layout.num_layers, layout.num_kv_heads, layout.page_size, layout.head_dim, int(layout.page_layout),
+        layout.ring_sink_tokens, layout.cyclic_len)
+    assert (c.pageShift, c.bubbleLen) == (layout.page_shift, layout.bubble_len)
+    assert (c.strideBlock, c.strideLayer, c.strideKV, c.strideHead, c.strideToken) == (
+        layout.stride_block, layout.stride_layer, layout.stride_kv, layout.stride_head, layout.stride_token)
 
 
 @PROPERTY
@@ -246,18 +263,18 @@ def test_cpp_header_sees_every_kind_of_bad_entry():
     assert np.all(c_elem[block == INVALID_BLOCK] == -1)
 
 
-@pytest.mark.parametrize("geometry", [
-    dict(page_size=0), dict(cyclic_len=20), dict(sink_tokens=-1, cyclic_len=16), dict(num_kv_heads=0)])
-def test_cpp_rejects_what_python_rejects(geometry):
-    args = dict(num_layers=1, num_kv_heads=1, page_size=16, head_dim=64, page_layout=0, sink_tokens=0,
+@pytest.mark.parametrize("geometry, field", [
+    (dict(page_size=0), "page_size=0"), (dict(cyclic_len=20), "cyclic_len=20"),
+    (dict(ring_sink_tokens=-1, cyclic_len=16), "ring_sink_tokens=-1"), (dict(num_kv_heads=0), "num_kv_heads=0"),
+    (dict(num_layers=-2), "num_layers=-2"), (dict(head_dim=0), "head_dim=0"), (dict(page_layout=2), "page_layout=2")])
+def test_cpp_rejects_what_python_rejects(geometry, field):
+    args = dict(num_layers=1, num_kv_heads=1, page_size=16, head_dim=64, page_layout=0, ring_sink_tokens=0,
                 cyclic_len=0) | geometry
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=field.split("=")[0]):
         KVLayout(**args)
-    row = np.zeros(1, dtype=np.int32)
-    pos = np.zeros(1, dtype=np.int32)
-    out64, out32, out_elem = np.zeros(1, np.int64), np.zeros(1, np.int32), np.zeros(1, np.int64)
-    rc = _capi_locate()(args["num_layers"], args["num_kv_heads"], args["page_size"], args["head_dim"],
-                        args["page_layout"], args["sink_tokens"], args["cyclic_len"], _ptr(row, ctypes.c_int32), 1,
-                        4, 0, 0, 0, _ptr(pos, ctypes.c_int32), 1, _ptr(out64, ctypes.c_int64),
-                        _ptr(out32, ctypes.c_int32), _ptr(out_elem, ctypes.c_int64))
+    lib = _lib.capi()
+    lib.pagedkv_kv_layout.argtypes = [ctypes.c_int32] * 7 + [ctypes.c_void_p]
+    out = _structs.struct("KVLayout")()
+    rc = lib.pagedkv_kv_layout(*args.values(), ctypes.byref(out))
     assert rc != 0
+    assert lib.pagedkv_last_error().decode().startswith(field + ": expected")

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from pagedkv import _lib
+from pagedkv.capabilities import capabilities
 from pagedkv.config import (ATTENTION_PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION, WRITE_PLUGIN_NAME,
                             AttentionConfig, PoolConfig, RopeConfig, RopeScaling, RopeStyle, WriteConfig)
 from pagedkv.layout import CacheDType, PageLayout
@@ -267,7 +268,7 @@ WRITE_CASES = [
               write_cfg(pool_kw=dict(cache_dtype=CacheDType.INT8, k_scale=0.02, v_scale=0.03, pool_index=1),
                         explicit_positions=True, has_bias=True, q_out_fp8=True, q_scale=0.5), io="kBF16"),
     WriteCase("fp16-gptj-llama3-nhd-cyclic",
-              write_cfg(pool_kw=dict(page_layout=PageLayout.NHD, sink_tokens=4, cyclic_len=64, page_size=32),
+              write_cfg(pool_kw=dict(page_layout=PageLayout.NHD, ring_sink_tokens=4, cyclic_len=64, page_size=32),
                         rope=RopeConfig(style=RopeStyle.GPTJ, rotary_dim=32, theta=500000.0,
                                         scaling=RopeScaling.LLAMA3, factor=8.0))),
     WriteCase("fp16-norope-odd-page", write_cfg(pool_kw=dict(page_size=13, cache_dtype=CacheDType.FP8_E4M3),
@@ -454,14 +455,16 @@ BUILD_REJECTIONS = [
      ["missing required field", "'num_q_heads'"]),
     ("missing-pool-fields", ATTENTION_PLUGIN_NAME, without(attn_cfg().to_attributes(), "head_dim", "page_size"),
      ["missing required field", "'head_dim'", "'page_size'"]),
-    ("head_dim-96", WRITE_PLUGIN_NAME, dict(write_cfg().to_attributes(), head_dim=96),
-     ["'head_dim'=96", "one of {64, 128, 256}"]),
+    ("head_dim-48", WRITE_PLUGIN_NAME, dict(write_cfg().to_attributes(), head_dim=48),
+     ["'head_dim'=48", "one of {32, 64, 80, 96, 128, 256}"]),
+    ("head_dim-112", ATTENTION_PLUGIN_NAME, dict(attn_cfg().to_attributes(), head_dim=112),
+     ["'head_dim'=112", "one of {32, 64, 80, 96, 128, 256}"]),
     ("heads-not-multiple", ATTENTION_PLUGIN_NAME, dict(attn_cfg().to_attributes(), num_q_heads=5),
      ["'num_q_heads'=5", "multiple of num_kv_heads=2"]),
     ("layer-index-past-layers", WRITE_PLUGIN_NAME, dict(write_cfg().to_attributes(), layer_index=2),
      ["'layer_index'=2", "num_layers=2"]),
     ("cache-dtype-nvfp4-reserved", WRITE_PLUGIN_NAME, dict(write_cfg().to_attributes(), cache_dtype=4),
-     ["'cache_dtype'=4", "NVFP4"]),
+     ["'cache_dtype'=4", "4 (nvfp4) is reserved"]),
     ("cache-dtype-unknown", ATTENTION_PLUGIN_NAME, dict(attn_cfg().to_attributes(), cache_dtype=9),
      ["'cache_dtype'=9"]),
     ("page-layout-unknown", WRITE_PLUGIN_NAME, dict(write_cfg().to_attributes(), page_layout=2), ["'page_layout'=2"]),
@@ -484,8 +487,8 @@ BUILD_REJECTIONS = [
      ["'has_bias'=2", "one of {0, 1}"]),
     ("cyclic-not-whole-pages", WRITE_PLUGIN_NAME, dict(write_cfg().to_attributes(), cyclic_len=40),
      ["'cyclic_len'=40", "page_size=16"]),
-    ("sink-tokens-negative", ATTENTION_PLUGIN_NAME, dict(attn_cfg().to_attributes(), sink_tokens=-3),
-     ["'sink_tokens'=-3"]),
+    ("ring-sink-tokens-negative", ATTENTION_PLUGIN_NAME, dict(attn_cfg().to_attributes(), ring_sink_tokens=-3),
+     ["'ring_sink_tokens'=-3"]),
     ("attention-sinks-negative", ATTENTION_PLUGIN_NAME, dict(attn_cfg().to_attributes(), attention_sinks=-1),
      ["'attention_sinks'=-1"]),
     ("softmax-scale-negative", ATTENTION_PLUGIN_NAME, dict(attn_cfg().to_attributes(), softmax_scale=-0.5),
@@ -506,6 +509,48 @@ BUILD_REJECTIONS = [
 @pytest.mark.parametrize("case_id,plugin,attrs,words", BUILD_REJECTIONS, ids=[c[0] for c in BUILD_REJECTIONS])
 def test_create_rejects_bad_attributes(host, tmp_path, case_id, plugin, attrs, words):
     assert_rejected(create(host, tmp_path, plugin, attrs), *words)
+
+
+# ---- the capability table (plugins/include/pagedkv/capabilities.h, read through pagedkv.capabilities) --------
+def _outside(values, low=1):
+    """Values just outside a set: neighbours of each member that are not members, and past both ends."""
+    near = {v + d for v in values for d in (-16, -1, 1, 16)} | {low - 1, max(values) * 2}
+    return sorted(v for v in near if v not in values)
+
+
+def test_plugins_accept_exactly_the_head_dims_of_the_capability_table(host, tmp_path):
+    head_dims = capabilities().head_dims
+    for plugin, make in ((WRITE_PLUGIN_NAME, write_cfg), (ATTENTION_PLUGIN_NAME, attn_cfg)):
+        for d in head_dims:
+            attrs = make(pool_kw=dict(head_dim=d)).to_attributes()
+            assert create(host, tmp_path, plugin, attrs)["created"], (plugin, d)
+        for d in _outside(head_dims):
+            listed = "one of {" + ", ".join(map(str, head_dims)) + "}"
+            assert_rejected(create(host, tmp_path, plugin, dict(make().to_attributes(), head_dim=d)),
+                            f"'head_dim'={d}", listed)
+
+
+def test_plugins_accept_exactly_the_page_sizes_and_cache_dtypes_of_the_capability_table(host, tmp_path):
+    caps = capabilities()
+    attrs = attn_cfg().to_attributes()
+    for page in (caps.min_page_size, 24, caps.max_page_size):
+        assert create(host, tmp_path, ATTENTION_PLUGIN_NAME, dict(attrs, page_size=page))["created"], page
+    for page in (caps.min_page_size - 1, caps.max_page_size + 1):
+        assert_rejected(create(host, tmp_path, ATTENTION_PLUGIN_NAME, dict(attrs, page_size=page)),
+                        f"'page_size'={page}", f"[{caps.min_page_size}, {caps.max_page_size}]")
+    for cache in CacheDType:
+        report = create(host, tmp_path, WRITE_PLUGIN_NAME, dict(write_cfg().to_attributes(), cache_dtype=int(cache)))
+        if cache in caps.cache_dtypes:
+            assert report["created"], cache
+        else:
+            assert_rejected(report, f"'cache_dtype'={int(cache)}")
+    for heads in (caps.max_heads, caps.max_heads + 1):
+        report = create(host, tmp_path, WRITE_PLUGIN_NAME,
+                        dict(write_cfg().to_attributes(), num_q_heads=heads, num_kv_heads=1))
+        assert report["created"] == (heads <= caps.max_heads), heads
+    too_wide = dict(write_cfg(pool_kw=dict(head_dim=max(caps.head_dims))).to_attributes(),
+                    rope_rotary_dim=caps.max_rotary_dim + 2)
+    assert_rejected(create(host, tmp_path, WRITE_PLUGIN_NAME, too_wide), f"'rope_rotary_dim'={caps.max_rotary_dim + 2}")
 
 
 def test_defaults_fill_optional_attributes(host, tmp_path):
@@ -584,8 +629,8 @@ CORRUPTIONS = [
      lambda f: dict(f, layer_index={"raw_type": "kINT32", "values": [1], "length": -5}), ["'layer_index'", "-5"]),
     ("null-data", ATTENTION_PLUGIN_NAME,
      lambda f: dict(f, head_dim={"raw_type": "kINT32", "values": [64], "null_data": True}), ["'head_dim'", "null"]),
-    ("out-of-range-head-dim", WRITE_PLUGIN_NAME, lambda f: dict(f, head_dim={"raw_type": "kINT32", "values": [80]}),
-     ["'head_dim'=80"]),
+    ("out-of-range-head-dim", WRITE_PLUGIN_NAME, lambda f: dict(f, head_dim={"raw_type": "kINT32", "values": [48]}),
+     ["'head_dim'=48"]),
     ("unknown-cache-dtype", ATTENTION_PLUGIN_NAME,
      lambda f: dict(f, cache_dtype={"raw_type": "kINT32", "values": [7]}), ["'cache_dtype'=7"]),
     ("unknown-rope-style", WRITE_PLUGIN_NAME, lambda f: dict(f, rope_style={"raw_type": "kINT32", "values": [9]}),
@@ -628,32 +673,33 @@ def test_build_phase_values_also_checked_at_run_time(host, tmp_path, serialized)
 REQUIRED = ("num_q_heads", "num_kv_heads", "head_dim", "page_size", "num_layers", "layer_index")
 
 
-def doc_attribute_tables() -> dict[str, dict[str, list[str]]]:
-    """docs/plugin_io.md "## Attributes": {section title: {name: [ONNX, field, default, ...]}}."""
+def readme_attribute_table(folder: str) -> dict[str, list[str]]:
+    """The attribute table of plugins/plugins/<folder>/README.md: {name: [ONNX, field, default, range, meaning]}
+    (the plugin's "## Attributes" section, or the whole file for the shared table in common/)."""
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "plugin_io.md").read_text()
-    section = text.split("\n## Attributes\n", 1)[1].split("\n## ", 1)[0]
-    tables, title = {}, None
-    for line in section.splitlines():
-        if line.startswith("### "):
-            title = line[4:].strip()
-            tables[title] = {}
-        elif title and line.startswith("| `"):
+    text = (Path(__file__).resolve().parents[1] / "plugins" / "plugins" / folder / "README.md").read_text()
+    if "\n## Attributes\n" in text:
+        text = text.split("\n## Attributes\n", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in text.splitlines():
+        if line.startswith("| `"):
             cells = [c.strip() for c in line.strip("|").split("|")]
-            tables[title][cells[0].strip("`")] = cells[1:]
-    return tables
+            rows[cells[0].strip("`")] = cells[1:]
+    return rows
 
 
 def test_docs_attribute_tables_match_the_plugins(host, tmp_path):
-    """The human-readable contract cannot drift: names, ONNX/field types and defaults against config.py and
-    against what the creators report."""
-    tables = doc_attribute_tables()
-    shared = tables["Shared by both plugins (pool and heads)"]
+    """The plugins' README attribute tables cannot drift: names, ONNX/field types and defaults against config.py
+    and against what the creators report."""
+    shared = readme_attribute_table("common")
+    own = {WRITE_PLUGIN_NAME: readme_attribute_table("qkvWritePlugin"),
+           ATTENTION_PLUGIN_NAME: readme_attribute_table("attentionPlugin")}
     _, info, _ = run_host(host, "info", tmp_path)
     fields = {c["name"]: {f["name"]: f["type"] for f in c["fields"]} for c in info["creators"]}
     for plugin, cfg in ((WRITE_PLUGIN_NAME, write_cfg()), (ATTENTION_PLUGIN_NAME, attn_cfg())):
-        rows = {**shared, **tables[plugin]}
+        assert not set(shared) & set(own[plugin]), "an attribute is in two tables"
+        rows = {**shared, **own[plugin]}
         attrs = cfg.to_attributes()
         assert set(rows) == set(attrs), sorted(set(rows) ^ set(attrs))
         for name, (onnx, field, default, *_rest) in rows.items():
@@ -663,3 +709,8 @@ def test_docs_attribute_tables_match_the_plugins(host, tmp_path):
                 assert default == "required", name
             else:
                 assert float(default) == attrs[name], (name, default, attrs[name])
+    # The tables state today's capability sets and name the table they come from.
+    caps = capabilities()
+    assert "kSupportedHeadDims" in shared["head_dim"][3]
+    assert ", ".join(map(str, caps.head_dims)) in shared["head_dim"][3]
+    assert f"[{caps.min_page_size}, {caps.max_page_size}]" in shared["page_size"][3]

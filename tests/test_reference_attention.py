@@ -41,10 +41,11 @@ class Case:
     heads: tuple = (8, 2)
     cache_dtype: CacheDType = FP16
     window: int = 0
-    sinks: int = 0
+    attention_sinks: int = 0
     softcap: float = 0.0
     softmax_scale: float = 0.0
     q_gain: float = 1.0  # larger logits, so that softcap matters
+    head_dim: int = HEAD_DIM
 
     def __post_init__(self):
         assert all(past >= 0 and q >= 0 for past, q in self.seqs)
@@ -62,13 +63,17 @@ CASES = [
     Case("mixed-mqa", MIXED, heads=(4, 1)),
     Case("mixed-mha", MIXED, heads=(4, 4)),
     Case("window", MIXED, window=16),
-    Case("window-sinks", MIXED, window=16, sinks=4),
+    Case("window-sinks", MIXED, window=16, attention_sinks=4),
     Case("window-1", ((30, 5), (3, 1)), window=1),
     Case("softcap", MIXED, softcap=5.0, q_gain=4.0),
     Case("softmax-scale", MIXED, softmax_scale=0.3),
     Case("bf16", MIXED, cache_dtype=BF16),
-    Case("fp8", MIXED, cache_dtype=FP8, window=20, sinks=3),
+    Case("fp8", MIXED, cache_dtype=FP8, window=20, attention_sinks=3),
     Case("int8", MIXED, cache_dtype=INT8),
+    # head dims outside 64 / 128 / 256 (Phi-2 80, Phi-3-mini 96, 32)
+    Case("mixed-gqa-d80", MIXED, head_dim=80),
+    Case("window-sinks-fp8-d96", MIXED, cache_dtype=FP8, window=16, attention_sinks=4, head_dim=96),
+    Case("decode-int8-d32", ((0, 1), (5, 1), (16, 1), (47, 1)), cache_dtype=INT8, head_dim=32),
 ]
 
 
@@ -88,13 +93,13 @@ class Built:
             table[b, :n] = [free.pop() for _ in range(n)]
         cu = np.concatenate([[0], np.cumsum([q for _, q in case.seqs])])
         self.meta = StepMetadata(table, cu, np.array([p for p, _ in case.seqs]))
-        raw_k = [rng.standard_normal((n, kvh, HEAD_DIM)) for n in kv_lens]
-        raw_v = [rng.standard_normal((n, kvh, HEAD_DIM)) for n in kv_lens]
+        raw_k = [rng.standard_normal((n, kvh, case.head_dim)) for n in kv_lens]
+        raw_v = [rng.standard_normal((n, kvh, case.head_dim)) for n in kv_lens]
         k_scale = scale_for(np.concatenate(raw_k), case.cache_dtype)
         v_scale = scale_for(np.concatenate(raw_v), case.cache_dtype)
-        pool_cfg = PoolConfig(num_kv_heads=kvh, head_dim=HEAD_DIM, page_size=page_size, num_layers=3, layer_index=2,
-                              cache_dtype=case.cache_dtype, page_layout=page_layout, k_scale=k_scale, v_scale=v_scale)
-        self.cfg = AttentionConfig(num_q_heads=h, pool=pool_cfg, window=case.window, attention_sinks=case.sinks,
+        pool_cfg = PoolConfig(num_kv_heads=kvh, head_dim=case.head_dim, page_size=page_size, num_layers=3,
+                              layer_index=2, cache_dtype=case.cache_dtype, page_layout=page_layout, k_scale=k_scale, v_scale=v_scale)
+        self.cfg = AttentionConfig(num_q_heads=h, pool=pool_cfg, window=case.window, attention_sinks=case.attention_sinks,
                                    softmax_scale=case.softmax_scale, logit_softcap=case.softcap)
         self.layout = pool_cfg.layout()
         dtype = case.cache_dtype.numpy_dtype
@@ -110,7 +115,7 @@ class Built:
                 self.pool[pool_index(self.layout, blk, 2, 1, pos % page_size)] = v_st[pos]
             self.k.append(dequantize(k_st, case.cache_dtype, k_scale))
             self.v.append(dequantize(v_st, case.cache_dtype, v_scale))
-        self.q = rng.standard_normal((self.meta.num_tokens, h, HEAD_DIM)) * case.q_gain
+        self.q = rng.standard_normal((self.meta.num_tokens, h, case.head_dim)) * case.q_gain
 
     def dense(self, case: Case, k=None, v=None):
         out = np.zeros_like(self.q)
@@ -121,7 +126,7 @@ class Built:
             kk = self.k[b] if k is None else k[b]
             vv = self.v[b] if v is None else v[b]
             out[rows] = dense_attention(self.q[rows], kk, vv, past + np.arange(q_len), np.arange(past + q_len),
-                                        window=case.window, sinks=case.sinks,
+                                        window=case.window, attention_sinks=case.attention_sinks,
                                         softmax_scale=self.cfg.resolved_softmax_scale, logit_softcap=case.softcap)
         return out
 
@@ -150,7 +155,7 @@ def test_query_tiling_does_not_change_the_result(case, monkeypatch):
 
 
 def test_long_prefill_spanning_several_query_tiles():
-    case = Case("long", ((0, 300), (40, 150)), heads=(2, 1), window=100, sinks=2)
+    case = Case("long", ((0, 300), (40, 150)), heads=(2, 1), window=100, attention_sinks=2)
     built = Built(case, PageLayout.NHD, 24, seed=4)
     np.testing.assert_allclose(paged_attention(built.q, built.meta, built.pool, built.cfg), built.dense(case), **AGREE)
 
@@ -177,7 +182,7 @@ def test_positions_no_query_sees_are_never_read(case):
             continue
         # visible to the first query (the oldest window): sinks and the last `window` positions up to it
         for pos in range(past + q_len):
-            if pos >= case.sinks and past - pos >= case.window:
+            if pos >= case.attention_sinks and past - pos >= case.window:
                 blk = table[b, pos // 16]
                 built.pool[pool_index(layout, blk, 2, 0, pos % 16)] = np.nan
                 built.pool[pool_index(layout, blk, 2, 1, pos % 16)] = np.nan
@@ -235,7 +240,7 @@ def test_chunked_prefill_equals_one_shot_dense_causal(cache_dtype, window, sinks
     v = x[:, h + kvh:]
     k = dequantize(quantize(k, cache_dtype, pool_cfg.k_scale), cache_dtype, pool_cfg.k_scale)
     v = dequantize(quantize(v, cache_dtype, pool_cfg.v_scale), cache_dtype, pool_cfg.v_scale)
-    want = dense_attention(q_all, k, v, np.arange(n), np.arange(n), window=window, sinks=sinks,
+    want = dense_attention(q_all, k, v, np.arange(n), np.arange(n), window=window, attention_sinks=sinks,
                            softmax_scale=attn_cfg.resolved_softmax_scale)
     np.testing.assert_allclose(np.concatenate(outs), want, **AGREE)
 
@@ -271,7 +276,7 @@ def test_cyclic_cache_attention_equals_dense_over_the_full_history(page_layout, 
     total = sum(steps)
     assert total > sinks + 2 * cyclic_len
     pool_cfg = PoolConfig(num_kv_heads=kvh, head_dim=HEAD_DIM, page_size=page_size, num_layers=1, layer_index=0,
-                          cache_dtype=FP16, page_layout=page_layout, sink_tokens=sinks, cyclic_len=cyclic_len)
+                          cache_dtype=FP16, page_layout=page_layout, ring_sink_tokens=sinks, cyclic_len=cyclic_len)
     layout = pool_cfg.layout()
     pages = int(layout.pages_needed(total))
     table = rng.permutation(pages + 2)[:pages].astype(np.int32)[None, :]
@@ -289,14 +294,14 @@ def test_cyclic_cache_attention_equals_dense_over_the_full_history(page_layout, 
         got = paged_attention(q, meta, pool, attn_cfg)
         kv_len = past + q_len
         want = dense_attention(q, k[:kv_len], v[:kv_len], past + np.arange(q_len), np.arange(kv_len), window=window,
-                               sinks=sinks, softmax_scale=attn_cfg.resolved_softmax_scale)
+                               attention_sinks=sinks, softmax_scale=attn_cfg.resolved_softmax_scale)
         np.testing.assert_allclose(got, want, **AGREE, err_msg=f"step at past {past}")
         past = kv_len
 
 
 def test_window_larger_than_the_ring_is_an_error():
     pool_cfg = PoolConfig(num_kv_heads=1, head_dim=HEAD_DIM, page_size=4, num_layers=1, layer_index=0,
-                          cache_dtype=FP16, sink_tokens=2, cyclic_len=8)
+                          cache_dtype=FP16, ring_sink_tokens=2, cyclic_len=8)
     pool = np.zeros(pool_cfg.layout().pool_shape(4), np.float16)
     table = np.array([[0, 1, 2]], dtype=np.int32)
     # decode at position 20 with window 9: position 12 was overwritten by position 20 (same ring slot)

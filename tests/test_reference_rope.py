@@ -60,7 +60,8 @@ def rng():
     return np.random.default_rng(1234)
 
 
-@pytest.mark.parametrize("head_dim, rotary_dim", [(64, 64), (128, 128), (128, 64), (256, 96), (64, 2)])
+@pytest.mark.parametrize("head_dim, rotary_dim", [(64, 64), (128, 128), (128, 64), (256, 96), (64, 2), (80, 32),
+                                                   (96, 96), (32, 32)])
 @pytest.mark.parametrize("theta", [10000.0, 500000.0])
 def test_neox_is_rotate_half(rng, head_dim, rotary_dim, theta):
     x = rng.standard_normal((9, 3, head_dim))
@@ -71,7 +72,7 @@ def test_neox_is_rotate_half(rng, head_dim, rotary_dim, theta):
     np.testing.assert_array_equal(got[..., rotary_dim:], x[..., rotary_dim:])  # partial rotary: untouched
 
 
-@pytest.mark.parametrize("head_dim, rotary_dim", [(64, 64), (128, 32), (256, 256)])
+@pytest.mark.parametrize("head_dim, rotary_dim", [(64, 64), (128, 32), (256, 256), (80, 80), (96, 40)])
 def test_gptj_is_complex_multiplication(rng, head_dim, rotary_dim):
     x = rng.standard_normal((7, 2, head_dim))
     positions = np.array([0, 3, 64, 65, 999, 8191, 70000])

@@ -14,9 +14,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
-from pagedkv.runtime import DecoderGraph, DenseSession, GraphError, PagedSession, Request, RewrittenGraph, \
-    Schedule, generate
+from pagedkv.runtime import DecoderGraph, DenseSession, GraphError, OrtExecutor, RewrittenGraph, SamplingInputs
 from pagedkv.runtime import ops
+from pagedkv.runtime.loop import Prompt, Schedule, generate_greedy
 from pagedkv.runtime.backends import status_from_error
 from pagedkv.config import ATTENTION_PLUGIN_NAME, WRITE_PLUGIN_NAME
 from pagedkv.onnx_export.synthetic import SyntheticConfig, make_synthetic_model
@@ -116,7 +116,7 @@ def test_status_from_error_matches_the_plugin_record(entry, page, max_blocks, fl
 
 
 def test_schedule_mixes_chunks_and_decodes():
-    sched = Schedule([Request("a", np.arange(5)), Request("b", np.arange(20))], decode_steps=3, chunk_size=8)
+    sched = Schedule([Prompt("a", np.arange(5)), Prompt("b", np.arange(20))], decode_steps=3, chunk_size=8)
     seen = []
     while entries := sched.next_step():
         seen.append([(sid, len(t)) for sid, t in entries])
@@ -126,7 +126,7 @@ def test_schedule_mixes_chunks_and_decodes():
     a, b = sched.requests
     assert len(a.generated) == 3 and len(b.generated) == 3
     with pytest.raises(ValueError, match="empty"):
-        Request("c", [])
+        Prompt("c", [])
     with pytest.raises(ValueError, match="decode_steps"):
         Schedule([], decode_steps=-1)
 
@@ -139,7 +139,7 @@ def _touched_slots(pool):
 def test_exactly_the_assigned_slots_are_written(models):
     original, rewritten = models
     prompts = [np.arange(1, 20) % 128, (np.arange(7) * 5) % 128]
-    with PagedSession(rewritten, num_blocks=8) as paged:
+    with OrtExecutor(rewritten, num_blocks=8) as paged:
         pool = paged.manager.pool(0)
         assert np.isnan(pool.astype(np.float32)).all()  # the manager poisons new pools
         logits = paged.step([(sid, p) for sid, p in enumerate(prompts)])  # one packed prefill step
@@ -163,8 +163,8 @@ def test_chunked_prefill_writes_the_same_pool_as_one_shot(models):
     prompt = (np.arange(37) * 7) % 128
     pools = []
     for chunk in (0, 5, 16):
-        with PagedSession(rewritten, num_blocks=6) as paged:
-            generate(paged, [prompt], max_new_tokens=0, chunk_size=chunk)
+        with OrtExecutor(rewritten, num_blocks=6) as paged:
+            generate_greedy(paged, [prompt], max_new_tokens=0, chunk_size=chunk)
             pools.append(paged.manager.pool(0).astype(np.float32))
     # the positions (rows) are what matters; allocation order is the same for every schedule
     finite = ~np.isnan(pools[0])
@@ -176,9 +176,9 @@ def test_chunked_prefill_writes_the_same_pool_as_one_shot(models):
 def test_paged_and_dense_generate_the_same_tokens(models):
     original, rewritten = models
     prompts = [np.arange(3, 14), np.arange(40, 45), np.arange(60, 81)]
-    dense_tokens = generate(DenseSession(original), prompts, max_new_tokens=8, chunk_size=4)
-    with PagedSession(rewritten) as paged:
-        paged_tokens = generate(paged, prompts, max_new_tokens=8, chunk_size=4)
+    dense_tokens = generate_greedy(DenseSession(original), prompts, max_new_tokens=8, chunk_size=4)
+    with OrtExecutor(rewritten) as paged:
+        paged_tokens = generate_greedy(paged, prompts, max_new_tokens=8, chunk_size=4)
         assert all(len(t) == 8 for t in paged_tokens)
         assert not paged.manager.sequences  # generate frees finished sequences
     assert paged_tokens == dense_tokens
@@ -186,11 +186,15 @@ def test_paged_and_dense_generate_the_same_tokens(models):
 
 def test_invalid_block_table_raises_kv_write_error(models):
     _, rewritten = models
-    with PagedSession(rewritten, num_blocks=4) as paged:
+    with OrtExecutor(rewritten, num_blocks=4) as paged:
         feed = {"input_ids": np.array([[1, 2, 3]], dtype=np.int64), "kv_pools": paged.backend.kv_pools(),
                 "cu_q_lens": np.array([0, 3], dtype=np.int32), "past_lens": np.array([16], dtype=np.int32),
-                "block_table_0": np.array([[0, -1]], dtype=np.int32)}  # position 16 lands on page 1: -1
-        logits, *statuses = paged.session.run(None, feed)
+                "block_table_0": np.array([[0, -1]], dtype=np.int32),  # position 16 lands on page 1: -1
+                "logits_rows": np.array([2], dtype=np.int32)}
+        greedy = SamplingInputs.greedy(1)
+        feed.update(sampling_params=greedy.params, penalty_tokens=greedy.penalty_tokens,
+                    penalty_counts=greedy.penalty_counts)
+        logits, *statuses = paged.session.run(["logits", *paged.graph.status_outputs], feed)
         pool = paged.manager.pool(0)
         assert np.isnan(pool.astype(np.float32)).all(), "the reference wrote although a page was invalid"
         assert all(s[STATUS_FLAGS] == STATUS_INVALID_BLOCK for s in statuses)
@@ -201,7 +205,7 @@ def test_invalid_block_table_raises_kv_write_error(models):
 
 def test_session_step_rolls_back_the_reservation_on_failure(models, monkeypatch):
     _, rewritten = models
-    with PagedSession(rewritten, num_blocks=4) as paged:
+    with OrtExecutor(rewritten, num_blocks=4) as paged:
         paged.step([("a", np.arange(5))])
         free_before = paged.manager.num_free(0)
 

@@ -1,8 +1,9 @@
 """Host side of the fused QKV write, on the CPU (no GPU needed; runs in CI).
 
-- The C API (``pagedkv_qkv_write``) rejects bad parameters before any CUDA call, with an error that names the
-  field and the value; an empty step is a no-op.
-- ``QKVWriteArgs`` (ctypes) has the C struct's exact layout.
+- The C API (``pagedkv_qkv_write``, the launcher on its own ``QKVWriteParams``) rejects bad parameters before any
+  CUDA call, with an error that names the field (as the plugin attribute is named) and the value; an empty step
+  is a no-op; a failure never reports an earlier call's reason.
+- ``write_params`` carries every attribute into the launcher's struct.
 - ``computeRopeParams`` (C++) gives the reference's inverse frequencies rounded once to float32.
 - The kernel's RoPE angle reduction (evaluated on the host through the C API, same code as on the device)
   stays accurate for every int32 position, where a float32 product ``pos * inv_freq`` does not.
@@ -18,11 +19,11 @@ import pytest
 
 from pagedkv import _lib
 from pagedkv.config import PoolConfig, RopeConfig, RopeScaling, RopeStyle, WriteConfig
-from pagedkv.kernels import write
+from pagedkv.kernels import _structs, write
 from pagedkv.layout import CacheDType
 from pagedkv.reference.rope import rope_inv_freq as reference_inv_freq
 
-# Fake device addresses: never dereferenced, because every case below fails validation first.
+# Fake device addresses: never dereferenced, because every case below fails validation first (or has no GPU).
 FAKE = {"qkv": 0x10000, "q_out": 0x20000, "status": 0x30000, "bias": 0x40000, "position_ids": 0x50000,
         "pool_descs": 0x60000, "block_table": 0x70000, "cu_q_lens": 0x80000, "past_lens": 0x90000}
 
@@ -33,97 +34,116 @@ def make_cfg(**pool_kwargs) -> WriteConfig:
     return WriteConfig(num_q_heads=32, pool=PoolConfig(**pool))
 
 
-def valid_args(**overrides) -> write.QKVWriteArgs:
+def valid_params(**overrides):
     meta = write.StepPointers(FAKE["pool_descs"], FAKE["block_table"], FAKE["cu_q_lens"], FAKE["past_lens"],
                               num_seqs=2, num_tokens=5, max_blocks=3)
-    args = write.build_args(make_cfg(), write.IODType.BF16, qkv=FAKE["qkv"], q_out=FAKE["q_out"],
-                            status=FAKE["status"], meta=meta)
-    for name, value in overrides.items():
-        setattr(args, name, value)
-    return args
+    params = write.write_params(make_cfg(), write.IODType.BF16, qkv=FAKE["qkv"], q_out=FAKE["q_out"],
+                                status=FAKE["status"], meta=meta)
+    _structs.set_fields(params, overrides)
+    return params
 
 
-# (overrides of an otherwise valid launch, text the error must contain: "field=value")
-BAD_ARGS = [
-    ({"head_dim": 96}, "head_dim=96"),
-    ({"head_dim": 0}, "head_dim=0"),
-    ({"head_dim": 32}, "head_dim=32"),
-    ({"num_q_heads": 12}, "num_q_heads=12"),
-    ({"num_q_heads": 0}, "num_q_heads=0"),
-    ({"num_kv_heads": 0}, "num_kv_heads=0"),
-    ({"num_kv_heads": 3}, "num_q_heads=32"),  # 32 % 3 != 0: names the query heads and the divisor
-    ({"io_dtype": 2}, "io_dtype=2"),
-    ({"cache_dtype": 4}, "cache_dtype=4"),
-    ({"cache_dtype": -1}, "cache_dtype=-1"),
-    ({"rope_rotary_dim": 7}, "rope_rotary_dim=7"),
-    ({"rope_rotary_dim": 256}, "rope_rotary_dim=256"),
-    ({"rope_rotary_dim": -2}, "rope_rotary_dim=-2"),
-    ({"rope_style": 5}, "rope_style=5"),
-    ({"rope_theta": 0.0}, "rope_theta=0"),
-    ({"rope_theta": float("nan")}, "rope_theta=nan"),
-    ({"rope_scaling": 7}, "rope_scaling=7"),
-    ({"rope_scaling": int(RopeScaling.LINEAR), "rope_factor": 0.0}, "rope_factor=0"),
-    ({"rope_scaling": int(RopeScaling.LLAMA3), "rope_low_freq_factor": 4.0, "rope_high_freq_factor": 4.0},
-     "rope_high_freq_factor=4"),
-    ({"rope_scaling": int(RopeScaling.LLAMA3), "rope_original_max_positions": 0}, "rope_original_max_positions=0"),
-    ({"k_scale": 0.0}, "k_scale=0"),
-    ({"k_scale": -1.0}, "k_scale=-1"),
-    ({"v_scale": float("nan")}, "v_scale=nan"),
-    ({"v_scale": float("inf")}, "v_scale=inf"),
-    ({"q_out_fp8": 1, "q_scale": 0.0}, "q_scale=0"),
+# (overrides of an otherwise valid launch, by QKVWriteParams member; text the error must contain: "field=value",
+# the field named as the plugin attribute / C API parameter is)
+BAD_PARAMS = [
+    ({"headDim": 96}, "head_dim=96"),
+    ({"headDim": 0}, "head_dim=0"),
+    ({"headDim": 32}, "head_dim=32"),
+    ({"numQHeads": 12}, "num_q_heads=12"),
+    ({"numQHeads": 0}, "num_q_heads=0"),
+    ({"numKVHeads": 0}, "num_kv_heads=0"),
+    ({"numKVHeads": 3}, "num_q_heads=32"),  # 32 % 3 != 0: names the query heads and the divisor
+    ({"ioDType": 2}, "io_dtype=2"),
+    ({"cacheDType": 4}, "cache_dtype=4"),
+    ({"cacheDType": -1}, "cache_dtype=-1"),
+    ({"rope.rotaryDim": 7}, "rope_rotary_dim=7"),
+    ({"rope.rotaryDim": 256}, "rope_rotary_dim=256"),
+    ({"rope.rotaryDim": -2}, "rope_rotary_dim=-2"),
+    ({"rope.style": 5}, "rope_style=5"),
+    ({"rope.invFreq": (ctypes.c_float * 128)(*([0.5] * 3 + [float("nan")] * 125))}, "rope.inv_freq[3]=nan"),
+    ({"rope.mscale": float("inf")}, "rope.mscale=inf"),
+    ({"kScale": 0.0}, "k_scale=0"),
+    ({"kScale": -1.0}, "k_scale=-1"),
+    ({"vScale": float("nan")}, "v_scale=nan"),
+    ({"vScale": float("inf")}, "v_scale=inf"),
+    ({"qOutFP8": True, "qScale": 0.0}, "q_scale=0"),
     ({"qkv": None}, "qkv=0"),
     ({"qkv": FAKE["qkv"] + 2}, f"qkv={FAKE['qkv'] + 2}"),
     ({"bias": FAKE["bias"] + 8}, f"bias={FAKE['bias'] + 8}"),
-    ({"q_out": None}, "q_out=0"),
-    ({"q_out": FAKE["q_out"] + 8}, f"q_out={FAKE['q_out'] + 8}"),
+    ({"qOut": None}, "q_out=0"),
+    ({"qOut": FAKE["q_out"] + 8}, f"q_out={FAKE['q_out'] + 8}"),
     ({"status": None}, "status=0"),
-    ({"position_ids": FAKE["position_ids"] + 2}, f"position_ids={FAKE['position_ids'] + 2}"),
-    ({"pool_descs": None}, "pool_descs=0"),
-    ({"block_table": None}, "block_table=0"),
-    ({"cu_q_lens": None}, "cu_q_lens=0"),
-    ({"past_lens": None}, "past_lens=0"),
-    ({"num_tokens": -1}, "num_tokens=-1"),
-    ({"num_tokens": 2_000_000_000}, "num_tokens=2000000000"),
-    ({"num_seqs": 0}, "num_seqs=0"),
-    ({"num_seqs": -3}, "num_seqs=-3"),
-    ({"max_blocks": -1}, "max_blocks=-1"),
-    ({"pool_index": -1}, "pool_index=-1"),
-    ({"num_layers": 0}, "num_layers=0"),
-    ({"layer_index": 2}, "layer_index=2"),
-    ({"layer_index": -1}, "layer_index=-1"),
-    ({"page_size": 0}, "page_size=0"),
-    ({"page_layout": 2}, "page_layout=2"),
-    ({"sink_tokens": -1}, "sink_tokens=-1"),
-    ({"cyclic_len": 20}, "cyclic_len=20"),
-    ({"cyclic_len": -16}, "cyclic_len=-16"),
-    ({"struct_size": 8}, "struct_size=8"),
+    ({"positionIds": FAKE["position_ids"] + 2}, f"position_ids={FAKE['position_ids'] + 2}"),
+    ({"meta.poolDescs": None}, "pool_descs=0"),
+    ({"meta.blockTable": None}, "block_table=0"),
+    ({"meta.cuQLens": None}, "cu_q_lens=0"),
+    ({"meta.pastLens": None}, "past_lens=0"),
+    ({"meta.numTokens": -1}, "num_tokens=-1"),
+    ({"meta.numTokens": 2_000_000_000}, "num_tokens=2000000000"),
+    ({"meta.numSeqs": 0}, "num_seqs=0"),
+    ({"meta.numSeqs": -3}, "num_seqs=-3"),
+    ({"meta.maxBlocks": -1}, "max_blocks=-1"),
+    ({"meta.poolIndex": -1}, "pool_index=-1"),
+    ({"layout.numLayers": 0}, "num_layers=0"),
+    ({"layer": 2}, "layer_index=2"),
+    ({"layer": -1}, "layer_index=-1"),
+    ({"layout.pageSize": 0}, "page_size=0"),
+    ({"layout.pageLayout": 2}, "page_layout=2"),
+    ({"layout.ringSinkTokens": -1}, "ring_sink_tokens=-1"),
+    ({"layout.ringSinkTokens": 4}, "layout.ring_sink_tokens=4"),  # a linear cache keeps no ring sinks
+    ({"layout.cyclicLen": 20}, "cyclic_len=20"),
+    ({"layout.cyclicLen": -16}, "cyclic_len=-16"),
+    ({"layout.numKVHeads": 4}, "layout.num_kv_heads=4"),
+    ({"layout.headDim": 64}, "layout.head_dim=64"),
+    ({"layout.pageShift": -1}, "layout.page_shift=-1"),
+    ({"layout.strideBlock": 7}, "layout.stride_block=7"),
+    ({"layout.strideToken": 1}, "layout.stride_token=1"),
 ]
 
 
-@pytest.mark.parametrize("overrides,expected", BAD_ARGS, ids=[e for _, e in BAD_ARGS])
+@pytest.mark.parametrize("overrides,expected", BAD_PARAMS, ids=[e for _, e in BAD_PARAMS])
 def test_bad_parameter_is_rejected_naming_field_and_value(overrides, expected):
-    args = valid_args(**overrides)
+    params = valid_params(**overrides)
     with pytest.raises(_lib.CapiError) as err:
-        write.launch(args)
+        write.launch(params)
     message = str(err.value)
     assert expected in message, message
     assert "expected" in message, message
     assert "CUDA error 1:" in message, message  # cudaErrorInvalidValue, not a failed CUDA call
 
 
-def test_null_args_pointer_is_rejected():
+def test_null_params_pointer_is_rejected():
     rc = write._capi().pagedkv_qkv_write(None, None)
     assert rc == 1
-    assert _lib.capi().pagedkv_last_error().decode().startswith("args=0")
+    assert _lib.capi().pagedkv_last_error().decode().startswith("params=NULL")
+
+
+def test_a_failure_never_reports_an_earlier_calls_reason():
+    """The launcher clears its reason first: after a rejected launch, a failure of the next one is that one's."""
+    from pagedkv import cuda
+
+    with pytest.raises(_lib.CapiError, match="head_dim=96"):
+        write.launch(valid_params(headDim=96))
+    write.launch(valid_params(**{"meta.numTokens": 0, "meta.numSeqs": 0}))  # success: nothing to report
+    with pytest.raises(_lib.CapiError, match="k_scale=0") as err:
+        write.launch(valid_params(kScale=0.0))
+    assert "head_dim" not in str(err.value)
+    if cuda.why_no_gpu() is None:
+        pytest.skip("a GPU is present: launching with fake pointers would fault (covered by the GPU tests)")
+    # Valid parameters on a machine without a GPU: the launch itself fails, and says so (not "k_scale=0").
+    with pytest.raises(_lib.CapiError) as err:
+        write.launch(valid_params())
+    message = str(err.value)
+    assert "launchQKVWrite: cuda" in message and "k_scale" not in message, message
 
 
 def test_empty_step_is_a_no_op_without_touching_cuda():
     # T = 0: validated, then nothing to launch (null pointers are fine: nothing is read or written).
-    args = valid_args(num_tokens=0, num_seqs=0, max_blocks=0, qkv=None, q_out=None, status=None,
-                      pool_descs=None, block_table=None, cu_q_lens=None, past_lens=None)
-    write.launch(args)
+    empty = {"meta.numTokens": 0, "meta.numSeqs": 0, "meta.maxBlocks": 0, "qkv": None, "qOut": None, "status": None,
+             "meta.poolDescs": None, "meta.blockTable": None, "meta.cuQLens": None, "meta.pastLens": None}
+    write.launch(valid_params(**empty))
     with pytest.raises(_lib.CapiError, match="head_dim=96"):  # and an empty step is still validated
-        write.launch(valid_args(num_tokens=0, num_seqs=0, head_dim=96))
+        write.launch(valid_params(**empty, headDim=96))
 
 
 def test_python_wrapper_checks_optional_inputs_against_config():
@@ -135,38 +155,64 @@ def test_python_wrapper_checks_optional_inputs_against_config():
                         make_cfg(), io_dtype=write.IODType.FP16)
 
 
-def test_args_struct_layout_matches_the_library():
-    lib = write._capi()  # raises if size or any offset differs
-    n = len(write.QKVWriteArgs._fields_)
-    offsets = (ctypes.c_int64 * n)()
-    assert lib.pagedkv_qkv_write_args_offsets(offsets, n) == n
-    assert list(offsets) == [getattr(write.QKVWriteArgs, name).offset for name, _ in write.QKVWriteArgs._fields_]
-    assert lib.pagedkv_qkv_write_args_size() == ctypes.sizeof(write.QKVWriteArgs)
-    # pointers start 8-byte aligned with no implicit padding (explicit reserved0)
-    assert write.QKVWriteArgs.qkv.offset == 4 * (len(write.QKVWriteArgs._fields_) - 9)
+def as_dict(struct) -> dict:
+    """A ctypes mirror's members (nested structs as dicts, arrays as lists)."""
+    out = {}
+    for name, ctype in struct._fields_:
+        value = getattr(struct, name)
+        out[name] = (as_dict(value) if isinstance(value, ctypes.Structure)
+                     else list(value) if isinstance(value, ctypes.Array) else value)
+    return out
 
 
-def test_build_args_carries_every_attribute():
+def test_write_params_carries_every_attribute():
     cfg = WriteConfig(num_q_heads=16, has_bias=True, explicit_positions=True, zero_v_tail=False, q_out_fp8=True,
                       q_scale=0.5,
                       rope=RopeConfig(style=RopeStyle.GPTJ, rotary_dim=32, theta=5e5, scaling=RopeScaling.LLAMA3,
                                       factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                       original_max_positions=4096),
                       pool=PoolConfig(num_kv_heads=4, head_dim=64, page_size=24, num_layers=3, layer_index=2,
-                                      pool_index=1, cache_dtype=CacheDType.INT8, page_layout=1, sink_tokens=5,
+                                      pool_index=1, cache_dtype=CacheDType.INT8, page_layout=1, ring_sink_tokens=5,
                                       cyclic_len=48, k_scale=0.25, v_scale=0.125))
     meta = write.StepPointers(1, 2, 3, 4, num_seqs=5, num_tokens=6, max_blocks=7, position_ids=8)
-    a = write.build_args(cfg, write.IODType.FP16, qkv=9, q_out=10, status=11, meta=meta, bias=12)
-    got = {name: getattr(a, name) for name, _ in write.QKVWriteArgs._fields_}
+    got = as_dict(write.write_params(cfg, write.IODType.FP16, qkv=9, q_out=10, status=11, meta=meta, bias=12))
+    lay = cfg.pool.layout()  # the Python twin's geometry (tests/test_layout.py checks it against the header)
+    inv_freq = write.rope_inv_freq(cfg)
+    assert got.pop("rope") == {"style": 2, "rotaryDim": 32, "mscale": 1.0,
+                               "invFreq": list(inv_freq) + [0.0] * (128 - inv_freq.size)}
     assert got == {
-        "struct_size": ctypes.sizeof(write.QKVWriteArgs), "num_q_heads": 16, "num_kv_heads": 4, "head_dim": 64,
-        "io_dtype": 0, "num_tokens": 6, "num_seqs": 5, "max_blocks": 7, "pool_index": 1, "num_layers": 3,
-        "layer_index": 2, "page_size": 24, "page_layout": 1, "sink_tokens": 5, "cyclic_len": 48, "cache_dtype": 3,
-        "k_scale": 0.25, "v_scale": 0.125, "rope_style": 2, "rope_rotary_dim": 32, "rope_theta": 5e5,
-        "rope_scaling": 2, "rope_factor": 8.0, "rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0,
-        "rope_original_max_positions": 4096, "q_out_fp8": 1, "q_scale": 0.5, "zero_v_tail": 0, "reserved0": 0,
-        "qkv": 9, "bias": 12, "position_ids": 8, "pool_descs": 1, "block_table": 2, "cu_q_lens": 3,
-        "past_lens": 4, "q_out": 10, "status": 11}
+        "numQHeads": 16, "numKVHeads": 4, "headDim": 64, "ioDType": 0, "qkv": 9, "bias": 12, "positionIds": 8,
+        "meta": {"poolDescs": 1, "poolIndex": 1, "blockTable": 2, "maxBlocks": 7, "cuQLens": 3, "pastLens": 4,
+                 "numSeqs": 5, "numTokens": 6},
+        "layout": {"numLayers": 3, "numKVHeads": 4, "pageSize": 24, "headDim": 64, "pageShift": -1, "pageLayout": 1,
+                   "ringSinkTokens": 5, "cyclicLen": 48, "bubbleLen": lay.bubble_len, "strideBlock": lay.stride_block,
+                   "strideLayer": lay.stride_layer, "strideKV": lay.stride_kv, "strideHead": lay.stride_head,
+                   "strideToken": lay.stride_token},
+        "cacheDType": 3, "layer": 2, "kScale": 0.25, "vScale": 0.125, "qOut": 10, "qOutFP8": True, "qScale": 0.5,
+        "zeroVTail": False, "status": 11}
+
+
+# (overrides of the RoPE attributes by RopeConfig member, text the error must contain)
+BAD_ROPE = [
+    ({"rotaryDim": 7}, "rope_rotary_dim=7"),
+    ({"rotaryDim": 256}, "rope_rotary_dim=256"),
+    ({"style": 5}, "rope_style=5"),
+    ({"theta": 0.0}, "rope_theta=0"),
+    ({"theta": float("nan")}, "rope_theta=nan"),
+    ({"scaling": 7}, "rope_scaling=7"),
+    ({"scaling": int(RopeScaling.LINEAR), "factor": 0.0}, "rope_factor=0"),
+    ({"scaling": int(RopeScaling.LLAMA3), "lowFreqFactor": 4.0, "highFreqFactor": 4.0}, "rope_high_freq_factor=4"),
+    ({"scaling": int(RopeScaling.LLAMA3), "originalMaxPositions": 0}, "rope_original_max_positions=0"),
+]
+
+
+@pytest.mark.parametrize("overrides,expected", BAD_ROPE, ids=[e for _, e in BAD_ROPE])
+def test_bad_rope_attribute_is_rejected_naming_field_and_value(overrides, expected):
+    config = write.rope_config(RopeConfig())
+    _structs.set_fields(config, overrides)
+    with pytest.raises(_lib.CapiError, match="CUDA error 1:") as err:
+        write.compute_rope_params(config, 128)
+    assert expected in str(err.value) and "expected" in str(err.value), str(err.value)
 
 
 # ---- RoPE tables: C++ computeRopeParams vs the float64 reference ------------------------------------------

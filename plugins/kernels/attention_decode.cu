@@ -3,11 +3,15 @@
 // read once per KV head, for all the GQA heads of that KV head at once (they are the rows of the tile).
 //
 // Grid (B, KVH, Z): one CTA per (sequence, KV head, split-K chunk). The warps of a CTA (4; 2 for 8-bit caches
-// at D <= 128) stream disjoint KV steps of 16 tokens (32 for 8-bit caches at D <= 128; warp w takes steps w,
-// w + kWarps, ...), each through its own 3-stage cp.async pipeline (16-byte copies, pages resolved through the
-// block table), with only warp-level barriers in the loop; at the end the warps' online-softmax states are
+// at D = 64, 128) stream disjoint KV steps of 16 tokens (32 for 8-bit caches at D = 64, 128; warp w takes steps
+// w, w + kWarps, ...), each through its own 3-stage cp.async pipeline (16-byte copies, pages resolved through
+// the block table), with only warp-level barriers in the loop; at the end the warps' online-softmax states are
 // combined in shared memory. A sequence cut into several chunks writes normalized partial outputs and
 // log2-sum-exps for the merge kernel; otherwise the CTA writes the final output directly.
+//
+// 8-bit caches at D = 64, 128, 256 build f16 MMA fragments straight from the staging tiles (decodeTile8,
+// Frag8); at the other head dims (32, 80, 96) each warp converts its staged tiles exactly to the compute type
+// in shared memory first (convertTile8, as the multi-token kernel does) and runs the 16-bit step.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -24,10 +28,15 @@ namespace {
 
 template <typename CT, bool k8Bit, int kD>
 struct DecodeConfig {
+    static_assert(kD % 16 == 0 && kD <= 256, "head dims are whole MMA k-steps and 16-byte chunks");
+    // 8-bit caches: MMA fragments straight from the staging tiles (Frag8's lane permutations need D / 64 whole
+    // 64-dim blocks), or, at the other head dims, a per-warp conversion to the compute type and the 16-bit step.
+    static constexpr bool kFrag8 = k8Bit && kD % 64 == 0;
+    static constexpr bool kConvert8 = k8Bit && !kFrag8;
     // 8-bit caches at D <= 128 run 2 warps per CTA (with their 32-token steps, below): ~52 KB of shared memory,
     // so 4 CTAs share an SM (a 64 x 4K batch, 512 CTAs, runs as one wave instead of two) and the kernel fits
     // sm_89's 99 KB. Measured on the H200 against 4 warps and 2 CTAs/SM: fp8 64 x 4K 164.4 -> 162.1 us.
-    static constexpr int kWarps = k8Bit && kD <= 128 ? 2 : kDecodeWarps;
+    static constexpr int kWarps = kFrag8 && kD <= 128 ? 2 : kDecodeWarps;
     static constexpr int kThreads = kWarps * 32;
     static constexpr int kRows = kDecodeRows;
     static constexpr int kTile = kDecodeTileTokens;
@@ -37,18 +46,21 @@ struct DecodeConfig {
     // D = 128, like a 16-bit step): twice the independent work per step for about the same dependency chain
     // (profiled: 16-token 8-bit steps at 4 CTAs/SM were latency-bound -- ~7 cycles per instruction, issue
     // slots half idle, warps almost never waiting for data -- so cutting instructions did not help).
-    static constexpr int kStepTiles = k8Bit && kD <= 128 ? 2 : 1;
-    static constexpr int kStep = kTile * kStepTiles;               // KV tokens per warp step
-    static constexpr int kRawTileBytes = kStep * kD * kElemBytes;  // one stage's K (or V) as stored
+    static constexpr int kStepTiles = kFrag8 && kD <= 128 ? 2 : 1;
+    static constexpr int kStep = kTile * kStepTiles;  // KV tokens per warp step
+    static constexpr int kTileRow = tileRowElems(kD);  // elements per row of the 16-bit tiles (Q, K, V)
+    // One stage's K (or V): 16-bit caches as the swizzled tile ldmatrix reads, 8-bit ones as stored (kD bytes a row).
+    static constexpr int kRawTileBytes = kStep * (k8Bit ? kD : kTileRow * 2);
+    static constexpr int kConvTileBytes = kConvert8 ? kTile * kTileRow * 2 : 0;  // a warp's converted K (and V)
     static constexpr int kPosBytes = kStages * kStep * 4;
-    static constexpr int kWarpBytes = kStages * 2 * kRawTileBytes + kPosBytes;
-    static constexpr int kQBytes = kRows * kD * 2;
+    static constexpr int kWarpBytes = kStages * 2 * kRawTileBytes + 2 * kConvTileBytes + kPosBytes;
+    static constexpr int kQBytes = kRows * kTileRow * 2;
     // loadQRowsK8's per-warp max |q| (kWarps floats), padded to keep the staging tiles after it 32-byte
     // aligned: a 16-byte cp.async pair whose global sector lands across two shared 32-byte sectors is fetched
     // twice (measured, Nsight Compute: with 16 bytes of scratch here the fp8 decode moved 2x its KV bytes from
     // L2 to the SMs, one L2 sector request per lane instead of per lane pair, and ran at 76 % of the copy
     // ceiling).
-    static constexpr int kScratchBytes = k8Bit ? 128 : 0;
+    static constexpr int kScratchBytes = kFrag8 ? 128 : 0;
     static constexpr int kPipelineBytes = kQBytes + kScratchBytes + kWarps * kWarpBytes;
     // End-of-CTA combine buffer (aliases the pipeline): per warp and row, D partial outputs (+4 floats of
     // padding against bank conflicts), the running max and the sum.
@@ -57,7 +69,8 @@ struct DecodeConfig {
     static constexpr int kSmemBytes = kPipelineBytes > kCombineBytes ? kPipelineBytes : kCombineBytes;
     // Q fragments stay in registers for D <= 128; for D = 256 they are re-read from shared memory per step.
     static constexpr bool kQInRegs = kD <= 128;
-    static_assert(kRawTileBytes % 32 == 0 && kWarpBytes % 32 == 0 && (kQBytes + kScratchBytes) % 32 == 0,
+    static_assert(kRawTileBytes % 32 == 0 && kConvTileBytes % 32 == 0 && kWarpBytes % 32 == 0 &&
+                      (kQBytes + kScratchBytes) % 32 == 0,
                   "every staging tile starts on a 32-byte shared-memory sector (see kScratchBytes)");
     static_assert((kStep & (kStep - 1)) == 0 && kStep <= 32, "the step-is-clean vote reads position lane % kStep");
 };
@@ -67,13 +80,13 @@ template <typename CT, int kD>
 __device__ void poisonRows(AttentionKernelParams const& p, CtaWork const& w, int32_t kvHead, int32_t tid,
                            int32_t threads) {
     uint16_t const nan = quietNaNBits<CT>();
-    uint16_t* out = static_cast<uint16_t*>(p.out);
+    uint16_t* out = static_cast<uint16_t*>(p.params.out);
     int64_t const rows = w.rowEnd - w.rowBegin;
     for (int64_t i = tid; i < rows * kD; i += threads) {
         int32_t const row = w.rowBegin + int32_t(i / kD);
         int32_t const token = row / p.groupSize;
         int32_t const head = kvHead * p.groupSize + row % p.groupSize;
-        out[(int64_t(token) * p.numQHeads + head) * kD + i % kD] = nan;
+        out[(int64_t(token) * p.params.numQHeads + head) * kD + i % kD] = nan;
     }
 }
 
@@ -221,11 +234,13 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
     KVSource const src = makeKVSourceFromPool(pool, p, w, kvHead, Cfg::kElemBytes);
     int32_t const numRows = w.rowEnd - w.rowBegin;  // <= 16
 
-    // ---- shared memory: Q tile, then per warp: stages x (K, V) raw tiles, positions
+    // ---- shared memory: Q tile, then per warp: stages x (K, V) raw tiles, [kConvert8: converted K, V], positions
     unsigned char* const sQ = smem;
     float* const sWarpMax = reinterpret_cast<float*>(smem + Cfg::kQBytes);
     unsigned char* const warpBase = smem + Cfg::kQBytes + Cfg::kScratchBytes + warp * Cfg::kWarpBytes;
-    int32_t* const sPos = reinterpret_cast<int32_t*>(warpBase + kStages * 2 * Cfg::kRawTileBytes);  // [kStages][kStep]
+    unsigned char* const sConvK = warpBase + kStages * 2 * Cfg::kRawTileBytes;
+    unsigned char* const sConvV = sConvK + Cfg::kConvTileBytes;
+    int32_t* const sPos = reinterpret_cast<int32_t*>(sConvV + Cfg::kConvTileBytes);  // [kStages][kStep]
     auto rawK = [&](int stage) { return warpBase + stage * 2 * Cfg::kRawTileBytes; };
     auto rawV = [&](int stage) { return warpBase + stage * 2 * Cfg::kRawTileBytes + Cfg::kRawTileBytes; };
 
@@ -256,16 +271,17 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
             if constexpr (Cfg::kStepTiles == 2) {
                 rows = resolveKVRowOffset(p, src, ahead, Cfg::kElemBytes);
                 ahead = locate(i + 1);
-                constexpr uint32_t kHalf = uint32_t(kTile * kD * Cfg::kElemBytes);  // rows 16.. of the stage
-                copyKVRows<kD, Cfg::kElemBytes, kTile, k8Bit>(src, rows, 0, sK, sV, stagePos, lane);
-                copyKVRows<kD, Cfg::kElemBytes, kTile, k8Bit>(src, rows, kTile, sK + kHalf, sV + kHalf,
-                                                              stagePos + kTile, lane);
+                constexpr uint32_t kHalf = uint32_t(Cfg::kRawTileBytes / 2);  // rows 16.. of the stage
+                copyKVRows<kD, Cfg::kElemBytes, kTile, Cfg::kFrag8>(src, rows, 0, sK, sV, stagePos, lane);
+                copyKVRows<kD, Cfg::kElemBytes, kTile, Cfg::kFrag8>(src, rows, kTile, sK + kHalf, sV + kHalf,
+                                                                    stagePos + kTile, lane);
             } else {
                 if ((i & 1) == 0) {
                     rows = resolveKVRowOffset(p, src, ahead, Cfg::kElemBytes);
                     ahead = locate(i + 2);
                 }
-                copyKVRows<kD, Cfg::kElemBytes, kTile, k8Bit>(src, rows, (i & 1) * kTile, sK, sV, stagePos, lane);
+                copyKVRows<kD, Cfg::kElemBytes, kTile, Cfg::kFrag8>(src, rows, (i & 1) * kTile, sK, sV, stagePos,
+                                                                    lane);
             }
         }
         cpAsyncCommit();  // always: keeps the group count uniform for cp.async.wait_group
@@ -273,8 +289,8 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) issue(i);
 
-    float qUnscale = 1.f;  // 8-bit path: the logits' factor undoing loadQRowsK8's power-of-two Q scaling
-    if constexpr (k8Bit)
+    float qUnscale = 1.f;  // Frag8 path: the logits' factor undoing loadQRowsK8's power-of-two Q scaling
+    if constexpr (Cfg::kFrag8)
         qUnscale = loadQRowsK8<CT, kD, Cfg::kRows, Cfg::kThreads>(p, sQ, sWarpMax, w.rowBegin, w.rowEnd, kvHead, tid);
     else
         loadQRows<CT, kD, Cfg::kRows, Cfg::kThreads>(p, sQ, w.rowBegin, w.rowEnd, kvHead, tid);
@@ -305,21 +321,28 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
         __syncwarp();                // ... and every lane's (and every lane is done with step i - 1)
         issue(i + kStages - 1);      // refills the stage step i - 1 used
         int32_t const stage = i % kStages;
-        uint32_t const kTileAddr = smemAddr(rawK(stage));
-        uint32_t const vTileAddr = smemAddr(rawV(stage));
+        if constexpr (Cfg::kConvert8) {
+            // The step's 8-bit K and V -> the warp's 16-bit tiles of the compute type (exact). The barrier at the
+            // top of this iteration ordered the previous step's reads of them before these writes.
+            convertTile8<CT, kD, kTile, 32>(rawK(stage), sConvK, p.cacheIsFp8 != 0, lane);
+            convertTile8<CT, kD, kTile, 32>(rawV(stage), sConvV, p.cacheIsFp8 != 0, lane);
+            __syncwarp();
+        }
+        uint32_t const kTileAddr = smemAddr(Cfg::kConvert8 ? sConvK : rawK(stage));
+        uint32_t const vTileAddr = smemAddr(Cfg::kConvert8 ? sConvV : rawV(stage));
         int32_t const* const tilePos = sPos + stage * kStep;
         // A step whose every row holds a position that all the CTA's queries see needs no per-element mask
         // (tileNeedsMask, the multi-token kernel's rule; positions ascend within a step: its tiles come in
         // list order). Padding rows (qPos -1) then see it too, harmlessly: their Q is zero and they are never
         // written.
         bool const holdsAll = __all_sync(0xffffffffu, tilePos[lane & (kStep - 1)] >= 0);
-        bool const needMask = tileNeedsMask(holdsAll, tilePos[0], tilePos[kStep - 1], qFirst, qLast, p.window);
-        if constexpr (k8Bit) {
+        bool const needMask = tileNeedsMask(holdsAll, tilePos[0], tilePos[kStep - 1], qFirst, qLast, p.params.window);
+        if constexpr (Cfg::kFrag8) {
             decodeTile8<CT, kD, kStep / 8, kFp8, Cfg::kQInRegs>(p, kTileAddr, vTileAddr, tilePos, qFrag, sQAddr, offA,
                                                                 qUnscale, needMask, qPos0, qPos1, lane, o, m, l);
         } else {
-            // 16-bit caches: even and odd k-steps of S in separate accumulators (as decodeTile8) and the
-            // per-tile softmax variants where registers allow (D <= 128).
+            // 16-bit tiles (16-bit caches, or converted 8-bit ones): even and odd k-steps of S in separate
+            // accumulators (as decodeTile8) and the per-tile softmax variants where registers allow (D <= 128).
             constexpr bool kSplitS = kD <= 128;
             // S = Q K^T for 16 rows x 16 tokens
             float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -379,17 +402,23 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
     for (int dn = 0; dn < kD / 8; ++dn) {
         float* const r0 = cO + (warp * 16 + g) * Cfg::kCombineStride;
         float* const r1 = r0 + 8 * Cfg::kCombineStride;
-        // column 2c (+1) of output tile dn is dim dn * 8 + 2c (+1), or Frag8::vDim of it for 8-bit caches
-        int32_t const d0 = k8Bit ? Frag8<kD>::vDim(dn, 2 * c) : dn * 8 + 2 * c;
-        int32_t const d1 = k8Bit ? Frag8<kD>::vDim(dn, 2 * c + 1) : dn * 8 + 2 * c + 1;
+        // column 2c (+1) of output tile dn is dim dn * 8 + 2c (+1), or Frag8::vDim of it on the Frag8 path
+        int32_t const d0 = Cfg::kFrag8 ? Frag8<kD>::vDim(dn, 2 * c) : dn * 8 + 2 * c;
+        int32_t const d1 = Cfg::kFrag8 ? Frag8<kD>::vDim(dn, 2 * c + 1) : dn * 8 + 2 * c + 1;
         r0[d0] = o[dn][0], r0[d1] = o[dn][1];
         r1[d0] = o[dn][2], r1[d1] = o[dn][3];
     }
     __syncthreads();
 
-    // 8 threads per row, each kD / 8 consecutive dims (rows tid / 8, + kThreads / 8, ...)
-    constexpr int kDimsPerThread = kD / 8;
-    int32_t const d0 = (tid & 7) * kDimsPerThread;
+    // 8 threads per row (rows tid / 8, + kThreads / 8, ...). Thread j's values d < kDimsPerThread are dims
+    // dimOf(d): kD / 8 consecutive ones from d0 = j kD / 8 for D = 64, 128, 256; for the other head dims 8-dim
+    // groups j, j + 8 (dims d0 + 64 (d / 8) + d % 8 from d0 = 8 j; D = 32, 80, 96 have 4, 10, 12 groups, so
+    // some threads have a group less: hasDim).
+    constexpr bool kConsecutive = kD % 64 == 0;
+    constexpr int kDimsPerThread = kConsecutive ? kD / 8 : 8 * ((kD / 8 + 7) / 8);
+    int32_t const d0 = (tid & 7) * (kConsecutive ? kDimsPerThread : 8);
+    auto dimOf = [&](int d) { return kConsecutive ? d0 + d : d0 + 64 * (d / 8) + d % 8; };
+    auto hasDim = [&](int d) { return kConsecutive || dimOf(d) < kD; };
     for (int32_t row = tid >> 3; row < numRows; row += Cfg::kThreads / 8) {
         float mMax = negInf();
 #pragma unroll
@@ -405,9 +434,11 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
 #pragma unroll
         for (int d = 0; d < kDimsPerThread; ++d) {
             float x = 0.f;
+            if (hasDim(d)) {
 #pragma unroll
-            for (int ww = 0; ww < Cfg::kWarps; ++ww)
-                x += weight[ww] * cO[(ww * 16 + row) * Cfg::kCombineStride + d0 + d];
+                for (int ww = 0; ww < Cfg::kWarps; ++ww)
+                    x += weight[ww] * cO[(ww * 16 + row) * Cfg::kCombineStride + dimOf(d)];
+            }
             acc[d] = x;
         }
         // A row that saw nothing (every visible page absent) outputs 0, never 0/0.
@@ -416,23 +447,26 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
         int32_t const token = grow / p.groupSize;
         int32_t const head = kvHead * p.groupSize + grow % p.groupSize;
         if (w.nChunks == 1) {
-            CT* const dst = static_cast<CT*>(p.out) + (int64_t(token) * p.numQHeads + head) * kD + d0;
+            CT* const dst = static_cast<CT*>(p.params.out) + (int64_t(token) * p.params.numQHeads + head) * kD + d0;
 #pragma unroll
             for (int d = 0; d < kDimsPerThread; d += 8) {
+                if (!hasDim(d)) continue;
                 uint4 v;
                 v.x = Mma<CT>::pack(acc[d] * scale, acc[d + 1] * scale);
                 v.y = Mma<CT>::pack(acc[d + 2] * scale, acc[d + 3] * scale);
                 v.z = Mma<CT>::pack(acc[d + 4] * scale, acc[d + 5] * scale);
                 v.w = Mma<CT>::pack(acc[d + 6] * scale, acc[d + 7] * scale);
-                *reinterpret_cast<uint4*>(dst + d) = v;
+                *reinterpret_cast<uint4*>(dst + (dimOf(d) - d0)) = v;
             }
         } else {
             int64_t const prow = partialRow(p, z, token, head);
             float* const dst = p.partialOut + prow * kD + d0;
 #pragma unroll
-            for (int d = 0; d < kDimsPerThread; d += 4)
-                *reinterpret_cast<float4*>(dst + d) =
+            for (int d = 0; d < kDimsPerThread; d += 4) {
+                if (!hasDim(d)) continue;
+                *reinterpret_cast<float4*>(dst + (dimOf(d) - d0)) =
                     make_float4(acc[d] * scale, acc[d + 1] * scale, acc[d + 2] * scale, acc[d + 3] * scale);
+            }
             if ((tid & 7) == 0) p.partialLse[prow] = sum > 0.f ? mMax + __log2f(sum) : negInf();
         }
     }
@@ -441,13 +475,13 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
 template <typename CT, bool k8Bit, int kD>
 __global__ void __launch_bounds__(DecodeConfig<CT, k8Bit, kD>::kThreads)
     attentionDecodeKernel(__grid_constant__ AttentionKernelParams const p) {
-    if constexpr (k8Bit) {
+    if constexpr (DecodeConfig<CT, k8Bit, kD>::kFrag8) {  // the Frag8 conversions are compiled per 8-bit dtype
         if (p.cacheIsFp8)
             decodeBody<CT, true, kD, true>(p);
         else
             decodeBody<CT, true, kD, false>(p);
-    } else {
-        decodeBody<CT, false, kD, false>(p);
+    } else {  // 16-bit caches, and 8-bit ones converted per step (fp8 vs int8: a uniform branch of convertTile8)
+        decodeBody<CT, k8Bit, kD, false>(p);
     }
 }
 
@@ -458,6 +492,10 @@ struct DecodeFamily : DecodeConfig<CT, k8Bit, kD> {
 };
 
 }  // namespace
+
+cudaError_t decodeKernelShape(IODType io, CacheDType cache, int32_t headDim, KernelShape& shape) {
+    return familyShape<DecodeFamily>(io, cache, headDim, shape);
+}
 
 cudaError_t decodeKernelOccupancy(IODType io, CacheDType cache, int32_t headDim, int32_t& ctasPerSm) {
     return prepareOrLaunch<DecodeFamily>(io, cache, headDim, ctasPerSm, nullptr, dim3(), nullptr);

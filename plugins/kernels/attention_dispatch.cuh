@@ -1,8 +1,9 @@
 // The one dispatch point of the attention kernels: (ioDType, 8-bit or 16-bit cache, head dim) -> a compiled
-// instantiation. Anything outside the compiled set fails loudly with the field and the value. Template
-// parameters are kept to what changes the generated code (the MMA type, whether tiles go through an 8-bit
-// staging buffer, the head dim); fp8 vs int8, soft-cap, window and page geometry are uniform runtime branches,
-// so each kernel family has 2 x 2 x 3 = 12 instantiations (the merge 2 x 3).
+// instantiation. The head dims are the capability table's (pagedkv/capabilities.h): adding one there
+// instantiates every kernel family for it. Anything outside the compiled set fails loudly with the field and
+// the value. Template parameters are kept to what changes the generated code (the MMA type, whether tiles go
+// through an 8-bit staging buffer, the head dim); fp8 vs int8, soft-cap, window and page geometry are uniform
+// runtime branches, so each kernel family has 2 x 2 x (head dims) = 24 instantiations today (the merge 2 x 6).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -12,10 +13,12 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "attention_kernels.h"
 #include "launch_common.h"
 #include "pagedkv/attention.h"
+#include "pagedkv/capabilities.h"
 
 namespace pagedkv {
 namespace attn {
@@ -35,18 +38,24 @@ struct IntTag {
 
 inline bool isCache8Bit(CacheDType c) { return c == CacheDType::kFP8E4M3 || c == CacheDType::kINT8; }
 
+// The head dims of the capability table (pagedkv/capabilities.h), one instantiation each: f(IntTag<D>) for the
+// entry equal to headDim, in table order. A head dim the table does not list fails loudly.
+template <size_t I = 0, typename F>
+cudaError_t dispatchHeadDim(int32_t headDim, F&& f) {
+    if constexpr (I == sizeof(kSupportedHeadDims) / sizeof(kSupportedHeadDims[0])) {
+        return invalidArgument("head_dim=" + std::to_string(headDim) + ": expected one of " +
+                               supportedHeadDimsText() + " (no attention kernel compiled for it)");
+    } else {
+        if (headDim == kSupportedHeadDims[I]) return f(IntTag<kSupportedHeadDims[I]>{});
+        return dispatchHeadDim<I + 1>(headDim, std::forward<F>(f));
+    }
+}
+
 // f(TypeTag<CT>, BoolTag<cache8Bit>, IntTag<D>) -> cudaError_t
 template <typename F>
 cudaError_t dispatchAttention(IODType io, bool cache8Bit, int32_t headDim, F&& f) {
     auto byHeadDim = [&](auto ct, auto k8) -> cudaError_t {
-        switch (headDim) {
-            case 64: return f(ct, k8, IntTag<64>{});
-            case 128: return f(ct, k8, IntTag<128>{});
-            case 256: return f(ct, k8, IntTag<256>{});
-            default:
-                return invalidArgument("headDim=" + std::to_string(headDim) +
-                                       ": expected one of 64, 128, 256 (no attention kernel compiled for it)");
-        }
+        return dispatchHeadDim(headDim, [&](auto d) { return f(ct, k8, d); });
     };
     auto byCache = [&](auto ct) -> cudaError_t {
         return cache8Bit ? byHeadDim(ct, BoolTag<true>{}) : byHeadDim(ct, BoolTag<false>{});
@@ -55,7 +64,8 @@ cudaError_t dispatchAttention(IODType io, bool cache8Bit, int32_t headDim, F&& f
         case IODType::kFP16: return byCache(TypeTag<__half>{});
         case IODType::kBF16: return byCache(TypeTag<__nv_bfloat16>{});
     }
-    return invalidArgument("ioDType=" + std::to_string(static_cast<int32_t>(io)) + ": expected 0 (fp16) or 1 (bf16)");
+    return invalidArgument("io_dtype=" + std::to_string(static_cast<int32_t>(io)) + ": expected " +
+                           supportedIODTypesText());
 }
 
 // Per kernel instantiation (one static object each): raises the dynamic shared-memory limit once per device
@@ -81,7 +91,7 @@ public:
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
         if (optin > 0 && smemBytes > size_t(optin))
-            return invalidArgument("headDim=" + std::to_string(headDim) + ": the " + what + " needs " +
+            return invalidArgument("head_dim=" + std::to_string(headDim) + ": the " + what + " needs " +
                                    std::to_string(smemBytes) + " bytes of shared memory per CTA, this GPU (sm_" +
                                    std::to_string(major * 10 + minor) + ") allows " + std::to_string(optin) +
                                    ": expected a GPU with more shared memory (sm_90 hosts every head dim)");
@@ -106,6 +116,16 @@ private:
 // One KernelSetup per kernel instantiation F.
 template <typename F>
 inline KernelSetup kernelSetup{};
+
+// The compiled shape (threads, dynamic shared memory) of one attention kernel family's instantiation.
+template <template <typename, bool, int> class Family>
+cudaError_t familyShape(IODType io, CacheDType cache, int32_t headDim, KernelShape& shape) {
+    return dispatchAttention(io, isCache8Bit(cache), headDim, [&](auto ct, auto k8, auto d) -> cudaError_t {
+        using F = Family<typename decltype(ct)::type, decltype(k8)::value, decltype(d)::value>;
+        shape = KernelShape{F::kThreads, F::kSmemBytes};
+        return cudaSuccess;
+    });
+}
 
 // The occupancy query (kp == nullptr) or the launch of one attention kernel family, through dispatchAttention:
 // Family<CT, k8Bit, kD> provides kThreads, kSmemBytes, kName and kernel() (the __global__ function).

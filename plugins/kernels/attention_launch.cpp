@@ -3,13 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <string>
 
 #include "attention_kernels.h"
 #include "attention_plan.h"
 #include "launch_common.h"
 #include "pagedkv/attention.h"
-#include "pagedkv/qkv_write.h"  // lastErrorMessage()
 
 namespace pagedkv {
 namespace attn {
@@ -19,24 +17,9 @@ constexpr float kLog2eHost = 1.4426950408889634f;
 
 AttentionKernelParams makeKernelParams(AttentionParams const& p, AttentionPlan const& plan) {
     AttentionKernelParams k{};
-    k.numQHeads = p.numQHeads;
-    k.numKVHeads = p.numKVHeads;
+    k.params = p;
     k.groupSize = plan.groupSize;
-    k.numSeqs = p.meta.numSeqs;
-    k.numTokens = p.meta.numTokens;
-    k.q = p.q;
-    k.qFP8 = p.qFP8 ? 1 : 0;
-    k.poolDescs = p.meta.poolDescs;
-    k.poolIndex = p.meta.poolIndex;
-    k.blockTable = p.meta.blockTable;
-    k.maxBlocks = p.meta.maxBlocks;
-    k.cuQLens = p.meta.cuQLens;
-    k.pastLens = p.meta.pastLens;
-    k.layout = p.layout;
-    k.layer = p.layer;
     k.cacheIsFp8 = p.cacheDType == CacheDType::kFP8E4M3 ? 1 : 0;
-    k.window = p.window;
-    k.sinkTokens = p.sinkTokens;
     // The kernels multiply stored values as they are; every scale is folded here:
     // logit = (q_stored . k_stored) * qScale * kScale * softmaxScale, out = (P . v_stored) * vScale.
     bool const quantized = p.cacheDType == CacheDType::kFP8E4M3 || p.cacheDType == CacheDType::kINT8;
@@ -50,7 +33,6 @@ AttentionKernelParams makeKernelParams(AttentionParams const& p, AttentionPlan c
     k.capOutScaleLog2 = k.useSoftcap ? float(double(p.logitSoftcap) * double(kLog2eHost)) : 0.f;
     k.outScale = quantized ? p.vScale : 1.f;
     k.split = plan.split;
-    k.out = p.out;
     if (plan.partialChunks > 0) {
         k.partialOut = static_cast<float*>(p.workspace);
         k.partialLse = reinterpret_cast<float*>(
@@ -60,17 +42,7 @@ AttentionKernelParams makeKernelParams(AttentionParams const& p, AttentionPlan c
     return k;
 }
 
-// A CUDA failure also becomes lastErrorMessage(), so a caller never reads a stale validation message.
-// (launch_common.h only records invalid arguments; invalidArgument's own return value is dropped here.)
-// launchAll clears the message first, so an empty message after a failure means CUDA itself failed.
-cudaError_t recordCudaError(cudaError_t err, char const* where) {
-    if (err != cudaSuccess && (err != cudaErrorInvalidValue || lastErrorMessage()[0] == '\0'))
-        invalidArgument(std::string(where) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
-    return err;
-}
-
 cudaError_t launchAll(AttentionParams const& params, cudaStream_t stream) {
-    invalidArgument(std::string());  // clear: only this launch's failures may be reported
     cudaError_t err = cudaSuccess;
     // Which kernels run does not depend on the device; how much to split does. Plan once to know which
     // kernels' occupancy to ask for, then plan with the facts.
@@ -106,9 +78,10 @@ cudaError_t launchAll(AttentionParams const& params, cudaStream_t stream) {
 }  // namespace attn
 
 cudaError_t launchAttention(AttentionParams const& params, cudaStream_t stream) {
+    clearLastError();  // only this launch's failures may be reported
     cudaError_t err = attn::validateAttentionParams(params);
     if (err != cudaSuccess || params.meta.numTokens == 0) return err;
-    return attn::recordCudaError(attn::launchAll(params, stream), "launchAttention");
+    return recordCudaError(attn::launchAll(params, stream), "launchAttention");
 }
 
 }  // namespace pagedkv

@@ -6,10 +6,11 @@
 // were written.
 //
 // One CTA of 4 warps per row (grid T * H); warp w takes chunks w, w + 4, ..., kInFlight of them per batch,
-// lanes over the head dim. A batch loads its chunks' LSEs and partial rows together (all independent) and
-// folds them into a running (max, sum, acc) like an online softmax, so a 32-chunk split (1 x 32K) costs ONE
-// L2 round trip per warp after the dependency wait, not one for the LSE max plus one per 8 chunks. The 4 warps'
-// states are combined in shared memory.
+// lanes over the head dim (D / 32 dims each for D = 64, 128, 256; 4 dims on the first D / 4 lanes otherwise).
+// A batch loads its chunks' LSEs and partial rows together (all independent) and folds them into a running
+// (max, sum, acc) like an online softmax, so a 32-chunk split (1 x 32K) costs ONE L2 round trip per warp after
+// the dependency wait, not one for the LSE max plus one per 8 chunks. The 4 warps' states are combined in
+// shared memory.
 //
 // Programmatic dependent launch (sm_90+): the launcher may start this kernel while the attention kernel before
 // it is still running (attention_launch.cpp); everything before gridDependencyWait() reads only the step
@@ -28,7 +29,7 @@ namespace {
 
 constexpr int kMergeWarps = 4;  // per CTA; the plan launches one CTA per (token, head) row
 
-// kN consecutive floats of a partial row (16-byte aligned for kN >= 4: rows are kD floats, kD % 64 == 0).
+// kN consecutive floats of a partial row (16-byte aligned for kN % 4 == 0: rows are kD floats, kD % 16 == 0).
 template <int kN>
 __device__ __forceinline__ void loadPartial(float const* src, float (&x)[kN]) {
     if constexpr (kN % 4 == 0) {
@@ -48,8 +49,10 @@ __device__ __forceinline__ void loadPartial(float const* src, float (&x)[kN]) {
 
 template <typename CT, int kD>
 __global__ void __launch_bounds__(kMergeWarps * 32) attentionMergeKernel(__grid_constant__ AttentionKernelParams const p) {
-    constexpr int kDimsPerLane = kD / 32;  // 2, 4 or 8
-    constexpr int kInFlight = 8;           // chunks per warp and batch: 32 per CTA
+    constexpr int kDimsPerLane = kD % 64 == 0 ? kD / 32 : 4;  // 2, 4 or 8; 4 (D = 32, 80, 96)
+    constexpr int kLanes = kD / kDimsPerLane;                  // lanes with dims: 32, or 8, 20, 24
+    static_assert(kD % kDimsPerLane == 0 && kLanes <= 32, "a warp covers the head dim");
+    constexpr int kInFlight = 8;  // chunks per warp and batch: 32 per CTA
     __shared__ float sAcc[kMergeWarps][kD];
     __shared__ float sMax[kMergeWarps];
     __shared__ float sSum[kMergeWarps];
@@ -57,12 +60,14 @@ __global__ void __launch_bounds__(kMergeWarps * 32) attentionMergeKernel(__grid_
     int32_t const tid = threadIdx.x;
     int32_t const lane = tid & 31;
     int32_t const warp = tid >> 5;
+    bool const laneHasDims = kLanes == 32 || lane < kLanes;
     int64_t const rowIndex = blockIdx.x;
-    if (rowIndex >= int64_t(p.numTokens) * p.numQHeads) return;  // uniform per CTA
-    int32_t const token = int32_t(rowIndex / p.numQHeads);
-    int32_t const head = int32_t(rowIndex % p.numQHeads);
-    SeqInfo const s = makeSeqInfo(p.cuQLens, p.pastLens, seqOfToken(p.cuQLens, p.numSeqs, token));
-    int32_t const n = seqChunks(p.split, s, p.groupSize, p.window, p.sinkTokens);
+    if (rowIndex >= int64_t(p.params.meta.numTokens) * p.params.numQHeads) return;  // uniform per CTA
+    int32_t const token = int32_t(rowIndex / p.params.numQHeads);
+    int32_t const head = int32_t(rowIndex % p.params.numQHeads);
+    StepMetadata const& meta = p.params.meta;
+    SeqInfo const s = makeSeqInfo(meta.cuQLens, meta.pastLens, seqOfToken(meta.cuQLens, meta.numSeqs, token));
+    int32_t const n = seqChunks(p.split, s, p.groupSize, p.params.window, p.params.attentionSinks);
     if (n <= 1) return;  // uniform per CTA; exiting before the wait reads nothing the attention kernel writes
 
     gridDependencyWait();  // the partials are complete and visible from here on
@@ -80,10 +85,14 @@ __global__ void __launch_bounds__(kMergeWarps * 32) attentionMergeKernel(__grid_
 #pragma unroll
         for (int u = 0; u < kInFlight; ++u) {  // independent loads: one round trip for the batch
             int32_t const z = base + u * kMergeWarps;
-            if (z < n) {
+            if (z < n && laneHasDims) {
                 int64_t const prow = partialRow(p, z, token, head);
                 lse[u] = p.partialLse[prow];
                 loadPartial<kDimsPerLane>(p.partialOut + prow * kD + lane * kDimsPerLane, part[u]);
+            } else if (z < n) {  // a lane past the head dim: the chunk's LSE only
+                lse[u] = p.partialLse[partialRow(p, z, token, head)];
+#pragma unroll
+                for (int d = 0; d < kDimsPerLane; ++d) part[u][d] = 0.f;
             } else {
                 lse[u] = negInf();
 #pragma unroll
@@ -109,8 +118,10 @@ __global__ void __launch_bounds__(kMergeWarps * 32) attentionMergeKernel(__grid_
     }
 
     // ---- combine the warps (a warp with no chunk has m = -inf, wsum = 0, acc = 0)
+    if (laneHasDims) {
 #pragma unroll
-    for (int d = 0; d < kDimsPerLane; ++d) sAcc[warp][lane * kDimsPerLane + d] = acc[d];
+        for (int d = 0; d < kDimsPerLane; ++d) sAcc[warp][lane * kDimsPerLane + d] = acc[d];
+    }
     if (lane == 0) sMax[warp] = m, sSum[warp] = wsum;
     __syncthreads();
     float mAll = negInf();
@@ -125,7 +136,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32) attentionMergeKernel(__grid_
         total += f[w] * sSum[w];
     }
     float const inv = total > 0.f ? 1.f / total : 0.f;  // every chunk saw nothing: 0, never 0/0
-    CT* const dst = static_cast<CT*>(p.out) + (int64_t(token) * p.numQHeads + head) * kD;
+    CT* const dst = static_cast<CT*>(p.params.out) + (int64_t(token) * p.params.numQHeads + head) * kD;
     for (int32_t i = tid; i < kD / 2; i += kMergeWarps * 32) {
         float x0 = 0.f, x1 = 0.f;
 #pragma unroll

@@ -9,9 +9,10 @@
 // Two adjacent C tiles (16x16) therefore are exactly the A fragment of the next product, which is how the
 // probabilities P = softmax(S) feed P*V without any shuffle.
 //
-// Shared-memory tiles of 16-bit values are stored row-major with D elements per row, the 16-byte chunk
-// `ch` of row `r` at chunk position ch ^ (r & 7): eight consecutive rows then hit eight different 16-byte
-// bank groups, so ldmatrix (8 rows of 16 bytes per phase) is conflict-free for any D >= 64.
+// Shared-memory tiles of 16-bit values are stored row-major with a power of two >= 64 elements per row (D, or
+// the next such width: tileRowElems in attention_schedule.h), the 16-byte chunk `ch` of row `r` at chunk
+// position ch ^ (r & 7): eight consecutive rows then hit eight different 16-byte bank groups, so ldmatrix (8
+// rows of 16 bytes per phase) is conflict-free, and the two chunks of an aligned 32-byte pair stay one pair.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -3,14 +3,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 #include "launch_common.h"
+#include "pagedkv/capabilities.h"
+#include "pagedkv/kv_layout_check.h"
 
 namespace pagedkv {
 namespace attn {
 namespace {
 
-bool isSupportedHeadDim(int32_t d) { return d == 64 || d == 128 || d == 256; }
 bool finitePositive(float x) { return std::isfinite(x) && x > 0.f; }
 bool aligned16(void const* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 int64_t ceilDiv64(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -22,86 +24,58 @@ int64_t roundUp64(int64_t a, int64_t b) { return ceilDiv64(a, b) * b; }
 constexpr int64_t kDecodeCtaCostTokens = 64;
 constexpr int64_t kDecodeMaxWaves = 4;
 
-// The layout must be exactly what makeKVLayout builds from its own fields (kernels trust its strides).
-bool layoutIsCanonical(KVLayout const& l) {
-    KVLayout ref;
-    if (!makeKVLayout(l.numLayers, l.numKVHeads, l.pageSize, l.headDim, l.pageLayout, l.sinkTokens, l.cyclicLen, ref))
-        return false;
-    return ref.pageShift == l.pageShift && ref.bubbleLen == l.bubbleLen && ref.sinkTokens == l.sinkTokens &&
-           ref.strideBlock == l.strideBlock && ref.strideLayer == l.strideLayer && ref.strideKV == l.strideKV &&
-           ref.strideHead == l.strideHead && ref.strideToken == l.strideToken;
-}
-
 cudaError_t validate(AttentionParams const& p) {
-    PKV_REQUIRE(p.numQHeads > 0, "numQHeads", p.numQHeads, "> 0");
-    PKV_REQUIRE(p.numKVHeads > 0 && p.numKVHeads <= 65535, "numKVHeads", p.numKVHeads, "in [1, 65535]");
-    PKV_REQUIRE(p.numQHeads % p.numKVHeads == 0, "numQHeads", p.numQHeads,
-                "a multiple of numKVHeads=" + std::to_string(p.numKVHeads));
-    PKV_REQUIRE(isSupportedHeadDim(p.headDim), "headDim", p.headDim, "one of 64, 128, 256");
+    PKV_REQUIRE(p.numQHeads > 0, "num_q_heads", p.numQHeads, "> 0");
+    PKV_REQUIRE(p.numKVHeads > 0 && p.numKVHeads <= kMaxAttentionKVHeads, "num_kv_heads", p.numKVHeads,
+                "in [1, " + std::to_string(kMaxAttentionKVHeads) + "]");
+    PKV_REQUIRE(p.numQHeads % p.numKVHeads == 0, "num_q_heads", p.numQHeads,
+                "a multiple of num_kv_heads=" + std::to_string(p.numKVHeads));
+    PKV_REQUIRE(isSupportedHeadDim(p.headDim), "head_dim", p.headDim, std::string("one of ") + supportedHeadDimsText());
     int32_t io = static_cast<int32_t>(p.ioDType);
-    PKV_REQUIRE(io == int32_t(IODType::kFP16) || io == int32_t(IODType::kBF16), "ioDType", io, "0 (fp16) or 1 (bf16)");
+    PKV_REQUIRE(isSupportedIODType(p.ioDType), "io_dtype", io, supportedIODTypesText());
     int32_t cache = static_cast<int32_t>(p.cacheDType);
-    PKV_REQUIRE(cache != int32_t(CacheDType::kNVFP4), "cacheDType", cache,
-                "0 (fp16), 1 (bf16), 2 (fp8 e4m3) or 3 (int8): NVFP4 is reserved, not implemented");
-    PKV_REQUIRE(cache >= 0 && cache <= int32_t(CacheDType::kINT8), "cacheDType", cache,
-                "0 (fp16), 1 (bf16), 2 (fp8 e4m3) or 3 (int8)");
+    PKV_REQUIRE(isSupportedCacheDType(p.cacheDType), "cache_dtype", cache, supportedCacheDTypesText());
     bool cache16 = p.cacheDType == CacheDType::kFP16 || p.cacheDType == CacheDType::kBF16;
     if (cache16) {
         // 16-bit caches feed the tensor cores as stored: the queries must have the same type.
         bool same = (p.cacheDType == CacheDType::kFP16) == (p.ioDType == IODType::kFP16);
-        PKV_REQUIRE(same, "cacheDType", cache,
-                    "the 16-bit type of ioDType=" + std::to_string(io) + " (a 16-bit cache is read as stored)");
+        PKV_REQUIRE(same, "cache_dtype", cache,
+                    "the 16-bit type of io_dtype=" + std::to_string(io) + " (a 16-bit cache is read as stored)");
     } else {
-        PKV_REQUIRE(finitePositive(p.kScale), "kScale", p.kScale, "finite and > 0 for a quantized cache");
-        PKV_REQUIRE(finitePositive(p.vScale), "vScale", p.vScale, "finite and > 0 for a quantized cache");
+        PKV_REQUIRE(finitePositive(p.kScale), "k_scale", p.kScale, "finite and > 0 for a quantized cache");
+        PKV_REQUIRE(finitePositive(p.vScale), "v_scale", p.vScale, "finite and > 0 for a quantized cache");
     }
-    if (p.qFP8) PKV_REQUIRE(finitePositive(p.qScale), "qScale", p.qScale, "finite and > 0 with qFP8");
-    PKV_REQUIRE(std::isfinite(p.softmaxScale) && p.softmaxScale >= 0.f, "softmaxScale", p.softmaxScale,
-                "finite and >= 0 (0 means 1/sqrt(headDim))");
-    PKV_REQUIRE(std::isfinite(p.logitSoftcap) && p.logitSoftcap >= 0.f, "logitSoftcap", p.logitSoftcap,
+    if (p.qFP8) PKV_REQUIRE(finitePositive(p.qScale), "q_scale", p.qScale, "finite and > 0 with q_fp8");
+    PKV_REQUIRE(std::isfinite(p.softmaxScale) && p.softmaxScale >= 0.f, "softmax_scale", p.softmaxScale,
+                "finite and >= 0 (0 means 1/sqrt(head_dim))");
+    PKV_REQUIRE(std::isfinite(p.logitSoftcap) && p.logitSoftcap >= 0.f, "logit_softcap", p.logitSoftcap,
                 "finite and >= 0 (0: no soft-cap)");
-    PKV_REQUIRE(p.sinkTokens >= 0, "sinkTokens", p.sinkTokens, ">= 0");
+    PKV_REQUIRE(p.attentionSinks >= 0, "attention_sinks", p.attentionSinks, ">= 0");
+    if (FieldIssue const bad = checkKVLayoutFor(p.layout, p.numKVHeads, p.headDim, p.layer)) return invalidField(bad);
 
-    KVLayout const& l = p.layout;
-    PKV_REQUIRE(l.numKVHeads == p.numKVHeads, "layout.numKVHeads", l.numKVHeads,
-                "numKVHeads=" + std::to_string(p.numKVHeads));
-    PKV_REQUIRE(l.headDim == p.headDim, "layout.headDim", l.headDim, "headDim=" + std::to_string(p.headDim));
-    PKV_REQUIRE(l.pageSize > 0, "layout.pageSize", l.pageSize, "> 0");
-    PKV_REQUIRE(l.numLayers > 0, "layout.numLayers", l.numLayers, "> 0");
-    PKV_REQUIRE(p.layer >= 0 && p.layer < l.numLayers, "layer", p.layer,
-                "in [0, layout.numLayers=" + std::to_string(l.numLayers) + ")");
-    PKV_REQUIRE(l.cyclicLen >= 0 && l.cyclicLen % l.pageSize == 0, "layout.cyclicLen", l.cyclicLen,
-                "0 or a multiple of pageSize=" + std::to_string(l.pageSize));
-    int32_t pl = static_cast<int32_t>(l.pageLayout);
-    PKV_REQUIRE(pl == int32_t(PageLayout::kHND) || pl == int32_t(PageLayout::kNHD), "layout.pageLayout", pl,
-                "0 (HND) or 1 (NHD)");
-    PKV_REQUIRE(layoutIsCanonical(l), "layout.strideBlock", l.strideBlock,
-                "the layout built by makeKVLayout from the same geometry (strides, pageShift, bubble)");
-
-    PKV_REQUIRE(p.meta.numTokens >= 0, "meta.numTokens", p.meta.numTokens, ">= 0");
-    PKV_REQUIRE(p.meta.numSeqs >= 0, "meta.numSeqs", p.meta.numSeqs, ">= 0");
-    PKV_REQUIRE(p.meta.numSeqs > 0 || p.meta.numTokens == 0, "meta.numTokens", p.meta.numTokens,
-                "0 when meta.numSeqs=0");
-    PKV_REQUIRE(int64_t(p.meta.numTokens) * p.numQHeads <= INT32_MAX, "meta.numTokens", p.meta.numTokens,
-                "numTokens * numQHeads < 2^31");
-    if (p.meta.numTokens == 0) return cudaSuccess;  // nothing to compute; nothing is dereferenced
+    StepMetadata const& m = p.meta;
+    PKV_REQUIRE(m.numTokens >= 0, "num_tokens", m.numTokens, ">= 0");
+    PKV_REQUIRE(m.numSeqs >= 0, "num_seqs", m.numSeqs, ">= 0");
+    PKV_REQUIRE(m.numSeqs > 0 || m.numTokens == 0, "num_tokens", m.numTokens, "0 when num_seqs=0");
+    PKV_REQUIRE(int64_t(m.numTokens) * p.numQHeads <= INT32_MAX, "num_tokens", m.numTokens,
+                "num_tokens * num_q_heads < 2^31");
+    if (m.numTokens == 0) return cudaSuccess;  // nothing to compute; nothing is dereferenced
 
     PKV_REQUIRE(p.q != nullptr, "q", 0, "a device pointer");
     PKV_REQUIRE(aligned16(p.q), "q", reinterpret_cast<uintptr_t>(p.q), "a 16-byte aligned address");
     PKV_REQUIRE(p.out != nullptr, "out", 0, "a device pointer");
     PKV_REQUIRE(aligned16(p.out), "out", reinterpret_cast<uintptr_t>(p.out), "a 16-byte aligned address");
-    PKV_REQUIRE(p.meta.poolDescs != nullptr, "meta.poolDescs", 0, "a device pointer");
-    PKV_REQUIRE(p.meta.poolIndex >= 0, "meta.poolIndex", p.meta.poolIndex, ">= 0");
-    PKV_REQUIRE(p.meta.cuQLens != nullptr, "meta.cuQLens", 0, "a device pointer");
-    PKV_REQUIRE(p.meta.pastLens != nullptr, "meta.pastLens", 0, "a device pointer");
-    PKV_REQUIRE(p.meta.maxBlocks >= 0, "meta.maxBlocks", p.meta.maxBlocks, ">= 0");
-    PKV_REQUIRE(p.meta.maxBlocks == 0 || p.meta.blockTable != nullptr, "meta.blockTable", 0,
-                "a device pointer when meta.maxBlocks > 0");
-    PKV_REQUIRE(p.maxQLen >= 1 && p.maxQLen <= p.meta.numTokens, "maxQLen", p.maxQLen,
-                "in [1, meta.numTokens=" + std::to_string(p.meta.numTokens) + "]");
-    PKV_REQUIRE(p.maxKVLen >= 0, "maxKVLen", p.maxKVLen, ">= 0");
+    PKV_REQUIRE(m.poolDescs != nullptr, "pool_descs", 0, "a device pointer");
+    PKV_REQUIRE(m.poolIndex >= 0, "pool_index", m.poolIndex, ">= 0");
+    PKV_REQUIRE(m.cuQLens != nullptr, "cu_q_lens", 0, "a device pointer");
+    PKV_REQUIRE(m.pastLens != nullptr, "past_lens", 0, "a device pointer");
+    PKV_REQUIRE(m.maxBlocks >= 0, "max_blocks", m.maxBlocks, ">= 0");
+    PKV_REQUIRE(m.maxBlocks == 0 || m.blockTable != nullptr, "block_table", 0, "a device pointer when max_blocks > 0");
+    PKV_REQUIRE(p.maxQLen >= 1 && p.maxQLen <= m.numTokens, "max_q_len", p.maxQLen,
+                "in [1, num_tokens=" + std::to_string(m.numTokens) + "]");
+    PKV_REQUIRE(p.maxKVLen >= 0, "max_kv_len", p.maxKVLen, ">= 0");
     PKV_REQUIRE(p.workspaceBytes == 0 || p.workspace != nullptr, "workspace", 0,
-                "a device pointer when workspaceBytes=" + std::to_string(p.workspaceBytes) + " > 0");
+                "a device pointer when workspace_bytes=" + std::to_string(p.workspaceBytes) + " > 0");
     PKV_REQUIRE(aligned16(p.workspace), "workspace", reinterpret_cast<uintptr_t>(p.workspace),
                 "a 16-byte aligned address");
     return cudaSuccess;
@@ -124,7 +98,7 @@ AttentionPlan planAttention(AttentionParams const& p, DeviceFacts const& facts) 
     // Bound on any sequence's KV span: the cache length, or with a window the window of the first query
     // plus the step's other queries plus the sinks. Only sizes the split; the kernels never rely on it.
     int64_t maxSpan = std::max<int64_t>(p.maxKVLen, 1);
-    if (p.window > 0) maxSpan = std::min<int64_t>(maxSpan, int64_t(p.window) + p.maxQLen - 1 + p.sinkTokens);
+    if (p.window > 0) maxSpan = std::min<int64_t>(maxSpan, int64_t(p.window) + p.maxQLen - 1 + p.attentionSinks);
     maxSpan = std::min<int64_t>(maxSpan, INT32_MAX - kChunkAlign);
     plan.maxSpan = int32_t(maxSpan);
 
@@ -206,7 +180,7 @@ size_t attentionWorkspaceBytes(int32_t numTokens, int32_t numSeqs, int32_t numQH
                                int32_t maxKVLen, int32_t pageSize) {
     // Invalid bounds size nothing; launchAttention reports them with the field and the value.
     if (numTokens < 0 || numSeqs < 0 || numQHeads <= 0 || maxKVLen < 0 || pageSize <= 0) return 0;
-    if (headDim != 64 && headDim != 128 && headDim != 256) return 0;
+    if (!isSupportedHeadDim(headDim)) return 0;
     int64_t rows = int64_t(numTokens) * numQHeads;
     if (rows == 0) return 0;
     int64_t spanChunks = (std::max<int64_t>(maxKVLen, 1) + attn::kMinChunkTokens - 1) / attn::kMinChunkTokens;

@@ -1,5 +1,5 @@
 // Work decomposition of paged attention, shared by the host plan (attention_plan.cpp), the kernels
-// (attention_decode.cu, attention_prefill.cu, attention_merge.cu) and the host-side schedule emulator that
+// (attention_decode.cu, attention_multi.cu, attention_merge.cu) and the host-side schedule emulator that
 // the CPU tests drive (attention_schedule_check.cpp). Everything here is plain integer math (PKV_HD), so the
 // emulator runs the very functions the kernels run. Addresses are never computed here: the kernels locate
 // cache positions through kv_layout.h (locateToken / elemOffset).
@@ -47,6 +47,15 @@ PKV_HD constexpr int32_t multiWarpMTiles(int32_t headDim) { return headDim == 25
 PKV_HD constexpr int32_t multiTileRows(int32_t headDim) { return kMultiWarps * 16 * multiWarpMTiles(headDim); }
 // KV tokens per pipeline stage of the multi-token kernel (its S / softmax steps stay 32 tokens wide).
 PKV_HD constexpr int32_t multiTileTokens(int32_t headDim) { return headDim <= 128 ? 64 : 32; }
+// Row width, in elements, of both kernels' 16-bit shared-memory tiles (Q, K, V as the MMAs read them). Their
+// XOR swizzle permutes a row's 16-byte chunks within aligned groups of 8 and steps through a row by XOR-ing the
+// k-step into the chunk index, so a row holds a power of two >= 8 chunks: D = 64, 128, 256 as they are; the
+// other head dims in rows of the next of those widths (D = 32 -> 64, D = 80 and 96 -> 128), whose chunks past D
+// are never written nor read. The MMAs, the loads and the copies still cover D only; the padding costs shared
+// memory, never bandwidth.
+PKV_HD constexpr int32_t tileRowElems(int32_t headDim) {
+    return headDim <= 64 ? 64 : headDim <= 128 ? 128 : 256;
+}
 
 PKV_HD int32_t minI32(int32_t a, int32_t b) { return a < b ? a : b; }
 PKV_HD int32_t maxI32(int32_t a, int32_t b) { return a > b ? a : b; }
@@ -94,8 +103,8 @@ PKV_HD int32_t windowStart(int32_t qPos, int32_t window) {
 
 // Visibility of one (query, kv) pair for the kernels: kvPos < 0 marks a row that holds nothing (outside the
 // chunk, past the sequence, or on an absent page), which no query sees.
-PKV_HD bool kvVisible(int32_t qPos, int32_t kvPos, int32_t window, int32_t sinkTokens) {
-    return kvPos >= 0 && attends(qPos, kvPos, window, sinkTokens);
+PKV_HD bool kvVisible(int32_t qPos, int32_t kvPos, int32_t window, int32_t attentionSinks) {
+    return kvPos >= 0 && attends(qPos, kvPos, window, attentionSinks);
 }
 
 // ---- the KV span of a sequence: sinks [0, nSink) then the window run [kvBegin, kvEnd)
@@ -113,11 +122,11 @@ struct KVSpan {
 };
 
 // The span covers every position any query of the sequence sees (the first query has the lowest window).
-PKV_HD KVSpan seqSpan(SeqInfo const& s, int32_t window, int32_t sinkTokens) {
+PKV_HD KVSpan seqSpan(SeqInfo const& s, int32_t window, int32_t attentionSinks) {
     KVSpan sp;
     sp.kvEnd = s.kvLen;
     sp.kvBegin = windowStart(s.pastLen, window);
-    sp.nSink = window > 0 ? minI32(maxI32(sinkTokens, 0), sp.kvBegin) : 0;
+    sp.nSink = window > 0 ? minI32(maxI32(attentionSinks, 0), sp.kvBegin) : 0;
     return sp;
 }
 
@@ -156,12 +165,12 @@ struct KVTileList {
     }
 };
 
-PKV_HD KVTileList kvTilesFor(KVSpan const& sp, int32_t qa, int32_t qb, int32_t window, int32_t sinkTokens,
+PKV_HD KVTileList kvTilesFor(KVSpan const& sp, int32_t qa, int32_t qb, int32_t window, int32_t attentionSinks,
                              ChunkRange const& ch, int32_t tileTokens) {
     int32_t lo = windowStart(qa, window);  // lowest window position of the rows (>= sp.kvBegin)
     int32_t vHi = sp.virtualEnd(qb + 1);   // causal end of the last row
     int32_t vLo = window > 0 ? sp.virtualEnd(lo) : 0;
-    int32_t vSinkEnd = (window > 0 && sinkTokens > 0) ? sp.virtualEnd(minI32(sinkTokens, lo)) : 0;
+    int32_t vSinkEnd = (window > 0 && attentionSinks > 0) ? sp.virtualEnd(minI32(attentionSinks, lo)) : 0;
     // runs in virtual indices, clipped to the chunk
     int32_t a0 = maxI32(0, ch.begin), a1 = minI32(vSinkEnd, ch.end);
     int32_t b0 = maxI32(maxI32(vLo, vSinkEnd), ch.begin), b1 = minI32(vHi, ch.end);
@@ -232,8 +241,8 @@ struct SplitPlan {
 
 // Chunks of sequence s, as both the attention kernel that serves it and the merge see them.
 PKV_HD int32_t seqChunks(SplitPlan const& plan, SeqInfo const& s, int32_t groupSize, int32_t window,
-                         int32_t sinkTokens) {
-    KVSpan sp = seqSpan(s, window, sinkTokens);
+                         int32_t attentionSinks) {
+    KVSpan sp = seqSpan(s, window, attentionSinks);
     return isDecodeClass(s.qLen, groupSize) ? numChunks(sp.size(), plan.decodeChunkLen, plan.decodeGridChunks)
                                             : numChunks(sp.size(), plan.multiChunkLen, plan.multiGridChunks);
 }
@@ -265,7 +274,7 @@ struct StepView {  // the step metadata and attention settings the decisions rea
     int32_t numSeqs;
     int32_t groupSize;
     int32_t window;
-    int32_t sinkTokens;
+    int32_t attentionSinks;
 };
 
 // Decode kernel CTA (sequence b, any KV head, chunk z): all rows of the sequence.
@@ -280,11 +289,12 @@ PKV_HD CtaWork decodeCtaWork(SplitPlan const& plan, StepView const& v, int32_t b
         w.poison = !plan.multiLaunched && z == 0;
         return w;
     }
-    w.span = seqSpan(w.seq, v.window, v.sinkTokens);
+    w.span = seqSpan(w.seq, v.window, v.attentionSinks);
     w.nChunks = numChunks(w.span.size(), plan.decodeChunkLen, plan.decodeGridChunks);
     if (z >= w.nChunks) return w;
     w.chunk = chunkRange(z, w.nChunks, w.span.size(), plan.decodeChunkLen);
-    w.tiles = kvTilesFor(w.span, w.seq.pastLen, w.seq.kvLen - 1, v.window, v.sinkTokens, w.chunk, kDecodeTileTokens);
+    w.tiles =
+        kvTilesFor(w.span, w.seq.pastLen, w.seq.kvLen - 1, v.window, v.attentionSinks, w.chunk, kDecodeTileTokens);
     w.active = true;
     return w;
 }
@@ -300,13 +310,13 @@ PKV_HD CtaWork multiCtaWork(SplitPlan const& plan, StepView const& v, int32_t ti
     w.seqIndex = rt.seq;
     w.seq = makeSeqInfo(v.cuQLens, v.pastLens, rt.seq);
     if (isDecodeClass(w.seq.qLen, v.groupSize)) return w;
-    w.span = seqSpan(w.seq, v.window, v.sinkTokens);
+    w.span = seqSpan(w.seq, v.window, v.attentionSinks);
     w.nChunks = numChunks(w.span.size(), plan.multiChunkLen, plan.multiGridChunks);
     if (z >= w.nChunks) return w;
     w.chunk = chunkRange(z, w.nChunks, w.span.size(), plan.multiChunkLen);
     int32_t qa = rowQueryPos(w.seq, rt.rowBegin, v.groupSize);
     int32_t qb = rowQueryPos(w.seq, rt.rowEnd - 1, v.groupSize);
-    w.tiles = kvTilesFor(w.span, qa, qb, v.window, v.sinkTokens, w.chunk, tileTokens);
+    w.tiles = kvTilesFor(w.span, qa, qb, v.window, v.attentionSinks, w.chunk, tileTokens);
     w.active = true;
     return w;
 }

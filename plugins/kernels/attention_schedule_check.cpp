@@ -28,7 +28,7 @@ cudaError_t replayAttentionSchedule(AttentionParams const& p, int64_t numBlocks,
     AttentionPlan const plan = planAttention(p, facts);
     int32_t const G = plan.groupSize;
     int32_t const MB = p.meta.maxBlocks;
-    StepView const view{p.meta.cuQLens, p.meta.pastLens, B, G, p.window, p.sinkTokens};
+    StepView const view{p.meta.cuQLens, p.meta.pastLens, B, G, p.window, p.attentionSinks};
     std::vector<uint8_t> partialSeen(size_t(plan.partialChunks) * size_t(rows), 0);
 
     auto rowIndex = [&](int32_t row, int32_t kvHead) -> int64_t {
@@ -77,7 +77,7 @@ cudaError_t replayAttentionSchedule(AttentionParams const& p, int64_t numBlocks,
                                 int32_t const v = w.tiles.tile(k) * kDecodeTileTokens + r;
                                 KVRow const kv = kvRowAt(p.layout, table, w.span, w.chunk, v);
                                 for (int32_t row = w.rowBegin; row < w.rowEnd; ++row)
-                                    if (kvVisible(rowQueryPos(w.seq, row, G), kv.pos, p.window, p.sinkTokens)) {
+                                    if (kvVisible(rowQueryPos(w.seq, row, G), kv.pos, p.window, p.attentionSinks)) {
                                         err = count(row, int32_t(kvHead), kv.pos);
                                         if (err != cudaSuccess) return err;
                                     }
@@ -110,7 +110,7 @@ cudaError_t replayAttentionSchedule(AttentionParams const& p, int64_t numBlocks,
                         for (int32_t row = w.rowBegin; row < w.rowEnd; ++row) {
                             int32_t const qPos = rowQueryPos(w.seq, row, G);
                             for (int32_t r = 0; r < tileTokens; ++r)
-                                if (!needMask || kvVisible(qPos, tile[r].pos, p.window, p.sinkTokens)) {
+                                if (!needMask || kvVisible(qPos, tile[r].pos, p.window, p.attentionSinks)) {
                                     err = count(row, int32_t(kvHead), tile[r].pos);
                                     if (err != cudaSuccess) return err;
                                 }
@@ -124,7 +124,7 @@ cudaError_t replayAttentionSchedule(AttentionParams const& p, int64_t numBlocks,
     if (plan.runMerge) {
         for (int32_t t = 0; t < T; ++t) {
             SeqInfo const s = makeSeqInfo(p.meta.cuQLens, p.meta.pastLens, seqOfToken(p.meta.cuQLens, B, t));
-            int32_t const n = seqChunks(plan.split, s, G, p.window, p.sinkTokens);
+            int32_t const n = seqChunks(plan.split, s, G, p.window, p.attentionSinks);
             for (int32_t h = 0; h < H; ++h) out.mergedChunks[int64_t(t) * H + h] = n > 1 ? n : 0;
         }
     }

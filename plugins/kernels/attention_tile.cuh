@@ -28,7 +28,7 @@ struct PoolView {
 };
 
 __device__ __forceinline__ PoolView loadPool(AttentionKernelParams const& p) {
-    int64_t const* desc = p.poolDescs + int64_t(p.poolIndex) * kPoolDescFields;
+    int64_t const* desc = p.params.meta.poolDescs + int64_t(p.params.meta.poolIndex) * kPoolDescFields;
     PoolView v;
     v.base = reinterpret_cast<unsigned char const*>(__ldg(desc + kPoolDescAddress));
     v.numBlocks = __ldg(desc + kPoolDescNumBlocks);
@@ -55,18 +55,26 @@ __device__ __forceinline__ KVSource makeKVSourceFromPool(PoolView const& pool, A
                                                          CtaWork const& w, int32_t kvHead, int32_t elemBytes) {
     KVSource s;
     s.pool = pool.base;
-    s.table = BlockTableRow{p.blockTable + int64_t(w.seqIndex) * p.maxBlocks, p.maxBlocks, pool.numBlocks};
+    StepMetadata const& meta = p.params.meta;
+    s.table = BlockTableRow{meta.blockTable + int64_t(w.seqIndex) * meta.maxBlocks, meta.maxBlocks, pool.numBlocks};
     s.span = w.span;
     s.chunk = w.chunk;
-    s.kBase = p.layout.elemOffset(0, p.layer, 0, kvHead, 0) * elemBytes;
-    s.vDelta = p.layout.elemOffset(0, p.layer, 1, kvHead, 0) * elemBytes - s.kBase;
-    s.rowStride = p.layout.strideToken * elemBytes;
+    s.kBase = p.params.layout.elemOffset(0, p.params.layer, 0, kvHead, 0) * elemBytes;
+    s.vDelta = p.params.layout.elemOffset(0, p.params.layer, 1, kvHead, 0) * elemBytes - s.kBase;
+    s.rowStride = p.params.layout.strideToken * elemBytes;
     return s;
 }
 
 __device__ __forceinline__ KVSource makeKVSource(AttentionKernelParams const& p, CtaWork const& w, int32_t kvHead,
                                                  int32_t elemBytes) {
     return makeKVSourceFromPool(loadPool(p), p, w, kvHead, elemBytes);
+}
+
+// Byte offset of (row, 16-byte chunk) in a swizzled 16-bit tile of head dim kD (rows of tileRowElems(kD)
+// elements: attention_schedule.h).
+template <int kD>
+__device__ __forceinline__ uint32_t tileChunk(int32_t row, int32_t chunk) {
+    return swizzledChunk(row, chunk, tileRowElems(kD) * 2);
 }
 
 // ---- 8-bit K/V tiles read straight into MMA fragments (decode kernel): no conversion pass through shared
@@ -122,8 +130,9 @@ struct Frag8 {
 //    it (two shuffles and 64-bit address work per row; measured: the run path took the chunked prefill
 //    from 4475 to 4324 us). The V row is src.vDelta after the K row; sPos[r] records the position or -1,
 //    and a row holding nothing is zero-filled without touching global memory.
-// Destinations: 16-bit caches land in swizzled tiles that ldmatrix reads directly; 8-bit caches in a staging
-// tile, row-major for convertTile8 (multi-token kernel) or chunk-swizzled for Frag8 (kSwizzle8: decode).
+// Destinations: 16-bit caches land in swizzled tiles (tileChunk: rows of tileRowElems(kD) elements) that
+// ldmatrix reads directly; 8-bit caches in a staging tile of kD-byte rows, row-major for convertTile8 or
+// chunk-swizzled for Frag8 (kSwizzle8: the decode kernel at D = 64, 128, 256).
 template <int kRows>
 __device__ __forceinline__ KVRow locateKVRowPair(AttentionKernelParams const& p, KVSource const& src, bool valid0,
                                                  int32_t v0, bool valid1, int32_t v1, int32_t lane) {
@@ -131,7 +140,7 @@ __device__ __forceinline__ KVRow locateKVRowPair(AttentionKernelParams const& p,
     bool const second = lane >= kRows;
     bool const valid = lane < 2 * kRows && (second ? valid1 : valid0);
     // v = -1 lies outside every chunk: pos -1, nothing loaded
-    return kvRowEntryAt(p.layout, src.table, src.span, src.chunk,
+    return kvRowEntryAt(p.params.layout, src.table, src.span, src.chunk,
                         valid ? (second ? v1 + lane - kRows : v0 + lane) : -1);
 }
 
@@ -149,24 +158,27 @@ __device__ __forceinline__ KVRowOffset resolveKVRowOffset(AttentionKernelParams 
     resolveKVRow(src.table, row);
     KVRowOffset r;
     r.pos = row.pos;
-    r.kOff = row.pos >= 0 ? src.kBase + p.layout.elemOffset(row.loc.block, 0, 0, 0, row.loc.offset) * elemBytes
+    r.kOff = row.pos >= 0 ? src.kBase + p.params.layout.elemOffset(row.loc.block, 0, 0, 0, row.loc.offset) * elemBytes
                           : kNothing;
     return r;
 }
 
-// One tile: rows [0, kRows) held by lanes [firstLane, firstLane + kRows) of the pair.
+// One tile: rows [0, kRows) held by lanes [firstLane, firstLane + kRows) of the pair. A row is kChunks 16-byte
+// chunks; when kChunks divides 32 each copy step covers 32 / kChunks whole rows (lane l: chunk l % kChunks),
+// otherwise (D = 80, 96 as 16-bit: 10, 12 chunks; D = 80 as 8-bit: 5) the tile's kRows x kChunks chunks are
+// taken in row-major order, 32 per step (lane l of step i: chunk 32 i + l; the last step's lanes past the tile
+// copy nothing), so that every lane is busy and a lane pair still copies one 32-byte sector of a run.
 template <int kD, int kElemBytes, int kRows, bool kSwizzle8 = false>
 __device__ __forceinline__ void copyKVRows(KVSource const& src, KVRowOffset const& rows, int32_t firstLane,
                                            uint32_t sK, uint32_t sV, int32_t* sPos, int32_t lane) {
     constexpr int kRowBytes = kD * kElemBytes;
-    constexpr int kChunks = kRowBytes / 16;  // 4 .. 32
-    constexpr int kRowsPerStep = 32 / kChunks;
-    static_assert(kChunks >= 4 && kChunks <= 32 && kRows <= 32 && kRows % kRowsPerStep == 0, "warp KV tile shape");
+    constexpr int kChunks = kRowBytes / 16;  // 2 .. 32
+    static_assert(kRowBytes % 16 == 0 && kChunks >= 2 && kChunks <= 32 && kRows <= 32, "warp KV tile shape");
     int32_t const pos = __shfl_sync(0xffffffffu, rows.pos, firstLane + lane % kRows);
     if (lane < kRows) sPos[lane] = pos;
-    int const ch = lane % kChunks;
-    auto dstOf = [&](int r) {
-        return kElemBytes == 2 ? swizzledChunk(r, ch, kRowBytes)
+    int const laneChunk = lane % kChunks;  // the lane's chunk of every row it copies (when kChunks divides 32)
+    auto dstOf = [&](int r, int ch) {
+        return kElemBytes == 2 ? tileChunk<kD>(r, ch)
                : kSwizzle8     ? Frag8<kD>::chunkOffset(r, ch)
                                : uint32_t(r * kRowBytes + ch * 16);
     };
@@ -176,31 +188,62 @@ __device__ __forceinline__ void copyKVRows(KVSource const& src, KVRowOffset cons
     uint32_t const runBits =
         __ballot_sync(0xffffffffu, rows.kOff >= 0 && rows.kOff == row0 + (lane - firstLane) * src.rowStride);
     uint32_t const tileMask = (kRows == 32 ? 0xffffffffu : (1u << kRows) - 1u) << firstLane;
-    if ((runBits & tileMask) == tileMask) {  // warp-uniform
-        unsigned char const* const laneK = src.pool + row0 + (lane / kChunks) * src.rowStride + ch * 16;
+    bool const run = (runBits & tileMask) == tileMask;  // warp-uniform
+    if constexpr (32 % kChunks == 0) {
+        constexpr int kRowsPerStep = 32 / kChunks;
+        static_assert(kRows % kRowsPerStep == 0, "whole rows per copy step");
+        int const ch = laneChunk;
+        if (run) {
+            unsigned char const* const laneK = src.pool + row0 + (lane / kChunks) * src.rowStride + ch * 16;
+#pragma unroll
+            for (int i = 0; i < kRows / kRowsPerStep; ++i) {
+                int const r = i * kRowsPerStep + lane / kChunks;
+                int64_t const off = int64_t(i * kRowsPerStep) * src.rowStride;
+                cpAsync16(sK + dstOf(r, ch), laneK + off, true);
+                cpAsync16(sV + dstOf(r, ch), laneK + src.vDelta + off, true);
+            }
+            return;
+        }
+        unsigned char const* const laneK = src.pool + ch * 16;
+        unsigned char const* const laneV = laneK + src.vDelta;
 #pragma unroll
         for (int i = 0; i < kRows / kRowsPerStep; ++i) {
             int const r = i * kRowsPerStep + lane / kChunks;
-            int64_t const off = int64_t(i * kRowsPerStep) * src.rowStride;
-            cpAsync16(sK + dstOf(r), laneK + off, true);
-            cpAsync16(sV + dstOf(r), laneK + src.vDelta + off, true);
+            int64_t const k = __shfl_sync(0xffffffffu, rows.kOff, firstLane + r);
+            bool const holds = k >= 0;
+            int64_t const off = k & INT64_MAX;  // kNothing -> 0: block 0, a valid address that is not read
+            cpAsync16(sK + dstOf(r, ch), laneK + off, holds);
+            cpAsync16(sV + dstOf(r, ch), laneV + off, holds);
         }
-        return;
-    }
-    unsigned char const* const laneK = src.pool + ch * 16;
-    unsigned char const* const laneV = laneK + src.vDelta;
+    } else {
+        constexpr int kSlots = kRows * kChunks;  // the tile's chunks
+        constexpr int kSteps = (kSlots + 31) / 32;
 #pragma unroll
-    for (int i = 0; i < kRows / kRowsPerStep; ++i) {
-        int const r = i * kRowsPerStep + lane / kChunks;
-        int64_t const k = __shfl_sync(0xffffffffu, rows.kOff, firstLane + r);
-        bool const holds = k >= 0;
-        int64_t const off = k & INT64_MAX;  // kNothing -> 0: block 0, a valid address that is not read
-        cpAsync16(sK + dstOf(r), laneK + off, holds);
-        cpAsync16(sV + dstOf(r), laneV + off, holds);
+        for (int i = 0; i < kSteps; ++i) {
+            int const q = 32 * i + lane;
+            bool const inTile = kSlots % 32 == 0 || q < kSlots;
+            int const r = inTile ? q / kChunks : kRows - 1;  // past the tile: any row, for the shuffle below
+            int const ch = q - r * kChunks;
+            if (run) {
+                if (inTile) {
+                    unsigned char const* const k = src.pool + row0 + int64_t(r) * src.rowStride + ch * 16;
+                    cpAsync16(sK + dstOf(r, ch), k, true);
+                    cpAsync16(sV + dstOf(r, ch), k + src.vDelta, true);
+                }
+            } else {
+                int64_t const k = __shfl_sync(0xffffffffu, rows.kOff, firstLane + r);  // every lane takes part
+                if (inTile) {
+                    int64_t const off = (k & INT64_MAX) + ch * 16;  // kNothing -> block 0, not read
+                    cpAsync16(sK + dstOf(r, ch), src.pool + off, k >= 0);
+                    cpAsync16(sV + dstOf(r, ch), src.pool + off + src.vDelta, k >= 0);
+                }
+            }
+        }
     }
 }
 
 // ---- 8-bit staging tile [kRows][kD] bytes -> swizzled 16-bit tile of the compute type (exact, no scale).
+// `tid` runs over [0, kThreads): the CTA's threads (multi-token kernel) or one warp's lanes (decode kernel).
 template <typename CT, int kD, int kRows, int kThreads>
 __device__ __forceinline__ void convertTile8(unsigned char const* staging, unsigned char* tile16, bool isFp8,
                                              int32_t tid) {
@@ -212,11 +255,11 @@ __device__ __forceinline__ void convertTile8(unsigned char const* staging, unsig
         int const r = q / kChunks8;
         int const j = q % kChunks8;
         uint2 raw = *reinterpret_cast<uint2 const*>(staging + r * kD + j * 8);
-        *reinterpret_cast<uint4*>(tile16 + swizzledChunk(r, j, kD * 2)) = dequant8x8<CT>(raw, isFp8);
+        *reinterpret_cast<uint4*>(tile16 + tileChunk<kD>(r, j)) = dequant8x8<CT>(raw, isFp8);
     }
 }
 
-// ---- query rows -> swizzled 16-bit tile [kRows][kD]. Local row r is global row rowBegin + r (token R / G,
+// ---- query rows -> swizzled 16-bit tile [kRows][tileRowElems(kD)]. Local row r is global row rowBegin + r (token R / G,
 // head kvHead * G + R % G); rows at or past rowEnd are zero.
 template <typename CT, int kD, int kRows, int kThreads>
 __device__ __forceinline__ void loadQRows(AttentionKernelParams const& p, unsigned char* sQ, int32_t rowBegin,
@@ -230,15 +273,15 @@ __device__ __forceinline__ void loadQRows(AttentionKernelParams const& p, unsign
         if (row < rowEnd) {
             int32_t const token = row / p.groupSize;
             int32_t const head = kvHead * p.groupSize + row % p.groupSize;
-            int64_t const elem = (int64_t(token) * p.numQHeads + head) * kD + ch * 8;
-            if (p.qFP8) {
-                uint2 raw = __ldg(reinterpret_cast<uint2 const*>(static_cast<unsigned char const*>(p.q) + elem));
+            int64_t const elem = (int64_t(token) * p.params.numQHeads + head) * kD + ch * 8;
+            if (p.params.qFP8) {
+                uint2 raw = __ldg(reinterpret_cast<uint2 const*>(static_cast<unsigned char const*>(p.params.q) + elem));
                 val = dequant8x8<CT>(raw, true);
             } else {
-                val = __ldg(reinterpret_cast<uint4 const*>(static_cast<CT const*>(p.q) + elem));
+                val = __ldg(reinterpret_cast<uint4 const*>(static_cast<CT const*>(p.params.q) + elem));
             }
         }
-        *reinterpret_cast<uint4*>(sQ + swizzledChunk(r, ch, kD * 2)) = val;
+        *reinterpret_cast<uint4*>(sQ + tileChunk<kD>(r, ch)) = val;
     }
 }
 
@@ -270,17 +313,18 @@ __device__ __forceinline__ float loadQRowsK8(AttentionKernelParams const& p, uns
         if (row < rowEnd) {
             int32_t const token = row / p.groupSize;
             int32_t const head = kvHead * p.groupSize + row % p.groupSize;
-            int64_t const rowElem = (int64_t(token) * p.numQHeads + head) * kD;
+            int64_t const rowElem = (int64_t(token) * p.params.numQHeads + head) * kD;
 #pragma unroll
             for (int t = 0; t < 4; ++t) {
                 int64_t const elem = rowElem + Frag8<kD>::physDimK(ch * 8 + 2 * t);  // even: pair-aligned
-                if (p.qFP8) {
+                if (p.params.qFP8) {
                     uint32_t const raw =
-                        __ldg(reinterpret_cast<unsigned short const*>(static_cast<unsigned char const*>(p.q) + elem));
+                        __ldg(reinterpret_cast<unsigned short const*>(static_cast<unsigned char const*>(p.params.q) +
+                                                                      elem));
                     uint32_t hi;
                     e4m3x4ToHalfPairs(raw, pairs[i][t], hi);
                 } else {
-                    pairs[i][t] = __ldg(reinterpret_cast<uint32_t const*>(static_cast<CT const*>(p.q) + elem));
+                    pairs[i][t] = __ldg(reinterpret_cast<uint32_t const*>(static_cast<CT const*>(p.params.q) + elem));
                     if constexpr (kBf16) {
                         float2 const f = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 const*>(&pairs[i][t]));
                         maxAbs = fmaxf(maxAbs, fmaxf(fabsf(f.x), fabsf(f.y)));
@@ -291,7 +335,7 @@ __device__ __forceinline__ float loadQRowsK8(AttentionKernelParams const& p, uns
     }
     float qScale = 1.f, qUnscale = 1.f;
     if constexpr (kBf16) {
-        if (!p.qFP8) {  // uniform
+        if (!p.params.qFP8) {  // uniform
 #pragma unroll
             for (int off = 16; off > 0; off >>= 1) maxAbs = fmaxf(maxAbs, __shfl_xor_sync(0xffffffffu, maxAbs, off));
             if ((tid & 31) == 0) sWarpMax[tid >> 5] = maxAbs;
@@ -314,14 +358,14 @@ __device__ __forceinline__ float loadQRowsK8(AttentionKernelParams const& p, uns
         uint32_t h[4];
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
-            if (kBf16 && !p.qFP8) {
+            if (kBf16 && !p.params.qFP8) {
                 float2 const f = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 const*>(&pairs[i][t]));
                 h[t] = Mma<__half>::pack(f.x * qScale, f.y * qScale);  // exact power-of-two scaling, then RN
             } else {
                 h[t] = pairs[i][t];  // f16 q as stored, or fp8 q already converted
             }
         }
-        *reinterpret_cast<uint4*>(sQ + swizzledChunk(r, ch, kD * 2)) = make_uint4(h[0], h[1], h[2], h[3]);
+        *reinterpret_cast<uint4*>(sQ + tileChunk<kD>(r, ch)) = make_uint4(h[0], h[1], h[2], h[3]);
     }
     return qUnscale;
 }
@@ -329,10 +373,11 @@ __device__ __forceinline__ float loadQRowsK8(AttentionKernelParams const& p, uns
 // ---- ldmatrix lane addresses (fragment layouts: attention_mma.cuh). In a swizzled tile the chunk of 16-dim
 // step k read by a lane is (2k + half) ^ (row & 7) = 2k ^ (half ^ (row & 7)), so its byte offset within the
 // row is ((half ^ (row & 7)) << 4) ^ (k << 5): a per-lane constant XOR a compile-time immediate (rows are
-// 2^n bytes, so the XOR never leaves the row). Tile rows of the lane: (lane & 7) plus 8 for some matrices.
+// 2^n bytes, tileRowElems, so the XOR never leaves the row). Tile rows of the lane: (lane & 7) plus 8 for some
+// matrices. The kernels take k < kD / 16 only.
 template <int kD>
 struct FragLane {
-    static constexpr int kRowBytes = kD * 2;
+    static constexpr int kRowBytes = tileRowElems(kD) * 2;
     // A operand (16 rows x 16 dims): matrices (rows 0-7 | 8-15) x (dims 0-7 | 8-15) in the order of a[0..3].
     static __device__ __forceinline__ uint32_t offsetA(int32_t lane) {
         int32_t const row = (lane & 7) + ((lane >> 3) & 1) * 8;
@@ -410,7 +455,7 @@ __device__ __forceinline__ void softmaxStepImpl(AttentionKernelParams const& p, 
             float x = capped ? cappedLogitLog2(p, s[nt][e], capIn) : s[nt][e];
             if (masked) {
                 int32_t const kvPos = sPos[nt * 8 + 2 * c + (e & 1)];
-                if (!kvVisible(e < 2 ? qPos0 : qPos1, kvPos, p.window, p.sinkTokens)) x = negInf();
+                if (!kvVisible(e < 2 ? qPos0 : qPos1, kvPos, p.params.window, p.params.attentionSinks)) x = negInf();
             }
             s[nt][e] = x;
             rowMax[e >> 1] = fmaxf(rowMax[e >> 1], x);
@@ -505,7 +550,7 @@ __device__ __forceinline__ uint16_t quietNaNBits<__nv_bfloat16>() {
 // Index of (chunk z, token t, head h) in the partial arrays.
 __device__ __forceinline__ int64_t partialRow(AttentionKernelParams const& p, int32_t z, int32_t token,
                                               int32_t head) {
-    return (int64_t(z) * p.numTokens + token) * p.numQHeads + head;
+    return (int64_t(z) * p.params.meta.numTokens + token) * p.params.numQHeads + head;
 }
 
 }  // namespace attn

@@ -3,20 +3,25 @@
 #include <mutex>
 #include <vector>
 
-#include "pagedkv/qkv_write.h"  // lastErrorMessage() declaration
+#include "pagedkv/last_error.h"
 
 namespace pagedkv {
 namespace {
 thread_local std::string tLastError;
 }
 
+void clearLastError() { tLastError.clear(); }
+
 cudaError_t invalidArgument(std::string msg) {
     tLastError = std::move(msg);
     return cudaErrorInvalidValue;
 }
 
-cudaError_t recordError(cudaError_t err, std::string const& what) {
-    if (err != cudaSuccess) tLastError = what + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
+cudaError_t invalidField(FieldIssue const& issue) { return invalidArgument(issue.message()); }
+
+cudaError_t recordCudaError(cudaError_t err, char const* where) {
+    if (err != cudaSuccess && tLastError.empty())
+        tLastError = std::string(where) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
     return err;
 }
 

@@ -22,38 +22,6 @@ uintptr_t address(void const* p) { return reinterpret_cast<uintptr_t>(p); }
 
 bool aligned(void const* p, uintptr_t bytes) { return address(p) % bytes == 0; }
 
-// The pool geometry must be exactly what makeKVLayout builds from its own counts (a hand-filled or stale
-// KVLayout with inconsistent strides would send writes to the wrong slots).
-cudaError_t validateLayout(QKVWriteParams const& p) {
-    KVLayout const& l = p.layout;
-    PKV_REQUIRE(l.numLayers > 0, "num_layers", l.numLayers, "> 0");
-    PKV_REQUIRE(l.pageSize > 0, "page_size", l.pageSize, "> 0");
-    PKV_REQUIRE(l.pageLayout == PageLayout::kHND || l.pageLayout == PageLayout::kNHD, "page_layout",
-                static_cast<int32_t>(l.pageLayout), "0 (HND) or 1 (NHD)");
-    PKV_REQUIRE(l.sinkTokens >= 0, "sink_tokens", l.sinkTokens, ">= 0");
-    PKV_REQUIRE(l.cyclicLen >= 0 && l.cyclicLen % l.pageSize == 0, "cyclic_len", l.cyclicLen,
-                "0 or a positive multiple of page_size=" + str(l.pageSize));
-    PKV_REQUIRE(l.numKVHeads == p.numKVHeads, "layout.numKVHeads", l.numKVHeads,
-                "equal to num_kv_heads=" + str(p.numKVHeads));
-    PKV_REQUIRE(l.headDim == p.headDim, "layout.headDim", l.headDim, "equal to head_dim=" + str(p.headDim));
-    KVLayout e;
-    PKV_REQUIRE(makeKVLayout(l.numLayers, l.numKVHeads, l.pageSize, l.headDim, l.pageLayout, l.sinkTokens,
-                             l.cyclicLen, e),
-                "layout", 0, "a geometry makeKVLayout accepts");
-    auto const asBuilt = [](int64_t v) { return str(v) + " (as makeKVLayout computes it)"; };
-    PKV_REQUIRE(l.pageShift == e.pageShift, "layout.pageShift", l.pageShift, asBuilt(e.pageShift));
-    PKV_REQUIRE(l.sinkTokens == e.sinkTokens, "layout.sinkTokens", l.sinkTokens, asBuilt(e.sinkTokens));
-    PKV_REQUIRE(l.bubbleLen == e.bubbleLen, "layout.bubbleLen", l.bubbleLen, asBuilt(e.bubbleLen));
-    PKV_REQUIRE(l.strideBlock == e.strideBlock, "layout.strideBlock", l.strideBlock, asBuilt(e.strideBlock));
-    PKV_REQUIRE(l.strideLayer == e.strideLayer, "layout.strideLayer", l.strideLayer, asBuilt(e.strideLayer));
-    PKV_REQUIRE(l.strideKV == e.strideKV, "layout.strideKV", l.strideKV, asBuilt(e.strideKV));
-    PKV_REQUIRE(l.strideHead == e.strideHead, "layout.strideHead", l.strideHead, asBuilt(e.strideHead));
-    PKV_REQUIRE(l.strideToken == e.strideToken, "layout.strideToken", l.strideToken, asBuilt(e.strideToken));
-    PKV_REQUIRE(p.layer >= 0 && p.layer < l.numLayers, "layer_index", p.layer,
-                "in [0, num_layers=" + str(l.numLayers) + ")");
-    return cudaSuccess;
-}
-
 cudaError_t validateRope(QKVWriteParams const& p) {
     RopeParams const& r = p.rope;
     PKV_REQUIRE(r.style == RopeStyle::kNone || r.style == RopeStyle::kNeox || r.style == RopeStyle::kGptj,
@@ -63,7 +31,7 @@ cudaError_t validateRope(QKVWriteParams const& p) {
                 r.rotaryDim, "even and in [2, head_dim=" + str(p.headDim) + "]");
     PKV_REQUIRE(std::isfinite(r.mscale), "rope.mscale", r.mscale, "finite");
     for (int32_t i = 0; i < r.rotaryDim / 2; ++i)
-        PKV_REQUIRE(finitePositive(r.invFreq[i]), "rope.invFreq[" + str(i) + "]", r.invFreq[i], "finite and > 0");
+        PKV_REQUIRE(finitePositive(r.invFreq[i]), "rope.inv_freq[" + str(i) + "]", r.invFreq[i], "finite and > 0");
     return cudaSuccess;
 }
 
@@ -100,14 +68,11 @@ cudaError_t validateQKVWrite(QKVWriteParams const& p) {
                 "> 0 when num_tokens=" + str(m.numTokens) + " > 0");
     PKV_REQUIRE(m.maxBlocks >= 0, "max_blocks", m.maxBlocks, ">= 0");
     PKV_REQUIRE(m.poolIndex >= 0, "pool_index", m.poolIndex, ">= 0");
-    PKV_REQUIRE(p.headDim == 64 || p.headDim == 128 || p.headDim == 256, "head_dim", p.headDim,
-                "one of 64, 128, 256");
-    PKV_REQUIRE(p.ioDType == IODType::kFP16 || p.ioDType == IODType::kBF16, "io_dtype",
-                static_cast<int32_t>(p.ioDType), "0 (fp16) or 1 (bf16)");
-    PKV_REQUIRE(p.cacheDType == CacheDType::kFP16 || p.cacheDType == CacheDType::kBF16 ||
-                    p.cacheDType == CacheDType::kFP8E4M3 || p.cacheDType == CacheDType::kINT8,
-                "cache_dtype", static_cast<int32_t>(p.cacheDType),
-                "0 (fp16), 1 (bf16), 2 (fp8_e4m3) or 3 (int8); 4 (nvfp4) is reserved, not implemented");
+    PKV_REQUIRE(isSupportedHeadDim(p.headDim), "head_dim", p.headDim,
+                std::string("one of ") + supportedHeadDimsText());
+    PKV_REQUIRE(isSupportedIODType(p.ioDType), "io_dtype", static_cast<int32_t>(p.ioDType), supportedIODTypesText());
+    PKV_REQUIRE(isSupportedCacheDType(p.cacheDType), "cache_dtype", static_cast<int32_t>(p.cacheDType),
+                supportedCacheDTypesText());
     PKV_REQUIRE(p.numQHeads > 0, "num_q_heads", p.numQHeads, "> 0");
     PKV_REQUIRE(p.numKVHeads > 0, "num_kv_heads", p.numKVHeads, "> 0");
     PKV_REQUIRE(p.numQHeads % p.numKVHeads == 0, "num_q_heads", p.numQHeads,
@@ -115,22 +80,38 @@ cudaError_t validateQKVWrite(QKVWriteParams const& p) {
     PKV_REQUIRE(finitePositive(p.kScale), "k_scale", p.kScale, "finite and > 0");
     PKV_REQUIRE(finitePositive(p.vScale), "v_scale", p.vScale, "finite and > 0");
     PKV_REQUIRE(!p.qOutFP8 || finitePositive(p.qScale), "q_scale", p.qScale, "finite and > 0 with q_out_fp8");
-    // The kernel numbers its (token, pass) pairs with int32: P = ceil(NHR / (32/VPH)) passes per token, and
+    // The kernel numbers its (token, pass) pairs with int32: P = ceil(NHR / floor(32/VPH)) passes per token, and
     // half the int32 range leaves room for the prefetch running ahead.
     int64_t const passesPerToken = ceilDiv(p.numQHeads + 2 * p.numKVHeads, 32 / (p.headDim / 8));
     int64_t const maxPasses = INT32_MAX / 2;
     PKV_REQUIRE(static_cast<int64_t>(m.numTokens) * passesPerToken <= maxPasses, "num_tokens", m.numTokens,
                 "at most " + str(maxPasses / passesPerToken) + " for these head counts");
-    cudaError_t err = validateLayout(p);
-    if (err == cudaSuccess) err = validateRope(p);
+    if (FieldIssue const bad = checkKVLayoutFor(p.layout, p.numKVHeads, p.headDim, p.layer)) return invalidField(bad);
+    cudaError_t err = validateRope(p);
     if (err == cudaSuccess && m.numTokens > 0) err = validatePointers(p);
     return err;
 }
 
+// The plan cuts a head row into VPH = D/8 vectors of 8 elements and a warp pass into floor(32/VPH) rows: every
+// supported head dim must give 1 <= VPH <= 32 (a row fits a warp) and the multiply that stands for lane / VPH
+// must be exact for every lane (a new head dim that does not fit needs a new plan).
+constexpr bool writePlanCovers(int32_t headDim) {
+    int32_t const vecsPerRow = headDim / 8;
+    if (headDim % 8 != 0 || vecsPerRow < 1 || vecsPerRow > 32) return false;
+    for (int32_t lane = 0; lane < 32; ++lane)
+        if (laneRowOf(lane, laneRowMagic(vecsPerRow)) != lane / vecsPerRow) return false;
+    return true;
+}
+static_assert([] {
+    for (int32_t d : kSupportedHeadDims)
+        if (!writePlanCovers(d)) return false;
+    return true;
+}(), "a head dim of kSupportedHeadDims (capabilities.h) does not fit the write kernel's plan");
+
 QKVWritePlan makeQKVWritePlan(QKVWriteParams const& p) {
     QKVWritePlan plan{};
     plan.vecsPerRow = p.headDim / 8;
-    plan.vecShift = log2IfPow2(plan.vecsPerRow);
+    plan.laneRowMagic = laneRowMagic(plan.vecsPerRow);
     plan.rowsPerPass = 32 / plan.vecsPerRow;
     plan.numHeadRows = p.numQHeads + 2 * p.numKVHeads;
     plan.passesPerToken = ceilDiv(plan.numHeadRows, plan.rowsPerPass);
@@ -175,22 +156,26 @@ cudaError_t dispatchCache(QKVWriteKernelParams const& kp, int32_t smCount, cudaS
                            ": no QKV-write kernel for this cache dtype");
 }
 
-}  // namespace
-
-cudaError_t launchQKVWrite(QKVWriteParams const& params, cudaStream_t stream) {
-    cudaError_t err = validateQKVWrite(params);
-    if (err != cudaSuccess || params.meta.numTokens == 0) return err;
-    QKVWriteKernelParams const kp = makeQKVWriteKernelParams(params);
-    int32_t const smCount = smCountOfCurrentDevice();
-    // The one dispatch point: (I/O dtype) x (cache dtype) kernel instances; head dim and RoPE style are
-    // runtime values validated above (64/128/256; none/neox/gptj).
-    switch (params.ioDType) {
+cudaError_t dispatchIO(QKVWriteKernelParams const& kp, int32_t smCount, cudaStream_t stream) {
+    switch (kp.p.ioDType) {
         case IODType::kFP16: return dispatchCache<IODType::kFP16>(kp, smCount, stream);
         case IODType::kBF16: return dispatchCache<IODType::kBF16>(kp, smCount, stream);
         default: break;
     }
-    return invalidArgument("io_dtype=" + str(static_cast<int32_t>(params.ioDType)) +
+    return invalidArgument("io_dtype=" + str(static_cast<int32_t>(kp.p.ioDType)) +
                            ": no QKV-write kernel for this I/O dtype");
+}
+
+}  // namespace
+
+cudaError_t launchQKVWrite(QKVWriteParams const& params, cudaStream_t stream) {
+    clearLastError();  // only this launch's failures may be reported
+    cudaError_t err = validateQKVWrite(params);
+    if (err != cudaSuccess || params.meta.numTokens == 0) return err;
+    QKVWriteKernelParams const kp = makeQKVWriteKernelParams(params);
+    // The one dispatch point: (I/O dtype) x (cache dtype) kernel instances; head dim and RoPE style are
+    // runtime values validated above (kSupportedHeadDims; none/neox/gptj).
+    return recordCudaError(dispatchIO(kp, smCountOfCurrentDevice(), stream), "launchQKVWrite");
 }
 
 }  // namespace pagedkv

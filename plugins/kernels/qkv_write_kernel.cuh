@@ -155,15 +155,20 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
 
     int32_t const warp = threadIdx.x >> 5;
     int32_t const lane = threadIdx.x & 31;
-    // kGlobal partners only: one warp pass of rows (rowsPerPass * D = 32 lanes x 8 dims floats) per warp.
+    // kGlobal partners only: one warp pass of rows (32 lanes x 8 dims floats: lane l stages dims [8 l, 8 l + 8)
+    // of the pass, the rows' dims and, past the last row, its idle lanes' own words) per warp.
     __shared__ float stage[kQKVWriteWarps][32 * kVecElems];
     // The parameter lines, fetched together before anything else (warmParameterLines says why). The store is
     // the loads' only use, into this thread's own word of its warp's staging row: the kGlobal path's first
     // write there follows a __syncwarp, and nothing reads the word before that write.
     stage[warp][lane] = __uint_as_float(warmParameterLines(kp));
-    int32_t const slot = lane >> plan.vecShift;        // which row of a warp pass
-    int32_t const vec = lane & (plan.vecsPerRow - 1);  // which 8-element vector of that row
-    int32_t const dim0 = vec * kVecElems;              // first head dim of my vector
+    // Which row of a warp pass and which 8-element vector of it. The lanes past the pass's last row (VPH not
+    // dividing 32) count as vectors past the end of that row: vec >= VPH, dims >= D, so they rotate nothing and
+    // stage their own words; their head row is out of range (rowSlot), so they load and store nothing.
+    int32_t const slot = min(laneRowOf(lane, plan.laneRowMagic), plan.rowsPerPass - 1);
+    int32_t const vec = lane - slot * plan.vecsPerRow;
+    int32_t const dim0 = vec * kVecElems;  // first head dim of my vector
+    int32_t const rowSlot = vec < plan.vecsPerRow ? slot : plan.numHeadRows;  // head row = pass * RPP + rowSlot
     int32_t const headDim = p.headDim;
     int32_t const kRowBegin = p.numQHeads;  // rows [0, H) Q heads, [H, H+KVH) K heads, [H+KVH, NHR) V heads
     int32_t const vRowBegin = p.numQHeads + p.numKVHeads;
@@ -174,7 +179,7 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
     int64_t const* const desc = meta.poolDescs + static_cast<int64_t>(meta.poolIndex) * kPoolDescFields;
 
     // My contiguous, balanced share [g, gEnd) of the (token, pass) pairs g = t * P + pass; pass `pass` of
-    // token t is head row pass * rowsPerPass + slot for my lane. Computed first, so that the first loads and
+    // token t is head row pass * rowsPerPass + rowSlot for my lane. Computed first, so that the first loads and
     // the pool descriptor are in flight while the CTA sets up its RoPE table (decode: the kernel is a chain of
     // round trips, and this takes one link off it).
     int32_t const warpId = static_cast<int32_t>(blockIdx.x) * kQKVWriteWarps + warp;
@@ -197,7 +202,7 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
     int32_t aheadLeft = gEnd - g;  // pairs left to load
     int32_t aheadSlot = 0;
     auto const loadNext = [&]() {
-        int32_t const row = aheadPass * plan.rowsPerPass + slot;
+        int32_t const row = aheadPass * plan.rowsPerPass + rowSlot;
         bool const valid = aheadLeft > 0 && row < plan.numHeadRows;
         io_t const* src = static_cast<io_t const*>(p.qkv);  // not read when !valid
         if (valid) src += static_cast<int64_t>(aheadToken) * rowStride + static_cast<int64_t>(row) * headDim + dim0;
@@ -226,11 +231,11 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
     // RoPE constants of my 8 dims. They depend on the lane's vector index only, so they are set up once per
     // CTA; per token only the angle changes. The turns per position sit in shared memory laid out [k][vec]
     // (what lane `vec` needs for its dim vec*8 + k), so that a warp's reads are conflict-free.
-    __shared__ uint64_t laneTurns[kVecElems * 32];  // [8][VPH <= 32]
+    __shared__ uint64_t laneTurns[kVecElems * 32];  // [8][32]: vec < 32 (idle lanes' vec >= VPH read zeros)
     // The parameter table kp.ropeTurns, copied to shared memory first (step 1 below).
     __shared__ uint64_t ropeTurnsStaged[kMaxRotaryPairs];
     bool const rope = kp.ropePartner != RopePartner::kNone;
-    static_assert(kVecElems * 32 <= kQKVWriteThreads, "one thread per laneTurns entry");
+    static_assert(kVecElems * 32 == kQKVWriteThreads, "one thread per laneTurns entry");
     if (rope) {
         // Step 1: warp w copies entries [w * S, w * S + S) of the parameter table to shared memory. Its S loads
         // use warp-uniform indices (one broadcast each, no constant-cache serialization) and are all issued
@@ -250,15 +255,13 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
             if (lane < kTurnsPerWarp) ropeTurnsStaged[firstFreq + lane] = mine;
         }
         __syncthreads();
-        // Step 2: thread i < 8 * VPH (a whole number of warps: VPH is 8, 16 or 32) fills laneTurns entry i from
-        // shared memory. Entries [0, R/2) were all staged: the 8 warps cover [0, kMaxRotaryPairs) >= R/2.
+        // Step 2: thread i fills laneTurns entry i = (k, v) from shared memory (dims v * 8 + k >= D never rotate:
+        // 0). Entries [0, R/2) were all staged: the 8 warps cover [0, kMaxRotaryPairs) >= R/2.
         int32_t const i = threadIdx.x;
-        if (i < kVecElems * plan.vecsPerRow) {
-            int32_t const k = i >> plan.vecShift;
-            int32_t const v = i & (plan.vecsPerRow - 1);
-            RopeElem const e = ropeElem(p.rope.style, p.rope.rotaryDim, v * kVecElems + k);
-            laneTurns[i] = e.rotates ? ropeTurnsStaged[e.freq] : 0;  // freq < R/2 = ropeHalf when it rotates
-        }
+        int32_t const k = i >> 5;
+        int32_t const v = i & 31;
+        RopeElem const e = ropeElem(p.rope.style, p.rope.rotaryDim, v * kVecElems + k);
+        laneTurns[i] = e.rotates ? ropeTurnsStaged[e.freq] : 0;  // freq < R/2 = ropeHalf when it rotates
         __syncthreads();
     }
     uint32_t rotateMask = 0;  // bit k: dim0 + k rotates
@@ -346,14 +349,14 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
                 bool const valid = block != kInvalidBlock;
                 // Cyclic ring: when a later token of this same step maps to the same slot, only that one writes
                 // (the result of writing in token order, with exactly one writer per slot).
-                bool const superseded = layout.cyclicLen > 0 && cachePos >= layout.sinkTokens &&
+                bool const superseded = layout.cyclicLen > 0 && cachePos >= layout.ringSinkTokens &&
                                         static_cast<int64_t>(cachePos) + layout.cyclicLen < kvLen;
                 writeKV = valid && !superseded;
                 // After a prefill chunk, the last token's writer of each V row also zeroes the rows past it in
                 // the sequence's last page (attention loads whole pages; 0 * NaN = NaN). Not in a wrapped ring:
                 // those rows hold live older tokens. Decode tokens (q_len 1) never take this branch.
                 bool const wrapped =
-                    layout.cyclicLen > 0 && static_cast<int64_t>(kvLen) - layout.sinkTokens > layout.cyclicLen;
+                    layout.cyclicLen > 0 && static_cast<int64_t>(kvLen) - layout.ringSinkTokens > layout.cyclicLen;
                 zeroTail = p.zeroVTail && valid && t == span.end - 1 && span.end - span.begin > 1 && !wrapped;
             }
 
@@ -371,7 +374,7 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
                         c = cosv[k - 1];
                         s = -sinv[k - 1];  // undo the first element's sign, reapplied below
                     } else {
-                        __sincosf(ropeAngle(ropePos, laneTurns[(k << plan.vecShift) + vec]), &s, &c);
+                        __sincosf(ropeAngle(ropePos, laneTurns[(k << 5) + vec]), &s, &c);
                         c *= mscale;
                         s *= mscale;
                     }
@@ -385,7 +388,7 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
         // processed); leaving kPrefetch - 1 pending completes pass g's. Its slot is read, then the load kPrefetch
         // passes ahead goes out into the slot read one pass ago, before this row is processed.
         int32_t const t = token;
-        int32_t const row = pass * plan.rowsPerPass + slot;
+        int32_t const row = pass * plan.rowsPerPass + rowSlot;
         waitAsyncCopies<kPrefetch - 1>();
         uint4 const mine = ring[readSlot][threadIdx.x];
         if (++readSlot == kRingSlots) readSlot = 0;

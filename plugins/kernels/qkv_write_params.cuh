@@ -8,8 +8,10 @@
 //   vector     8 consecutive elements of a head row (16 B of fp16/bf16); VPH = D/8 vectors per row
 //   lane       one thread owns one vector index j of a row for the whole kernel (lane % VPH), so its RoPE
 //              frequencies never change: they are set up once, and cos/sin are computed once per token
-//   pass       a warp covers 32/VPH consecutive rows of one token (one contiguous 512 B read); a token is
-//              P = ceil(NHR / (32/VPH)) passes
+//   pass       a warp covers RPP = floor(32/VPH) consecutive rows of one token (one contiguous read of RPP * D
+//              elements: 512 B of fp16/bf16 when VPH divides 32); a token is P = ceil(NHR / RPP) passes. When
+//              VPH does not divide 32 (D = 80: 3 rows on 30 lanes, D = 96: 2 rows on 24) the lanes past the
+//              last row hold vectors past the end of it: they load and store nothing
 //   warp range each warp owns a balanced contiguous range of the T * P (token, pass) pairs and streams through
 //              it with a few loads in flight; sequence lookup, page lookup and cos/sin happen once per token
 //              it enters. Prefill: ranges of many passes (whole tokens); decode: one pass per warp, a token
@@ -37,9 +39,9 @@ enum class RopePartner : int32_t {
 };
 
 struct QKVWritePlan {
-    int32_t vecsPerRow;      // VPH = D / 8
-    int32_t vecShift;        // log2(VPH)
-    int32_t rowsPerPass;     // 32 / VPH rows per warp pass
+    int32_t vecsPerRow;      // VPH = D / 8 (4 .. 32)
+    int32_t laneRowMagic;    // lane / VPH = laneRowOf(lane, laneRowMagic) for every lane (a multiply, no divide)
+    int32_t rowsPerPass;     // RPP = floor(32 / VPH) rows per warp pass
     int32_t numHeadRows;     // NHR = H + 2*KVH
     int32_t passesPerToken;  // P = ceil(NHR / rowsPerPass)
     int64_t totalPasses;     // T * P (< 2^30, validated)
@@ -83,6 +85,12 @@ PKV_HD float ropeAngle(int32_t position, uint64_t turnsPerPosition) {
     constexpr float kRadiansPerUnit = 1.46291807926715968e-9f;  // 2 pi / 2^32
     return static_cast<float>(top) * kRadiansPerUnit;
 }
+
+// Which row of a warp pass lane `lane` (< 32) falls in, lane / VPH, as (lane * magic) >> 16 with
+// magic = ceil(2^16 / VPH): exact for every lane < 32 and VPH <= 32 (the rounding error lane * (magic * VPH -
+// 2^16) / 2^16 stays below 1/VPH; qkv_write.cu checks every supported head dim at compile time).
+PKV_HD constexpr int32_t laneRowMagic(int32_t vecsPerRow) { return (65536 + vecsPerRow - 1) / vecsPerRow; }
+PKV_HD constexpr int32_t laneRowOf(int32_t lane, int32_t magic) { return (lane * magic) >> 16; }
 
 // Rotation coefficients of element `dim` of a head (PKV_HD so that the host can check them): whether it
 // rotates, its frequency index, and whether it is the first of its pair (out = x*cos - partner*sin) or the

@@ -1,4 +1,4 @@
-// The plugin library's entry points, for the three ways a process loads it (docs/plugin_io.md "Loading"):
+// The plugin library's entry points, for the three ways a process loads it (docs/plugin_io.md "Loading the library"):
 //
 // 1. IPluginRegistry::loadLibrary / trtexec --dynamicPlugins / version-compatible engines: TensorRT dlopens the
 //    library, calls setLoggerFinder and getCreators, and registers each creator itself.

@@ -3,10 +3,11 @@
     python samples/python/build_and_compare.py --family llama --exporter dynamo --chunk-size 8
     python samples/python/build_and_compare.py --synthetic            # no torch needed
     python samples/python/build_and_compare.py --family qwen2 --backend cuda --cache-dtype bf16   # GPU
-    python samples/python/build_and_compare.py --family llama --engine llama.engine               # TensorRT
+    python samples/python/build_and_compare.py --family llama --dtype fp16 --cache-dtype int8     # calibrated
+    python samples/python/build_and_compare.py --family llama --dtype fp16 --engine llama.engine  # TensorRT
 
-Writes the original and rewritten graphs (each a .onnx and its .onnx.data) into --out-dir, prints the rewrite report and the per-step comparison,
-and exits non-zero when the comparison fails.
+Writes the original and rewritten graphs (each a .onnx and its .onnx.data) into --out-dir, prints the rewrite
+report and the per-step comparison, and exits non-zero when the comparison fails.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ def main(argv=None) -> int:
     src.add_argument("--synthetic", action="store_true", help="use the dependency-free synthetic decoder")
     p.add_argument("--exporter", default="dynamo", choices=["legacy", "dynamo"])
     p.add_argument("--out-dir", default="out/sample")
-    p.add_argument("--cache-dtype", default="fp16")
+    p.add_argument("--cache-dtype", default="fp16", help="fp8 / int8: per-layer scales calibrated on the original")
+    p.add_argument("--dtype", default=None, choices=["fp16", "bf16"], help="convert the rewritten graph (engines "
+                                                                         "need fp16 or bf16)")
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--backend", default="reference", choices=["reference", "cuda", "trt"])
     p.add_argument("--chunk-size", type=int, default=8)
@@ -32,7 +35,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     from pagedkv import onnx_io
-    from pagedkv.builder.compare import CLI_TOLERANCE_BY_CACHE, compare
+    from pagedkv.builder.calibrate import CalibrationPlan
+    from pagedkv.builder.compare import compare, default_tolerance
     from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
     from pagedkv.layout import CacheDType
 
@@ -49,12 +53,14 @@ def main(argv=None) -> int:
 
         print(export_hf(args.family, original, exporter=args.exporter))
 
-    result = rewrite_model(str(original), RewriteOptions(page_size=args.page_size, cache_dtype=args.cache_dtype))
+    calibration = CalibrationPlan() if CacheDType.parse(args.cache_dtype).quantized else None
+    result = rewrite_model(str(original), RewriteOptions(page_size=args.page_size, cache_dtype=args.cache_dtype,
+                                                         calibration=calibration, dtype=args.dtype))
     rewritten = out / "rewritten.onnx"
     onnx_io.save(result.model, rewritten)  # rewritten.onnx + rewritten.onnx.data
     print(result.report)
 
-    atol, rtol = CLI_TOLERANCE_BY_CACHE[CacheDType.parse(args.cache_dtype).name]
+    atol, rtol = default_tolerance(rewritten, original)
     report = compare(str(original), str(rewritten), backend=args.backend, prompt_lens=[5, 17, 33],
                      decode_steps=args.decode_steps, chunk_size=args.chunk_size, atol=atol, rtol=rtol)
     print(report)

@@ -14,6 +14,8 @@ from pathlib import Path
 CAPI_NAME = "libpagedkv_capi.so"
 PLUGINS_NAME = "libpagedkv_plugins.so"
 TESTHOST_NAME = "pagedkv_testhost"
+RUNTIME_NAME = "libpagedkv_runtime.so"        # the C++ runtime (host C++ only: no CUDA, no TensorRT)
+RUNTIME_CHECK_NAME = "pagedkv_runtime_check"  # its C++ tests and benchmark
 
 
 def lib_dirs() -> list[Path]:
@@ -60,7 +62,15 @@ def capi() -> ctypes.CDLL:
     lib.pagedkv_capi_version.restype = ctypes.c_int32
     lib.pagedkv_build_info.restype = ctypes.c_char_p
     lib.pagedkv_last_error.restype = ctypes.c_char_p
+    lib.pagedkv_capabilities.restype = ctypes.c_char_p
+    lib.pagedkv_struct_layouts.restype = ctypes.c_char_p
     return lib
+
+
+@functools.lru_cache(maxsize=None)
+def runtime() -> ctypes.CDLL:
+    """The C++ runtime library, loaded once; ``pagedkv.kvcache.native`` declares its signatures."""
+    return ctypes.CDLL(str(require_file(RUNTIME_NAME)))
 
 
 def build_info() -> dict[str, str]:

@@ -32,6 +32,8 @@ class Verb:
 
 VERBS = (
     Verb("doctor", "pagedkv.doctor", "report what this machine has (CUDA, plugin library, TensorRT, headers)"),
+    Verb("demo", "pagedkv.runtime.demo", "the main job: a small model rewritten, run with continuous batching on "
+                                         "the best backend here, checked against the original graph"),
     Verb("selfcheck", "pagedkv.selfcheck", "write + attention on a small random case, references vs kernels"),
     Verb("pagemap", "pagedkv.kvcache.pagemap", "draw the KV pool page map of a demo manager as a PNG"),
     # the builder: export -> rewrite -> compare -> build
@@ -41,6 +43,10 @@ VERBS = (
     Verb("compare", "pagedkv.builder.compare", "run original and rewritten graphs on the same prompts and "
                                                "compare logits and greedy tokens"),
     Verb("build", "pagedkv.builder.build", "build a TensorRT engine from a rewritten graph"),
+    # the runtime
+    Verb("generate", "pagedkv.runtime.generate", "generate text or token ids from a rewritten graph or an engine"),
+    Verb("serve", "pagedkv.runtime.serve", "serve a model over an OpenAI-compatible HTTP API (the serve extra)"),
+    Verb("bench", "pagedkv.runtime.bench", "offline throughput and online latency (TTFT, ITL, end to end) of a model"),
 )
 
 

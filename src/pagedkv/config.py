@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import math
 from dataclasses import dataclass, field
 
+from pagedkv.capabilities import capabilities
 from pagedkv.layout import CacheDType, KVLayout, PageLayout
 
 PLUGIN_NAMESPACE = "pagedkv"
@@ -22,7 +24,63 @@ WRITE_PLUGIN_NAME = "PagedKVQKVWrite"  # never an ONNX/TensorRT op name (built-i
 ATTENTION_PLUGIN_NAME = "PagedKVAttention"
 PLUGIN_VERSION = "1"
 
-SUPPORTED_HEAD_DIMS = (64, 128, 256)
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+FLOAT32_MAX = 3.4028234663852886e38
+# Float attributes that must be finite and > 0 (FieldSpec::positiveFloat) or >= 0 (FieldSpec::nonNegativeFloat),
+# and fit float32, as the plugin creators check them.
+POSITIVE_FLOAT_ATTRIBUTES = ("k_scale", "v_scale", "q_scale", "rope_theta", "rope_factor", "rope_low_freq_factor",
+                             "rope_high_freq_factor")
+NON_NEGATIVE_FLOAT_ATTRIBUTES = ("softmax_scale", "logit_softcap")
+
+
+@functools.lru_cache(maxsize=None)
+def attribute_ranges() -> dict[str, tuple[int, int]]:
+    """Integer attribute ranges, inclusive, as the plugin creators check them: the C++ capability table's limits
+    (``pagedkv.capabilities``), the int32 field type's bounds elsewhere. Also ``config.ATTRIBUTE_RANGES``."""
+    cap = capabilities()
+    return {
+        "num_q_heads": (1, cap.max_heads), "num_kv_heads": (1, cap.max_heads),
+        "page_size": (cap.min_page_size, cap.max_page_size),
+        "num_layers": (1, cap.max_layers), "layer_index": (0, cap.max_layers - 1),
+        "pool_index": (0, cap.max_pools - 1),
+        "ring_sink_tokens": (0, INT32_MAX), "cyclic_len": (0, INT32_MAX),
+        "rope_rotary_dim": (0, cap.max_rotary_dim), "rope_original_max_positions": (1, INT32_MAX),
+        "window": (INT32_MIN, INT32_MAX), "attention_sinks": (0, INT32_MAX),
+    }
+
+
+@functools.lru_cache(maxsize=None)
+def supported_io_dtypes() -> tuple[str, ...]:
+    """numpy names of the plugins' activation dtypes (qkv, bias, q, attention output): the capability table's
+    I/O dtypes. The rewrite converts graphs to them (``--dtype``). Also ``config.SUPPORTED_IO_DTYPES``."""
+    from pagedkv.kernels.write import IODType
+
+    return tuple(IODType(v).numpy_dtype.name for v in capabilities().io_dtypes)
+
+
+def __getattr__(name: str):
+    # The capability-derived tables read the library on first use, not at import (``pagedkv --help`` needs none).
+    if name == "ATTRIBUTE_RANGES":
+        return attribute_ranges()
+    if name == "SUPPORTED_IO_DTYPES":
+        return supported_io_dtypes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def check_attribute_values(attrs: dict) -> None:
+    """Every attribute in the range the plugins accept (``attribute_ranges()`` and the float rules above), else
+    ValueError naming the attribute, the value and the range."""
+    ranges = attribute_ranges()
+    for name, value in attrs.items():
+        if name in ranges:
+            low, high = ranges[name]
+            if not low <= value <= high:
+                raise ValueError(f"{name}: expected a value in [{low}, {high}], got {value}")
+        elif name in POSITIVE_FLOAT_ATTRIBUTES or name in NON_NEGATIVE_FLOAT_ATTRIBUTES:
+            positive = name in POSITIVE_FLOAT_ATTRIBUTES
+            if not (math.isfinite(value) and (value > 0 if positive else value >= 0) and value <= FLOAT32_MAX):
+                raise ValueError(f"{name}: expected a finite value {'>' if positive else '>='} 0 (float32), "
+                                 f"got {value}")
 
 
 class RopeStyle(enum.IntEnum):
@@ -87,25 +145,27 @@ class PoolConfig:
     pool_index: int = 0  # row of the `kv_pools` engine input
     cache_dtype: CacheDType = CacheDType.FP16
     page_layout: PageLayout = PageLayout.HND
-    sink_tokens: int = 0  # cyclic cache only
+    ring_sink_tokens: int = 0  # cyclic cache: first positions kept outside the ring (not attention_sinks)
     cyclic_len: int = 0  # 0: linear cache
     k_scale: float = 1.0  # quantized caches: x ~= stored * k_scale
     v_scale: float = 1.0
 
     def layout(self) -> KVLayout:
         return KVLayout(self.num_layers, self.num_kv_heads, self.page_size, self.head_dim,
-                        PageLayout(self.page_layout), self.sink_tokens, self.cyclic_len)
+                        PageLayout(self.page_layout), self.ring_sink_tokens, self.cyclic_len)
 
 
 def _check_common(num_q_heads: int, pool: PoolConfig) -> None:
-    if pool.head_dim not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"head_dim: expected one of {SUPPORTED_HEAD_DIMS}, got {pool.head_dim}")
+    supported = capabilities()
+    if pool.head_dim not in supported.head_dims:
+        raise ValueError(f"head_dim: expected one of {supported.head_dims}, got {pool.head_dim}")
     if num_q_heads <= 0 or pool.num_kv_heads <= 0 or num_q_heads % pool.num_kv_heads:
         raise ValueError(f"num_q_heads={num_q_heads}: must be a positive multiple of num_kv_heads={pool.num_kv_heads}")
     if not 0 <= pool.layer_index < pool.num_layers:
         raise ValueError(f"layer_index: expected in [0, num_layers={pool.num_layers}), got {pool.layer_index}")
-    if CacheDType(pool.cache_dtype) == CacheDType.NVFP4:
-        raise ValueError("cache_dtype: NVFP4 (4) is reserved in the layout but not implemented yet")
+    if CacheDType(pool.cache_dtype) not in supported.cache_dtypes:
+        raise ValueError(f"cache_dtype: {CacheDType(pool.cache_dtype).name} ({int(pool.cache_dtype)}) is reserved in "
+                         f"the layout but has no kernel; expected one of {[c.name for c in supported.cache_dtypes]}")
     for name in ("k_scale", "v_scale"):
         v = getattr(pool, name)
         if not (math.isfinite(v) and v > 0):
@@ -143,6 +203,7 @@ class WriteConfig(_PluginAttributes):
         _check_common(self.num_q_heads, self.pool)
         if self.rope.style != RopeStyle.NONE:
             self.rope.resolved_rotary_dim(self.pool.head_dim)
+        check_attribute_values(self.to_attributes())
 
 
 @dataclass(frozen=True)
@@ -152,7 +213,7 @@ class AttentionConfig(_PluginAttributes):
     num_q_heads: int
     pool: PoolConfig
     window: int = 0  # <= 0: full causal
-    attention_sinks: int = 0  # with window > 0: the first positions stay visible
+    attention_sinks: int = 0  # with window > 0: the first positions stay visible (not the pool's ring_sink_tokens)
     softmax_scale: float = 0.0  # 0 -> 1/sqrt(head_dim)
     logit_softcap: float = 0.0  # > 0: cap * tanh(logits / cap)
     q_fp8: bool = False
@@ -160,6 +221,7 @@ class AttentionConfig(_PluginAttributes):
 
     def __post_init__(self):
         _check_common(self.num_q_heads, self.pool)
+        check_attribute_values(self.to_attributes())
 
     @property
     def resolved_softmax_scale(self) -> float:

@@ -224,12 +224,19 @@ class PinnedBuffer(_OwnedMemory):
 
 
 class Event:
-    """A CUDA event without timing, to know when an async copy out of a staging buffer has finished."""
+    """A CUDA event: without timing (the default), to know when an async copy out of a staging buffer has
+    finished; with ``timing=True``, to measure device time between two events (``elapsed_ms``)."""
 
-    def __init__(self):
+    def __init__(self, timing: bool = False):
         rt = _rt()
-        self._event = check(rt.cudaEventCreateWithFlags(rt.cudaEventDisableTiming), "cudaEventCreate")
+        flags = rt.cudaEventDefault if timing else rt.cudaEventDisableTiming
+        self._event = check(rt.cudaEventCreateWithFlags(flags), "cudaEventCreate")
         self.recorded = False
+
+    def elapsed_ms(self, end: "Event") -> float:
+        """Device milliseconds from this event to ``end`` (both recorded with ``timing=True``); waits for ``end``."""
+        end.synchronize()
+        return float(check(_rt().cudaEventElapsedTime(self._event, end._event), "cudaEventElapsedTime"))
 
     def record(self, stream: Stream) -> None:
         check(_rt().cudaEventRecord(self._event, stream.raw), "cudaEventRecord")

@@ -44,7 +44,8 @@ def doctor_report() -> dict:
 
     # Libraries
     libs: dict = {}
-    for key, name in (("capi", _lib.CAPI_NAME), ("plugins", _lib.PLUGINS_NAME), ("testhost", _lib.TESTHOST_NAME)):
+    for key, name in (("capi", _lib.CAPI_NAME), ("plugins", _lib.PLUGINS_NAME), ("testhost", _lib.TESTHOST_NAME),
+                      ("runtime", _lib.RUNTIME_NAME), ("runtime_check", _lib.RUNTIME_CHECK_NAME)):
         path = _lib.find_file(name)
         libs[key] = str(path) if path else None
     try:

@@ -7,6 +7,12 @@ generated as ``plugins/include/pagedkv/engine_io.h`` (``python -m pagedkv.engine
 ``tests/test_engine_io.py`` regenerates it and fails on any difference) and as JSON (``--json``,
 ``describe()``). ``docs/engine_io.md`` is the human-readable contract; its table is ``--markdown``.
 
+Two heads sit on top of the decoder (``pagedkv.builder.logits_head``): the LM head computes logits only for the
+rows ``logits_rows`` names (the last token of each sequence when generating; every token for ``compare``), and
+the optional sampling head turns those logits into the next token per row, on the device: greedy or sampled
+(temperature, top-k, top-p, min-p, repetition / presence / frequency penalties) with one host-drawn uniform per
+row, plus logprobs. Its per-row parameters are one record, ``sampling_params`` (columns ``SAMPLING_*``).
+
 The two records inside the tensors — the rows of ``kv_pools`` and the ``kv_write_status_{i}`` error record — are
 laid out by the plugins (``plugins/include/pagedkv/step_metadata.h``); ``pagedkv.step`` is their Python twin
 and this module takes the widths from there (the generated header checks them against the C++ enums).
@@ -20,6 +26,9 @@ one. Symbolic dims (the names the rewritten ONNX graph gives them):
     max_blocks      MB, block-table columns (a static width with ``pagedkv rewrite --max-blocks``)
     num_pool_groups G, pool groups (static in a graph: one ``kv_pools`` row and one block table each)
     vocab           the model's vocabulary (static)
+    num_logits      R, rows whose logits the step computes (``logits_rows``)
+    penalty_width   W, distinct penalized tokens per row (sampling head; >= 1, -1 padded)
+    top_logprobs    N, top-logprob candidates reported per row (static, a rewrite option)
 """
 
 from __future__ import annotations
@@ -42,12 +51,34 @@ CU_Q_LENS = "cu_q_lens"
 PAST_LENS = "past_lens"
 POSITION_IDS = "position_ids"
 BLOCK_TABLE = "block_table_{g}"  # one per pool group g
+LOGITS_ROWS = "logits_rows"
+SAMPLING_PARAMS = "sampling_params"
+PENALTY_TOKENS = "penalty_tokens"
+PENALTY_COUNTS = "penalty_counts"
 LOGITS = "logits"
+NEXT_TOKENS = "next_tokens"
+NEXT_LOGPROBS = "next_logprobs"
+TOP_TOKENS = "top_tokens"
+TOP_LOGPROBS = "top_logprobs"
 KV_WRITE_STATUS = "kv_write_status_{i}"  # one per attention layer i
 
 NUM_TOKENS, BATCH, BATCH_PLUS_1, MAX_BLOCKS, NUM_POOL_GROUPS, VOCAB = (
     "num_tokens", "batch", "batch_plus_1", "max_blocks", "num_pool_groups", "vocab")
-SYMBOLIC_DIMS = (NUM_TOKENS, BATCH, BATCH_PLUS_1, MAX_BLOCKS, NUM_POOL_GROUPS, VOCAB)
+NUM_LOGITS, PENALTY_WIDTH, NUM_TOP_LOGPROBS = "num_logits", "penalty_width", "num_top_logprobs"
+SYMBOLIC_DIMS = (NUM_TOKENS, BATCH, BATCH_PLUS_1, MAX_BLOCKS, NUM_POOL_GROUPS, VOCAB, NUM_LOGITS, PENALTY_WIDTH,
+                 NUM_TOP_LOGPROBS)
+
+# ---- the sampling_params record: FLOAT32 [num_logits, SAMPLING_FIELDS], one row per logits row -------------
+# temperature (<= 0: greedy), top_k (0: off), top_p (>= 1: off), min_p (0: off), repetition penalty (1: off;
+# prompt and output tokens), presence and frequency penalties (0: off; output tokens), and the row's uniform
+# draw u in [0, 1) that picks the sampled token by inverse CDF.
+(SAMPLING_TEMPERATURE, SAMPLING_TOP_K, SAMPLING_TOP_P, SAMPLING_MIN_P, SAMPLING_REPETITION, SAMPLING_PRESENCE,
+ SAMPLING_FREQUENCY, SAMPLING_UNIFORM) = range(8)
+SAMPLING_FIELDS = 8
+SAMPLING_COLUMNS = {"temperature": SAMPLING_TEMPERATURE, "top_k": SAMPLING_TOP_K, "top_p": SAMPLING_TOP_P,
+                    "min_p": SAMPLING_MIN_P, "repetition_penalty": SAMPLING_REPETITION,
+                    "presence_penalty": SAMPLING_PRESENCE, "frequency_penalty": SAMPLING_FREQUENCY,
+                    "uniform": SAMPLING_UNIFORM}
 
 
 def block_table_name(group: int) -> str:
@@ -68,6 +99,7 @@ class Per(enum.Enum):
 class Presence(enum.Enum):
     ALWAYS = "always"
     EXPLICIT_POSITIONS = "explicit_positions"  # only when the layers take RoPE positions from an input
+    SAMPLING = "sampling"  # only in graphs with the sampling head (``pagedkv rewrite``'s default)
 
 
 MODEL_DTYPE = None  # a tensor in the model's own float dtype (float32, float16 or bfloat16)
@@ -109,9 +141,31 @@ INPUTS = (
                "pool group g's physical block of each sequence's page, -1 where none", per=Per.POOL_GROUP),
     TensorSpec(POSITION_IDS, True, np.dtype(np.int32), (NUM_TOKENS,),
                "RoPE position of each token (otherwise past_lens[b] + i)", presence=Presence.EXPLICIT_POSITIONS),
+    TensorSpec(LOGITS_ROWS, True, np.dtype(np.int32), (NUM_LOGITS,),
+               "the tokens (indices into the step's packed tokens) whose logits are computed: each sequence's "
+               "last token when generating, 0..T-1 for every row"),
+    TensorSpec(SAMPLING_PARAMS, True, np.dtype(np.float32), (NUM_LOGITS, SAMPLING_FIELDS),
+               "per logits row: temperature, top_k, top_p, min_p, repetition, presence and frequency penalties, "
+               "the uniform draw u (columns SAMPLING_*)", presence=Presence.SAMPLING),
+    TensorSpec(PENALTY_TOKENS, True, np.dtype(np.int32), (NUM_LOGITS, PENALTY_WIDTH),
+               "per logits row: the distinct tokens of its prompt and output that penalties apply to, -1 padded",
+               presence=Presence.SAMPLING),
+    TensorSpec(PENALTY_COUNTS, True, np.dtype(np.float32), (NUM_LOGITS, PENALTY_WIDTH),
+               "occurrences of each penalty_tokens entry in the row's output (0 for prompt-only tokens)",
+               presence=Presence.SAMPLING),
 )
 OUTPUTS = (
-    TensorSpec(LOGITS, False, MODEL_DTYPE, (1, NUM_TOKENS, VOCAB), "the model's logits of every token"),
+    TensorSpec(LOGITS, False, MODEL_DTYPE, (1, NUM_LOGITS, VOCAB), "the model's logits of the logits_rows tokens"),
+    TensorSpec(NEXT_TOKENS, False, np.dtype(np.int32), (NUM_LOGITS,),
+               "the token chosen after each logits row (greedy or sampled by its sampling_params)",
+               presence=Presence.SAMPLING),
+    TensorSpec(NEXT_LOGPROBS, False, np.dtype(np.float32), (NUM_LOGITS,),
+               "log-probability of next_tokens under the model's raw distribution", presence=Presence.SAMPLING),
+    TensorSpec(TOP_TOKENS, False, np.dtype(np.int32), (NUM_LOGITS, NUM_TOP_LOGPROBS),
+               "the most likely tokens of each row under the raw distribution, best first",
+               presence=Presence.SAMPLING),
+    TensorSpec(TOP_LOGPROBS, False, np.dtype(np.float32), (NUM_LOGITS, NUM_TOP_LOGPROBS),
+               "their log-probabilities", presence=Presence.SAMPLING),
     TensorSpec(KV_WRITE_STATUS, False, np.dtype(np.int32), (step.STATUS_FIELDS,),
                "layer i's write error record, all zero after a clean step (pagedkv.step.raise_for_status)",
                per=Per.LAYER),
@@ -128,22 +182,28 @@ def status_layer(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _instances(specs, count: int, explicit_positions: bool):
+SAMPLING_INPUTS = tuple(t.name for t in INPUTS if t.presence == Presence.SAMPLING)
+SAMPLING_OUTPUTS = tuple(t.name for t in OUTPUTS if t.presence == Presence.SAMPLING)
+
+
+def _instances(specs, count: int, explicit_positions: bool, sampling: bool):
+    present = {Presence.ALWAYS: True, Presence.EXPLICIT_POSITIONS: explicit_positions, Presence.SAMPLING: sampling}
     for spec in specs:
-        if spec.presence == Presence.EXPLICIT_POSITIONS and not explicit_positions:
+        if not present[spec.presence]:
             continue
         for index in (range(count) if spec.per != Per.ENGINE else [None]):
             yield spec.named(index), spec
 
 
-def engine_inputs(num_pool_groups: int, explicit_positions: bool) -> list[tuple[str, TensorSpec]]:
+def engine_inputs(num_pool_groups: int, explicit_positions: bool, sampling: bool = True) \
+        -> list[tuple[str, TensorSpec]]:
     """(name, spec) of every engine input of a graph with these pool groups, in the rewrite's order."""
-    return list(_instances(INPUTS, num_pool_groups, explicit_positions))
+    return list(_instances(INPUTS, num_pool_groups, explicit_positions, sampling))
 
 
-def engine_outputs(num_layers: int) -> list[tuple[str, TensorSpec]]:
+def engine_outputs(num_layers: int, sampling: bool = True) -> list[tuple[str, TensorSpec]]:
     """(name, spec) of every engine output of a graph with ``num_layers`` attention layers."""
-    return list(_instances(OUTPUTS, num_layers, False))
+    return list(_instances(OUTPUTS, num_layers, False, sampling))
 
 
 def resolve_shape(spec: TensorSpec, dims: dict[str, int]) -> tuple[int | str, ...]:
@@ -163,6 +223,7 @@ def describe() -> dict:
         "outputs": [tensor(t) for t in OUTPUTS],
         "symbolic_dims": list(SYMBOLIC_DIMS),
         "records": {
+            SAMPLING_PARAMS: {"fields": SAMPLING_FIELDS, "columns": dict(SAMPLING_COLUMNS)},
             KV_POOLS: {"fields": step.POOL_DESC_FIELDS,
                        "columns": {"address": step.POOL_DESC_ADDRESS, "num_blocks": step.POOL_DESC_NUM_BLOCKS}},
             "kv_write_status": {
@@ -179,12 +240,16 @@ def _type_text(t: TensorSpec) -> str:
     return "model float" if t.dtype is None else t.dtype.name.upper()
 
 
+_PRESENCE_TEXT = {Presence.ALWAYS: "always", Presence.EXPLICIT_POSITIONS: "explicit positions only",
+                  Presence.SAMPLING: "sampling head"}
+
+
 def render_markdown() -> str:
     """The tensor table of ``docs/engine_io.md``."""
     lines = ["| engine tensor | in/out | type | shape | present | meaning |",
              "| --- | --- | --- | --- | --- | --- |"]
     for t in TENSORS:
-        present = {Presence.ALWAYS: "always", Presence.EXPLICIT_POSITIONS: "explicit positions only"}[t.presence]
+        present = _PRESENCE_TEXT[t.presence]
         per = {Per.ENGINE: "", Per.POOL_GROUP: ", one per pool group g", Per.LAYER: ", one per layer i"}[t.per]
         shape = "[" + ", ".join(str(d) for d in t.shape) + "]"
         lines.append(f"| `{t.name}` | {'input' if t.is_input else 'output'} | {_type_text(t)} | `{shape}` | "
@@ -196,9 +261,10 @@ def _camel(name: str) -> str:
     return "".join(part.capitalize() for part in name.split("_"))
 
 
-_CPP_DTYPE = {None: "kModelFloat", "int32": "kInt32", "int64": "kInt64"}
+_CPP_DTYPE = {None: "kModelFloat", "int32": "kInt32", "int64": "kInt64", "float32": "kFloat32"}
 _CPP_PER = {Per.ENGINE: "kEngine", Per.POOL_GROUP: "kPoolGroup", Per.LAYER: "kLayer"}
-_CPP_PRESENCE = {Presence.ALWAYS: "kAlways", Presence.EXPLICIT_POSITIONS: "kExplicitPositions"}
+_CPP_PRESENCE = {Presence.ALWAYS: "kAlways", Presence.EXPLICIT_POSITIONS: "kExplicitPositions",
+                 Presence.SAMPLING: "kSampling"}
 
 
 def _cpp_dim(d) -> str:
@@ -226,6 +292,8 @@ def render_header() -> str:
     asserts = "\n".join(f'static_assert({name} == {value}, "pagedkv.step disagrees with step_metadata.h on {name}");'
                         for name, value in records)
     dim_enum = ", ".join(f"k{_camel(d)}" for d in SYMBOLIC_DIMS)
+    sampling = "\n".join(f"constexpr int32_t kSampling{_camel(name)} = {column};"
+                         for name, column in SAMPLING_COLUMNS.items())
     return f"""\
 // GENERATED by `python -m pagedkv.engine_io --header` from src/pagedkv/engine_io.py: do not edit.
 // tests/test_engine_io.py regenerates it and fails on any difference.
@@ -247,9 +315,9 @@ namespace engine_io {{
 // Symbolic dims, as the rewritten ONNX graph names them.
 {dims}
 
-enum class DType : int32_t {{ kInt32, kInt64, kModelFloat /* the model's own: float32, float16 or bfloat16 */ }};
+enum class DType : int32_t {{ kInt32, kInt64, kModelFloat /* the model's own: float32, float16 or bfloat16 */, kFloat32 }};
 enum class Per : int32_t {{ kEngine, kPoolGroup, kLayer }};
-enum class Presence : int32_t {{ kAlways, kExplicitPositions }};
+enum class Presence : int32_t {{ kAlways, kExplicitPositions, kSampling }};
 enum class Dim : int32_t {{ kStatic, {dim_enum} }};
 
 struct DimSpec {{
@@ -271,6 +339,10 @@ constexpr TensorSpec kTensors[] = {{
 {rows}
 }};
 constexpr int32_t kNumTensors = {len(TENSORS)};
+
+// Columns of the sampling_params record (FLOAT32 [num_logits, kSamplingFields]).
+{sampling}
+constexpr int32_t kSamplingFields = {SAMPLING_FIELDS};
 
 }}  // namespace engine_io
 

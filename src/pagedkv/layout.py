@@ -95,7 +95,7 @@ class KVLayout:
     page_size: int
     head_dim: int
     page_layout: PageLayout = PageLayout.HND
-    sink_tokens: int = 0
+    ring_sink_tokens: int = 0
     cyclic_len: int = 0  # 0: linear cache. Else ring length in slots, a multiple of page_size.
     page_shift: int = field(init=False)
     bubble_len: int = field(init=False)
@@ -105,16 +105,18 @@ class KVLayout:
             v = getattr(self, name)
             if int(v) <= 0:
                 raise ValueError(f"{name}: must be > 0, got {v}")
-        if self.sink_tokens < 0:
-            raise ValueError(f"sink_tokens: must be >= 0, got {self.sink_tokens}")
+        if self.ring_sink_tokens < 0:
+            raise ValueError(f"ring_sink_tokens: must be >= 0, got {self.ring_sink_tokens}")
         if self.cyclic_len < 0 or (self.cyclic_len and self.cyclic_len % self.page_size):
             raise ValueError(f"cyclic_len: must be 0 or a positive multiple of page_size={self.page_size}, "
                              f"got {self.cyclic_len}")
+        if self.page_layout not in tuple(PageLayout):
+            raise ValueError(f"page_layout: expected 0 (HND) or 1 (NHD), got {self.page_layout}")
         object.__setattr__(self, "page_layout", PageLayout(self.page_layout))
         if not self.cyclic_len:
-            object.__setattr__(self, "sink_tokens", 0)
+            object.__setattr__(self, "ring_sink_tokens", 0)
         object.__setattr__(self, "page_shift", log2_if_pow2(self.page_size))
-        sink_in_last = self.sink_tokens % self.page_size
+        sink_in_last = self.ring_sink_tokens % self.page_size
         object.__setattr__(self, "bubble_len", 0 if (not self.cyclic_len or sink_in_last == 0)
                            else self.page_size - sink_in_last)
 
@@ -154,15 +156,15 @@ class KVLayout:
             raise ValueError(f"pos: cache positions must be >= 0, got {int(np.min(pos))}")
         if not self.cyclic_len:
             return pos
-        ring = self.sink_tokens + self.bubble_len + (pos - self.sink_tokens) % self.cyclic_len
-        return np.where(pos < self.sink_tokens, pos, ring)
+        ring = self.ring_sink_tokens + self.bubble_len + (pos - self.ring_sink_tokens) % self.cyclic_len
+        return np.where(pos < self.ring_sink_tokens, pos, ring)
 
     def slots_used(self, length):
         length = np.asarray(length, dtype=np.int64)
         if not self.cyclic_len:
             return length
-        ring = np.minimum(length - self.sink_tokens, self.cyclic_len)
-        return np.where(length <= self.sink_tokens, length, self.sink_tokens + self.bubble_len + ring)
+        ring = np.minimum(length - self.ring_sink_tokens, self.cyclic_len)
+        return np.where(length <= self.ring_sink_tokens, length, self.ring_sink_tokens + self.bubble_len + ring)
 
     def pages_needed(self, length):
         """Block-list entries a sequence of ``length`` tokens needs."""
@@ -194,12 +196,12 @@ class KVLayout:
                 + np.asarray(offset) * self.stride_token)
 
 
-def attends(q_pos, kv_pos, window: int = 0, sink_tokens: int = 0):
+def attends(q_pos, kv_pos, window: int = 0, attention_sinks: int = 0):
     """Attention visibility: causal, and inside the window of the ``window`` most recent positions
-    (the query's own included) or among the first ``sink_tokens`` positions. ``window <= 0``: full causal."""
+    (the query's own included) or among the first ``attention_sinks`` positions. ``window <= 0``: full causal."""
     q_pos = np.asarray(q_pos)
     kv_pos = np.asarray(kv_pos)
     causal = kv_pos <= q_pos
     if window <= 0:
         return causal
-    return causal & (((q_pos - kv_pos) < window) | (kv_pos < sink_tokens))
+    return causal & (((q_pos - kv_pos) < window) | (kv_pos < attention_sinks))

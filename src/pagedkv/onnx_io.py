@@ -100,7 +100,7 @@ def _set_external(tensor: onnx.TensorProto, location: str, offset: int, length: 
     tensor.data_location = onnx.TensorProto.EXTERNAL
 
 
-def _nbytes(tensor: onnx.TensorProto) -> int:
+def tensor_bytes(tensor: onnx.TensorProto) -> int:
     """Bytes of a tensor's data, wherever it is."""
     if is_external(tensor):
         location, _, length = _external_info(tensor)
@@ -120,7 +120,7 @@ def external_files(model: onnx.ModelProto) -> set[Path]:
 
 
 def inline_bytes(model: onnx.ModelProto) -> int:
-    return sum(_nbytes(t) for t in tensors(model) if not is_external(t))
+    return sum(tensor_bytes(t) for t in tensors(model) if not is_external(t))
 
 
 # Dtypes a memory map can show as they are stored (ONNX's little-endian raw layout is numpy's).
@@ -228,7 +228,7 @@ def _write_data(model: onnx.ModelProto, data_file: Path, data_name: str, undo: l
         for tensor, initializer in _walk_model(model):
             if tensor.data_type == onnx.TensorProto.STRING:
                 continue
-            external, size = is_external(tensor), _nbytes(tensor)
+            external, size = is_external(tensor), tensor_bytes(tensor)
             if not external and (size < EXTERNAL_MIN_BYTES or not initializer):
                 continue
             offset = end
@@ -324,7 +324,7 @@ def skeleton(model: onnx.ModelProto, min_bytes: int = EXTERNAL_MIN_BYTES) -> onn
             tensor.CopyFrom(numpy_helper.from_array(to_array(tensor), tensor.name))
     listed = {i.name for i in model.graph.input}
     for tensor in model.graph.initializer:
-        if is_external(tensor) or _nbytes(tensor) >= min_bytes:
+        if is_external(tensor) or tensor_bytes(tensor) >= min_bytes:
             if tensor.name not in listed:
                 out.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type,
                                                                           list(tensor.dims)))

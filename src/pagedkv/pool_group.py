@@ -19,6 +19,7 @@ import enum
 import math
 from dataclasses import dataclass
 
+from pagedkv.capabilities import capabilities
 from pagedkv.config import PoolConfig
 from pagedkv.layout import CacheDType, KVLayout
 
@@ -36,7 +37,7 @@ class PoolGroup:
     ``window`` is the attention window of the group's layers (``AttentionConfig.window``, 0: full causal)
     and ``attention_sinks`` the always-visible first positions. The window mode follows from the layout:
     ``layout.cyclic_len > 0`` -> CYCLIC (the ring must hold the window; sinks are the layout's
-    ``sink_tokens``), else ``window > 0`` -> RELEASE, else FULL.
+    ``ring_sink_tokens``), else ``window > 0`` -> RELEASE, else FULL.
     ``k_scales`` / ``v_scales``: one per layer of the group, for quantized caches (x ~= stored * scale).
     ``layers``: the model layers the group holds, in ``layer_index`` order (a graph's groups say which;
     empty for a group not tied to a model, e.g. a KV manager's own).
@@ -55,8 +56,9 @@ class PoolGroup:
         object.__setattr__(self, "cache_dtype", CacheDType.parse(self.cache_dtype))
         if not self.name:
             raise ValueError("name: a pool group needs a non-empty name")
-        if self.cache_dtype == CacheDType.NVFP4:
-            raise ValueError(f"cache_dtype: NVFP4 is reserved in the layout but not implemented (group {self.name!r})")
+        if self.cache_dtype not in capabilities().cache_dtypes:
+            raise ValueError(f"cache_dtype: {self.cache_dtype.name} is reserved in the layout but not implemented "
+                             f"(group {self.name!r})")
         if self.window < 0:
             raise ValueError(f"window: must be >= 0 (0: full causal), got {self.window} (group {self.name!r})")
         if self.attention_sinks < 0:
@@ -72,9 +74,9 @@ class PoolGroup:
             if lay.cyclic_len < self.window:
                 raise ValueError(f"cyclic_len={lay.cyclic_len} < window={self.window}: the ring must hold the "
                                  f"window (group {self.name!r})")
-            if self.attention_sinks != lay.sink_tokens:
-                raise ValueError(f"attention_sinks={self.attention_sinks} must equal the layout's sink_tokens="
-                                 f"{lay.sink_tokens}: sink positions outside the ring's sinks would be "
+            if self.attention_sinks != lay.ring_sink_tokens:
+                raise ValueError(f"attention_sinks={self.attention_sinks} must equal the layout's ring_sink_tokens="
+                                 f"{lay.ring_sink_tokens}: sink positions outside the ring's sinks would be "
                                  f"overwritten (group {self.name!r})")
         for name in ("k_scales", "v_scales"):
             scales = getattr(self, name)
@@ -123,7 +125,7 @@ class PoolGroup:
         if not self.layout.cyclic_len:
             return 0
         lay = self.layout
-        return -(-(lay.sink_tokens + lay.bubble_len + lay.cyclic_len) // lay.page_size)
+        return -(-(lay.ring_sink_tokens + lay.bubble_len + lay.cyclic_len) // lay.page_size)
 
     def pool_shape(self, num_blocks: int) -> tuple[int, ...]:
         return self.layout.pool_shape(num_blocks)
@@ -136,5 +138,5 @@ class PoolGroup:
         return PoolConfig(num_kv_heads=lay.num_kv_heads, head_dim=lay.head_dim, page_size=lay.page_size,
                           num_layers=lay.num_layers, layer_index=layer_in_group, pool_index=pool_index,
                           cache_dtype=self.cache_dtype, page_layout=lay.page_layout,
-                          sink_tokens=lay.sink_tokens, cyclic_len=lay.cyclic_len,
+                          ring_sink_tokens=lay.ring_sink_tokens, cyclic_len=lay.cyclic_len,
                           k_scale=self.k_scales[layer_in_group], v_scale=self.v_scales[layer_in_group])

@@ -84,7 +84,7 @@ def build(case: Case):
     pool_cfg = PoolConfig(num_kv_heads=case.num_kv_heads, head_dim=case.head_dim, page_size=case.page_size,
                           num_layers=case.num_layers, layer_index=case.layer, pool_index=case.pool_index,
                           cache_dtype=case.cache, page_layout=case.layout,
-                          sink_tokens=case.sinks if case.cyclic_pages else 0,
+                          ring_sink_tokens=case.sinks if case.cyclic_pages else 0,
                           cyclic_len=case.cyclic_pages * case.page_size,
                           k_scale=0.05 if quantized else 1.0, v_scale=0.04 if quantized else 1.0)
     cfg = AttentionConfig(num_q_heads=case.num_q_heads, pool=pool_cfg, window=case.window, attention_sinks=case.sinks,
@@ -115,7 +115,7 @@ def build(case: Case):
         # positions whose slot still holds them (a ring keeps the sinks and the last cyclic_len positions)
         pos = np.arange(n)
         if layout.cyclic_len:
-            pos = pos[(pos < layout.sink_tokens) | (pos >= n - layout.cyclic_len)]
+            pos = pos[(pos < layout.ring_sink_tokens) | (pos >= n - layout.cyclic_len)]
         block, offset, _ = layout.locate(table[b], pos, num_blocks)
         assert np.all(block != INVALID_BLOCK)
         for kv in (0, 1):
@@ -169,6 +169,47 @@ def _decode_lengths(page: int) -> tuple[tuple[int, int], ...]:
     # cache lengths 1, page - 1, page, page + 1 and a longer one (past = length - 1)
     return tuple((n - 1, 1) for n in (1, page - 1, page, page + 1, 1000))
 
+
+# Head dims 32, 80, 96 (Phi-2 80, Phi-3-mini 96): 16-bit tiles in rows of 64 / 128 elements, KV copies in flat
+# chunk order (80, 96), 8-bit decode through the per-warp conversion (not Frag8), merge lanes of 4 dims. Every
+# kernel path of the other head dims once more: decode (16- and 8-bit, fp8 q), multi-token (prefill, chunk over
+# a prefix, drafts, mixed batch, MQA), NHD, odd pages, window / sinks / ring / soft-cap, evicted pages.
+HEAD_DIM_CASES = [
+    Case(_decode_lengths(16), head_dim=80, seed=60),
+    Case(_decode_lengths(16), head_dim=96, cache=CacheDType.FP16, io="float16", seed=61),
+    Case(_decode_lengths(24), head_dim=32, page_size=24, seed=62),
+    Case(_decode_lengths(16), num_q_heads=32, num_kv_heads=32, head_dim=80, seed=63),           # MHA: 1 row
+    Case(_decode_lengths(16), num_q_heads=16, num_kv_heads=1, head_dim=96, seed=64),            # G = 16
+    Case(_decode_lengths(16), head_dim=80, cache=CacheDType.FP8_E4M3, io="bfloat16", seed=65),
+    Case(_decode_lengths(24), head_dim=96, cache=CacheDType.INT8, io="float16", layout=PageLayout.NHD, page_size=24,
+         seed=66),
+    Case(_decode_lengths(16), head_dim=32, cache=CacheDType.FP8_E4M3, io="float16", q_fp8=True, seed=67),
+    Case(_decode_lengths(16), head_dim=96, cache=CacheDType.INT8, io="bfloat16", q_pow2=20,
+         softmax_scale=2.0**-20 / np.sqrt(96), seed=68),
+    Case(((40, 1), (0, 100)), head_dim=80, cache=CacheDType.FP16, io="float16", q_fp8=True, seed=69),
+    Case(((0, 333),), head_dim=80, seed=70),
+    Case(((300, 200),), head_dim=96, seed=71),
+    Case(((0, 129), (64, 63)), head_dim=32, page_size=24, layout=PageLayout.NHD, cache=CacheDType.FP16, io="float16",
+         seed=72),
+    Case(((700, 2), (700, 4), (700, 5), (700, 9)), head_dim=96, seed=73),                     # drafts
+    Case(((5, 1), (0, 77), (1000, 1), (250, 130), (64, 3), (9, 0), (1, 1)), head_dim=80, seed=74),
+    Case(((200, 150),), num_q_heads=32, num_kv_heads=1, head_dim=80, seed=75),                # MQA prefill
+    Case(((100, 70),), num_q_heads=12, num_kv_heads=4, head_dim=96, seed=76),                 # G = 3
+    Case(((17, 50), (2000, 1)), head_dim=80, cache=CacheDType.FP8_E4M3, seed=77),
+    Case(((17, 50), (900, 1)), head_dim=96, cache=CacheDType.INT8, io="float16", layout=PageLayout.NHD, seed=78),
+    Case(((17, 50), (900, 1)), head_dim=32, cache=CacheDType.INT8, io="bfloat16", seed=79),
+    Case(((17, 50), (900, 1)), head_dim=96, cache=CacheDType.FP8_E4M3, io="bfloat16", q_fp8=True, seed=88),
+    Case(((900, 1), (500, 30), (40, 1)), head_dim=80, window=100, sinks=4, seed=80),
+    Case(((900, 1), (500, 30)), head_dim=96, window=100, sinks=4, evict_below_window=True, seed=81),
+    Case(((1000, 1), (700, 20), (3, 2)), head_dim=96, window=128, sinks=4, cyclic_pages=10, seed=82),
+    Case(((1000, 1), (700, 20)), head_dim=80, window=96, sinks=5, cyclic_pages=4, page_size=32, layout=PageLayout.NHD,
+         cache=CacheDType.FP8_E4M3, seed=83),
+    Case(((500, 1), (100, 90)), head_dim=80, softcap=30.0, seed=84),
+    Case(((500, 1), (100, 90)), head_dim=96, softcap=20.0, softmax_scale=0.05, cache=CacheDType.INT8, io="float16",
+         seed=85),
+    Case(((30, 1), (300, 40)), head_dim=80, layout=PageLayout.NHD, num_layers=3, layer=2, pool_index=1, seed=86),
+    Case(((5, 1), (0, 77), (1000, 1), (250, 130)), head_dim=96, loose_bounds=True, seed=87),
+]
 
 CASES = [
     # decode: GQA / MHA / MQA (G = 16 still decode kernel; G = 32 goes to the multi-token kernel)
@@ -227,6 +268,7 @@ CASES = [
     # the TensorRT plugin's loose bounds (max_q_len = T, max_kv_len = MB * page_size)
     Case(((5, 1), (0, 77), (1000, 1), (250, 130)), loose_bounds=True, seed=21),
     Case(((3000, 1), (10, 1)), loose_bounds=True, seed=22),
+    *HEAD_DIM_CASES,
 ]
 
 
@@ -247,15 +289,23 @@ def test_matches_reference(case):
     Case(((9000, 1), (3, 1)), cache=CacheDType.FP8_E4M3, page_size=64, seed=31),
     Case(((12000, 4), (12000, 1)), num_q_heads=16, num_kv_heads=4, head_dim=64, seed=32),
     Case(((12000, 40),), num_q_heads=8, num_kv_heads=2, seed=33),   # a late prefill chunk, split over the prefix
+    # head dims 32, 80, 96: split decode (16- and 8-bit), > 32 chunks, a split draft next to a split decode, a
+    # late prefill chunk split over its prefix -- the merge's 4-dim lanes
+    Case(((32767, 1),), head_dim=80, seed=90),
+    Case(((12000, 1),), num_q_heads=4, num_kv_heads=1, head_dim=96, cache=CacheDType.FP16, io="float16", seed=91),
+    Case(((30000, 1), (5000, 9)), num_q_heads=8, num_kv_heads=4, head_dim=32, seed=92),
+    Case(((9000, 1), (3, 1)), head_dim=96, cache=CacheDType.FP8_E4M3, page_size=64, seed=93),
+    Case(((12000, 40),), num_q_heads=8, num_kv_heads=2, head_dim=80, cache=CacheDType.INT8, seed=94),
 ], ids=lambda c: c.id)
 def test_long_sequences(case):
     check(case)
 
 
-def test_large_ragged_batch():
+@pytest.mark.parametrize("head_dim", [128, 80])
+def test_large_ragged_batch(head_dim):
     rng = np.random.default_rng(40)
     lengths = rng.integers(1, 600, size=256)
-    check(Case(tuple((int(n) - 1, 1) for n in lengths), num_q_heads=16, num_kv_heads=4, seed=40))
+    check(Case(tuple((int(n) - 1, 1) for n in lengths), num_q_heads=16, num_kv_heads=4, head_dim=head_dim, seed=40))
 
 
 def test_workspace_below_the_plan_still_correct():

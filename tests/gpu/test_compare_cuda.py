@@ -32,6 +32,9 @@ CASES = {
                                         rope_source="table"), "fp16"),
     "window-qknorm": (BASE.replace(sliding_window=8, qk_norm=True), "bf16"),
     "d256": (BASE.replace(head_dim=256, num_heads=2, num_kv_heads=1), "fp16"),
+    "d80-partial-rotary": (BASE.replace(head_dim=80, num_heads=2, num_kv_heads=2, rope=RopeConfig(rotary_dim=32)),
+                           "fp16"),
+    "d96-fused": (BASE.replace(head_dim=96, num_heads=2, num_kv_heads=1, fused_qkv=True), "bf16"),
 }
 
 

@@ -312,10 +312,17 @@ WRITE_CASES = [
                                                  rope=RopeConfig(scaling=RopeScaling.LINEAR, factor=4.0)),
               "fp16", Batch((0,) * 4, (0, 37, 16, 5)), MIXED),
     # Ring of 32 slots after 3 sinks + a 5-slot bubble: sequence 0's step wraps onto positions 3.. (overwrite).
-    WriteCase("fp16-cyclic-sinks", wcfg(page_size=8, sink_tokens=3, cyclic_len=32, rope=RopeConfig(rotary_dim=32)),
+    WriteCase("fp16-cyclic-sinks", wcfg(page_size=8, ring_sink_tokens=3, cyclic_len=32, rope=RopeConfig(rotary_dim=32)),
               "fp16", Batch((0, 0), (30, 2)), Batch((30, 2), (8, 6))),
     WriteCase("fp16-no-rope-no-tail", wcfg(rope=RopeConfig(style=RopeStyle.NONE), zero_v_tail=False), "fp16",
               Batch((0, 0), (5, 0)), Batch((5, 0), (9, 17))),
+    # head dims 80 (Phi-2: partial rotary 32 of 80, bias) and 96 (Phi-3-mini: full rotary, fp8 cache, NHD)
+    WriteCase("fp16-d80-phi2-partial-bias", wcfg(num_q_heads=4, num_kv_heads=4, head_dim=80, has_bias=True,
+                                                 rope=RopeConfig(rotary_dim=32)),
+              "fp16", Batch((0,) * 4, (0, 37, 16, 5)), MIXED),
+    WriteCase("bf16-d96-fp8cache-nhd", wcfg(num_q_heads=6, num_kv_heads=2, head_dim=96, page_layout=PageLayout.NHD,
+                                            cache_dtype=CacheDType.FP8_E4M3, k_scale=0.05, v_scale=0.04),
+              "bf16", Batch((0,) * 4, (0, 37, 16, 5)), MIXED),
 ]
 
 
@@ -414,6 +421,12 @@ ATTENTION_CASES = [
     ("bf16-fp8cache-d256", wcfg(num_q_heads=2, num_kv_heads=1, head_dim=256, cache_dtype=CacheDType.FP8_E4M3,
                                 k_scale=0.05, v_scale=0.04, pool_index=1), "bf16", {}),
     ("fp16-int8cache", wcfg(cache_dtype=CacheDType.INT8, k_scale=0.1, v_scale=0.08), "fp16", {}),
+    ("fp16-d80-window-softcap", wcfg(head_dim=80, page_size=8), "fp16", dict(window=9, attention_sinks=2,
+                                                                             logit_softcap=5.0)),
+    ("bf16-d96-gqa3-nhd", wcfg(num_q_heads=6, num_kv_heads=2, head_dim=96, page_layout=PageLayout.NHD,
+                               cache_dtype=CacheDType.BF16), "bf16", {}),
+    ("bf16-int8cache-d96", wcfg(num_q_heads=6, num_kv_heads=2, head_dim=96, cache_dtype=CacheDType.INT8,
+                                k_scale=0.1, v_scale=0.08), "bf16", {}),
 ]
 
 
@@ -458,6 +471,12 @@ CHAIN_CASES = [
     ("bf16-gqa4-d128", wcfg(num_q_heads=8, head_dim=128, page_size=32, cache_dtype=CacheDType.BF16), "bf16", False),
     ("fp16-fp8q-fp8cache", wcfg(cache_dtype=CacheDType.FP8_E4M3, k_scale=0.05, v_scale=0.05, q_out_fp8=True,
                                 q_scale=0.03), "fp16", True),
+    ("fp16-d80-phi2", wcfg(num_q_heads=4, num_kv_heads=4, head_dim=80, has_bias=True, cache_dtype=CacheDType.FP16,
+                           rope=RopeConfig(rotary_dim=32)), "fp16", False),
+    ("bf16-d96-phi3", wcfg(num_q_heads=6, num_kv_heads=2, head_dim=96, page_size=32, cache_dtype=CacheDType.BF16),
+     "bf16", False),
+    ("fp16-d96-fp8q-fp8cache", wcfg(num_q_heads=6, num_kv_heads=2, head_dim=96, cache_dtype=CacheDType.FP8_E4M3,
+                                    k_scale=0.05, v_scale=0.05, q_out_fp8=True, q_scale=0.03), "fp16", True),
 ]
 
 

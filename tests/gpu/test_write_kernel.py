@@ -72,7 +72,7 @@ class Case:
         k_scale, v_scale = QUANT_SCALES.get(self.cache, (1.0, 1.0))
         pool = PoolConfig(num_kv_heads=self.kv_heads, head_dim=self.head_dim, page_size=self.page_size,
                           num_layers=self.num_layers, layer_index=self.layer, pool_index=self.pool_index,
-                          cache_dtype=self.cache, page_layout=self.page_layout, sink_tokens=self.sinks,
+                          cache_dtype=self.cache, page_layout=self.page_layout, ring_sink_tokens=self.sinks,
                           cyclic_len=self.cyclic, k_scale=k_scale, v_scale=v_scale)
         return WriteConfig(num_q_heads=self.heads, pool=pool, rope=self.rope, has_bias=self.bias,
                            explicit_positions=self.explicit_positions, zero_v_tail=self.zero_v_tail,
@@ -221,6 +221,35 @@ def run_case(case: Case, seed: int = 0) -> Run:
 # ---- single steps over the configuration space ---------------------------------------------------------------
 MIXED = dict(q_lens=(37, 1, 1, 70, 1), past_lens=(0, 100, 5, 16, 0))
 SMALL = dict(heads=4, kv_heads=1, head_dim=64, num_layers=1, layer=0)
+# Head dims 32, 80, 96: D / 8 = 4, 10, 12 vectors per head row, so a warp pass is 8, 3 or 2 rows and at 80 / 96
+# lanes 30-31 / 24-31 sit idle past the pass's last row (they must load and store nothing). Every cache dtype,
+# both page layouts, and each RoPE partner path: NeoX full and partial with R / 2 % 8 == 0 (shuffle), partial
+# with R / 2 % 8 != 0 (shared-memory partners, where the idle lanes stage their own words), GPT-J.
+HEAD_DIM_CASES = [
+    Case("D80-bf16-neox-full", **MIXED, head_dim=80),
+    Case("D80-fp16-phi2-partial-R32-bias", **MIXED, head_dim=80, heads=32, kv_heads=32, io="fp16",
+         cache=CacheDType.FP16, bias=True, rope=RopeConfig(rotary_dim=32)),
+    Case("D80-fp8-nhd-R24-smem-partners-bias", **MIXED, head_dim=80, cache=CacheDType.FP8_E4M3,
+         page_layout=PageLayout.NHD, bias=True, rope=RopeConfig(rotary_dim=24)),
+    Case("D80-int8-gptj-P24", **MIXED, head_dim=80, cache=CacheDType.INT8, page_size=24,
+         rope=RopeConfig(style=RopeStyle.GPTJ)),
+    Case("D80-q-out-fp8-R40", **MIXED, head_dim=80, q_out_fp8=True, cache=CacheDType.FP8_E4M3,
+         rope=RopeConfig(rotary_dim=40)),
+    Case("D96-bf16-neox-full-kv1", **MIXED, head_dim=96, heads=3, kv_heads=1),
+    Case("D96-fp16-nhd-R40-smem-partners", **MIXED, head_dim=96, io="fp16", cache=CacheDType.FP16,
+         page_layout=PageLayout.NHD, rope=RopeConfig(rotary_dim=40)),
+    Case("D96-int8-nhd-gptj-R20-bias", **MIXED, head_dim=96, cache=CacheDType.INT8, page_layout=PageLayout.NHD,
+         bias=True, rope=RopeConfig(style=RopeStyle.GPTJ, rotary_dim=20)),
+    Case("D96-fp8-explicit-positions", **MIXED, head_dim=96, cache=CacheDType.FP8_E4M3,
+         explicit_positions=True),
+    Case("D96-cyclic-sinks-P24", q_lens=(45, 1, 10), past_lens=(0, 500, 60), head_dim=96, sinks=7, cyclic=48,
+         page_size=24),
+    Case("D32-bf16-neox-R8-smem-partners", **MIXED, head_dim=32, rope=RopeConfig(rotary_dim=8)),
+    Case("D32-fp16-int8-gptj-nhd", **MIXED, head_dim=32, io="fp16", cache=CacheDType.INT8,
+         page_layout=PageLayout.NHD, rope=RopeConfig(style=RopeStyle.GPTJ)),
+    Case("D32-fp8-no-rope-P128", q_lens=(129, 1, 200), past_lens=(0, 127, 5), head_dim=32, page_size=128,
+         cache=CacheDType.FP8_E4M3, rope=RopeConfig(style=RopeStyle.NONE)),
+]
 CASES = [
     Case("gqa-bf16-mixed", **MIXED),
     Case("mha-fp16-D64-P32", q_lens=(50, 3, 1), past_lens=(0, 31, 64), heads=4, kv_heads=4, head_dim=64,
@@ -281,6 +310,7 @@ CASES = [
     Case("cyclic-nhd-P24-int8", q_lens=(45, 1, 10), past_lens=(0, 500, 60), sinks=7, cyclic=48, page_size=24,
          page_layout=PageLayout.NHD, cache=CacheDType.INT8),
     Case("cyclic-no-sinks", q_lens=(31, 1), past_lens=(0, 70), cyclic=32),
+    *HEAD_DIM_CASES,
 ]
 
 
@@ -324,6 +354,10 @@ LONG_RANGE_CASES = [
     Case("long-ranges-int8-nhd-D256-gptj", q_lens=(3000, 1, 1, 2398), past_lens=(0, 40, 7, 0), heads=4,
          kv_heads=1, head_dim=256, cache=CacheDType.INT8, page_layout=PageLayout.NHD, page_size=32,
          rope=RopeConfig(style=RopeStyle.GPTJ)),
+    Case("long-ranges-bf16-D80-R24-bias", q_lens=(6000, 1, 4650, 37), past_lens=(0, 900, 13, 0), head_dim=80,
+         bias=True, rope=RopeConfig(rotary_dim=24)),
+    Case("long-ranges-int8-nhd-D96", q_lens=(3000, 1, 1, 2398), past_lens=(0, 40, 7, 0), heads=4, kv_heads=2,
+         head_dim=96, cache=CacheDType.INT8, page_layout=PageLayout.NHD, page_size=32),
     Case("long-ranges-fp16-nhd-explicit-ragged",
          q_lens=tuple(int(x) for x in np.random.default_rng(9).integers(0, 131, 80)),
          past_lens=tuple(int(x) for x in np.random.default_rng(10).integers(0, 50, 80)), io="fp16",
@@ -343,6 +377,9 @@ CHUNK_CASES = [
          page_layout=PageLayout.NHD, page_size=24, bias=True),
     Case("chunks-int8-gptj-D64", q_lens=(100, 57), past_lens=(0, 0), cache=CacheDType.INT8, head_dim=64,
          rope=RopeConfig(style=RopeStyle.GPTJ)),
+    Case("chunks-bf16-D80-R32", q_lens=(100, 57), past_lens=(0, 0), head_dim=80, rope=RopeConfig(rotary_dim=32)),
+    Case("chunks-fp8-nhd-D96-P24", q_lens=(100, 57), past_lens=(0, 0), head_dim=96, cache=CacheDType.FP8_E4M3,
+         page_layout=PageLayout.NHD, page_size=24),
 ]
 
 
@@ -385,6 +422,9 @@ DECODE_CASES = [
     Case("decode-after-prefill-int8-P24", q_lens=(20, 33, 1), past_lens=(0, 0, 0), cache=CacheDType.INT8,
          page_size=24),
     Case("decode-wraps-cyclic-ring", q_lens=(30, 5), past_lens=(0, 0), sinks=4, cyclic=32),
+    Case("decode-after-prefill-D80-int8", q_lens=(20, 33, 1), past_lens=(0, 0, 0), head_dim=80,
+         cache=CacheDType.INT8, rope=RopeConfig(rotary_dim=32)),
+    Case("decode-wraps-cyclic-ring-D96", q_lens=(30, 5), past_lens=(0, 0), head_dim=96, sinks=4, cyclic=32),
 ]
 
 

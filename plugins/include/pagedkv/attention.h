@@ -4,7 +4,7 @@
 //   q    [T, H * D]  fp16|bf16 (or fp8 e4m3 with qScale), as written by the QKV-write kernel
 //   out  [T, H * D]  fp16|bf16 (ioDType)
 //   Sequence b's queries are tokens [cuQLens[b], cuQLens[b+1]); query i sits at cache position
-//   pastLens[b] + i and sees the cache positions attends(qPos, kvPos, window, sinkTokens) allows
+//   pastLens[b] + i and sees the cache positions attends(qPos, kvPos, window, attentionSinks) allows
 //   (kv_layout.h), reading them in place through the block table: never a gathered copy.
 #pragma once
 
@@ -13,17 +13,20 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "pagedkv/capabilities.h"  // IODType, the supported head dims
 #include "pagedkv/kv_layout.h"
-#include "pagedkv/qkv_write.h"  // IODType
+#include "pagedkv/last_error.h"
 #include "pagedkv/step_metadata.h"
 
 namespace pagedkv {
 
+// The C API takes this struct as it is (plugins/capi): it stays a standard-layout POD, and a member added here
+// needs its entry in capi/capi_structs.cpp (the build fails until it has one).
 struct AttentionParams {
     // ---- shapes
     int32_t numQHeads;   // H
     int32_t numKVHeads;  // KVH
-    int32_t headDim;     // D in {64, 128, 256}
+    int32_t headDim;     // D, one of kSupportedHeadDims (capabilities.h)
     IODType ioDType;     // dtype of out (and of q unless qFP8)
     bool qFP8;
     float qScale;
@@ -42,7 +45,7 @@ struct AttentionParams {
     float vScale;
     // ---- attention
     int32_t window;      // <= 0: full causal
-    int32_t sinkTokens;  // always-visible first positions (with window > 0)
+    int32_t attentionSinks;  // always-visible first positions (with window > 0); not layout.ringSinkTokens
     float softmaxScale;  // usually 1/sqrt(D)
     float logitSoftcap;  // > 0: logits = cap * tanh(logits / cap)
     // ---- outputs

@@ -19,7 +19,15 @@ constexpr char const* kCuQLens = "cu_q_lens";
 constexpr char const* kPastLens = "past_lens";
 constexpr char const* kBlockTablePrefix = "block_table_";  // + pool group g
 constexpr char const* kPositionIds = "position_ids";
+constexpr char const* kLogitsRows = "logits_rows";
+constexpr char const* kSamplingParams = "sampling_params";
+constexpr char const* kPenaltyTokens = "penalty_tokens";
+constexpr char const* kPenaltyCounts = "penalty_counts";
 constexpr char const* kLogits = "logits";
+constexpr char const* kNextTokens = "next_tokens";
+constexpr char const* kNextLogprobs = "next_logprobs";
+constexpr char const* kTopTokens = "top_tokens";
+constexpr char const* kTopLogprobs = "top_logprobs";
 constexpr char const* kKvWriteStatusPrefix = "kv_write_status_";  // + layer i
 
 // Symbolic dims, as the rewritten ONNX graph names them.
@@ -29,11 +37,14 @@ constexpr char const* kDimBatchPlus1 = "batch_plus_1";
 constexpr char const* kDimMaxBlocks = "max_blocks";
 constexpr char const* kDimNumPoolGroups = "num_pool_groups";
 constexpr char const* kDimVocab = "vocab";
+constexpr char const* kDimNumLogits = "num_logits";
+constexpr char const* kDimPenaltyWidth = "penalty_width";
+constexpr char const* kDimNumTopLogprobs = "num_top_logprobs";
 
-enum class DType : int32_t { kInt32, kInt64, kModelFloat /* the model's own: float32, float16 or bfloat16 */ };
+enum class DType : int32_t { kInt32, kInt64, kModelFloat /* the model's own: float32, float16 or bfloat16 */, kFloat32 };
 enum class Per : int32_t { kEngine, kPoolGroup, kLayer };
-enum class Presence : int32_t { kAlways, kExplicitPositions };
-enum class Dim : int32_t { kStatic, kNumTokens, kBatch, kBatchPlus1, kMaxBlocks, kNumPoolGroups, kVocab };
+enum class Presence : int32_t { kAlways, kExplicitPositions, kSampling };
+enum class Dim : int32_t { kStatic, kNumTokens, kBatch, kBatchPlus1, kMaxBlocks, kNumPoolGroups, kVocab, kNumLogits, kPenaltyWidth, kNumTopLogprobs };
 
 struct DimSpec {
     Dim dim;
@@ -57,10 +68,29 @@ constexpr TensorSpec kTensors[] = {
     {"past_lens", true, DType::kInt32, Per::kEngine, Presence::kAlways, 1, {{Dim::kBatch, 0}}},
     {"block_table_", true, DType::kInt32, Per::kPoolGroup, Presence::kAlways, 2, {{Dim::kBatch, 0}, {Dim::kMaxBlocks, 0}}},
     {"position_ids", true, DType::kInt32, Per::kEngine, Presence::kExplicitPositions, 1, {{Dim::kNumTokens, 0}}},
-    {"logits", false, DType::kModelFloat, Per::kEngine, Presence::kAlways, 3, {{Dim::kStatic, 1}, {Dim::kNumTokens, 0}, {Dim::kVocab, 0}}},
+    {"logits_rows", true, DType::kInt32, Per::kEngine, Presence::kAlways, 1, {{Dim::kNumLogits, 0}}},
+    {"sampling_params", true, DType::kFloat32, Per::kEngine, Presence::kSampling, 2, {{Dim::kNumLogits, 0}, {Dim::kStatic, 8}}},
+    {"penalty_tokens", true, DType::kInt32, Per::kEngine, Presence::kSampling, 2, {{Dim::kNumLogits, 0}, {Dim::kPenaltyWidth, 0}}},
+    {"penalty_counts", true, DType::kFloat32, Per::kEngine, Presence::kSampling, 2, {{Dim::kNumLogits, 0}, {Dim::kPenaltyWidth, 0}}},
+    {"logits", false, DType::kModelFloat, Per::kEngine, Presence::kAlways, 3, {{Dim::kStatic, 1}, {Dim::kNumLogits, 0}, {Dim::kVocab, 0}}},
+    {"next_tokens", false, DType::kInt32, Per::kEngine, Presence::kSampling, 1, {{Dim::kNumLogits, 0}}},
+    {"next_logprobs", false, DType::kFloat32, Per::kEngine, Presence::kSampling, 1, {{Dim::kNumLogits, 0}}},
+    {"top_tokens", false, DType::kInt32, Per::kEngine, Presence::kSampling, 2, {{Dim::kNumLogits, 0}, {Dim::kNumTopLogprobs, 0}}},
+    {"top_logprobs", false, DType::kFloat32, Per::kEngine, Presence::kSampling, 2, {{Dim::kNumLogits, 0}, {Dim::kNumTopLogprobs, 0}}},
     {"kv_write_status_", false, DType::kInt32, Per::kLayer, Presence::kAlways, 1, {{Dim::kStatic, 4}}},
 };
-constexpr int32_t kNumTensors = 8;
+constexpr int32_t kNumTensors = 16;
+
+// Columns of the sampling_params record (FLOAT32 [num_logits, kSamplingFields]).
+constexpr int32_t kSamplingTemperature = 0;
+constexpr int32_t kSamplingTopK = 1;
+constexpr int32_t kSamplingTopP = 2;
+constexpr int32_t kSamplingMinP = 3;
+constexpr int32_t kSamplingRepetitionPenalty = 4;
+constexpr int32_t kSamplingPresencePenalty = 5;
+constexpr int32_t kSamplingFrequencyPenalty = 6;
+constexpr int32_t kSamplingUniform = 7;
+constexpr int32_t kSamplingFields = 8;
 
 }  // namespace engine_io
 

@@ -1,8 +1,9 @@
 // pagedkv KV-layout contract: the ONE place where token -> (block, offset) -> address is computed.
 //
-// Every kernel that touches a KV pool (the QKV-write kernel, the attention kernels, the block copy kernels)
-// and the host-side code that validates launches go through the helpers below. The Python twin is
-// `src/pagedkv/layout.py`; `tests/test_layout.py` checks that both compute the same addresses.
+// Every kernel that touches a KV pool (the QKV-write kernel, the attention kernels) and the host-side code that
+// builds and validates launches (makeKVLayout here, its named checks in kv_layout_check.h) go through the
+// helpers below. The Python twin is `src/pagedkv/layout.py` (the references, the KV manager and its block
+// copies use it); `tests/test_layout.py` checks that both compute the same layouts and addresses.
 // The seed's main lesson: the write side and the read side must call the same mapping function.
 // docs/kv_layout.md explains the choices.
 //
@@ -43,10 +44,6 @@ enum class PageLayout : int32_t {
 
 constexpr int32_t kInvalidBlock = -1;  // block-table sentinel: no page here (evicted / not allocated)
 
-PKV_HD int32_t cacheDTypeBytes(CacheDType t) {
-    return (t == CacheDType::kFP16 || t == CacheDType::kBF16) ? 2 : 1;
-}
-
 // log2(x) when x is a power of two, else -1. Host-side helper; the device reads the cached value.
 PKV_HD int32_t log2IfPow2(int32_t x) {
     if (x <= 0 || (x & (x - 1)) != 0) return -1;
@@ -67,6 +64,8 @@ PKV_HD int32_t lastPageLen(int32_t length, int32_t pageSize) {
 
 // Geometry of one pool group plus its cyclic-window parameters. Build it with makeKVLayout (host).
 // All strides are in elements of the cache dtype.
+// The C API takes this struct as it is (plugins/capi): it stays a standard-layout POD, and a member added here
+// needs its entry in capi/capi_structs.cpp (the build fails until it has one).
 struct KVLayout {
     int32_t numLayers;
     int32_t numKVHeads;
@@ -75,9 +74,9 @@ struct KVLayout {
     int32_t pageShift;  // log2(pageSize) for power-of-two pages (shift + mask), -1 -> divmod
     PageLayout pageLayout;
     // Cyclic window (the seed's getKVTokenIdx). cyclicLen == 0: linear cache, slot == position.
-    // Otherwise positions < sinkTokens keep their slot; later positions wrap in a ring of cyclicLen slots
+    // Otherwise positions < ringSinkTokens keep their slot; later positions wrap in a ring of cyclicLen slots
     // that starts after the sinks plus a bubble that aligns the ring to a page boundary.
-    int32_t sinkTokens;
+    int32_t ringSinkTokens;
     int32_t cyclicLen;
     int32_t bubbleLen;
     int64_t strideBlock;
@@ -88,15 +87,21 @@ struct KVLayout {
 
     // Logical cache position -> logical slot in the sequence's block list (TensorRT-LLM getKVTokenIdx).
     PKV_HD int32_t tokenSlot(int32_t pos) const {
-        if (cyclicLen == 0 || pos < sinkTokens) return pos;
-        return sinkTokens + bubbleLen + (pos - sinkTokens) % cyclicLen;
+        if (cyclicLen == 0 || pos < ringSinkTokens) return pos;
+        return ringSinkTokens + bubbleLen + (pos - ringSinkTokens) % cyclicLen;
     }
 
     // Slots a sequence of `length` tokens occupies (the block list must cover ceilDiv(slots, P) pages).
     PKV_HD int32_t slotsUsed(int32_t length) const {
-        if (cyclicLen == 0 || length <= sinkTokens) return length;
-        int32_t ring = length - sinkTokens;
-        return sinkTokens + bubbleLen + (ring < cyclicLen ? ring : cyclicLen);
+        if (cyclicLen == 0 || length <= ringSinkTokens) return length;
+        int32_t ring = length - ringSinkTokens;
+        return ringSinkTokens + bubbleLen + (ring < cyclicLen ? ring : cyclicLen);
+    }
+
+    // Block-list entries a sequence of `length` tokens needs (the Python twin's pages_needed). 64-bit
+    // rounding: the KV manager asks for lengths up to 2^31 - 1.
+    PKV_HD int32_t pagesNeeded(int32_t length) const {
+        return int32_t((int64_t(slotsUsed(length)) + pageSize - 1) / pageSize);
     }
 
     // Slot -> (page index within the sequence, offset within the page): shift and mask or divmod.
@@ -119,9 +124,9 @@ struct KVLayout {
 
 // Host: fill a KVLayout. Returns false (and leaves `out` untouched) for invalid geometry.
 inline bool makeKVLayout(int32_t numLayers, int32_t numKVHeads, int32_t pageSize, int32_t headDim,
-                         PageLayout pageLayout, int32_t sinkTokens, int32_t cyclicLen, KVLayout& out) {
+                         PageLayout pageLayout, int32_t ringSinkTokens, int32_t cyclicLen, KVLayout& out) {
     if (numLayers <= 0 || numKVHeads <= 0 || pageSize <= 0 || headDim <= 0) return false;
-    if (sinkTokens < 0 || cyclicLen < 0) return false;
+    if (ringSinkTokens < 0 || cyclicLen < 0) return false;
     if (cyclicLen > 0 && cyclicLen % pageSize != 0) return false;  // the ring is made of whole pages
     KVLayout l{};
     l.numLayers = numLayers;
@@ -130,9 +135,9 @@ inline bool makeKVLayout(int32_t numLayers, int32_t numKVHeads, int32_t pageSize
     l.headDim = headDim;
     l.pageShift = log2IfPow2(pageSize);
     l.pageLayout = pageLayout;
-    l.sinkTokens = cyclicLen > 0 ? sinkTokens : 0;
+    l.ringSinkTokens = cyclicLen > 0 ? ringSinkTokens : 0;
     l.cyclicLen = cyclicLen;
-    int32_t sinkInLastPage = l.sinkTokens % pageSize;
+    int32_t sinkInLastPage = l.ringSinkTokens % pageSize;
     l.bubbleLen = (cyclicLen == 0 || sinkInLastPage == 0) ? 0 : pageSize - sinkInLastPage;
     int64_t slab = int64_t(numKVHeads) * pageSize * headDim;
     if (pageLayout == PageLayout::kHND) {
@@ -196,11 +201,11 @@ PKV_HD KVLocation locateToken(KVLayout const& layout, BlockTableRow const& row, 
 
 // Attention visibility shared by the reference and the kernels: query at cache position qPos sees kvPos
 // when it is causal and either inside the window of the `window` most recent positions (qPos included)
-// or one of the `sinkTokens` first positions. window <= 0: full causal attention.
-PKV_HD bool attends(int32_t qPos, int32_t kvPos, int32_t window, int32_t sinkTokens) {
+// or one of the `attentionSinks` first positions. window <= 0: full causal attention.
+PKV_HD bool attends(int32_t qPos, int32_t kvPos, int32_t window, int32_t attentionSinks) {
     if (kvPos > qPos) return false;
     if (window <= 0) return true;
-    return (qPos - kvPos < window) || (kvPos < sinkTokens);
+    return (qPos - kvPos < window) || (kvPos < attentionSinks);
 }
 
 }  // namespace pagedkv

@@ -12,12 +12,12 @@
 
 #include <cstdint>
 
+#include "pagedkv/capabilities.h"  // IODType, kMaxRotaryPairs, the supported head dims
 #include "pagedkv/kv_layout.h"
+#include "pagedkv/last_error.h"
 #include "pagedkv/step_metadata.h"
 
 namespace pagedkv {
-
-enum class IODType : int32_t { kFP16 = 0, kBF16 = 1 };  // qkv / q dtype
 
 enum class RopeStyle : int32_t {
     kNone = 0,
@@ -32,8 +32,6 @@ enum class RopeScaling : int32_t {
     // YaRN / LongRoPE: add here. They change only the inverse frequencies and the attention factor
     // (RopeParams::mscale), which is why the kernel takes a table and a multiplier, not a formula.
 };
-
-constexpr int32_t kMaxRotaryPairs = 128;  // head_dim 256, full rotary
 
 struct RopeParams {
     RopeStyle style;
@@ -58,11 +56,13 @@ struct RopeConfig {  // the user-facing description (plugin attributes), turned 
 // reason in lastErrorMessage().
 bool computeRopeParams(RopeConfig const& cfg, int32_t headDim, RopeParams& out);
 
+// The C API takes this struct as it is (plugins/capi): it stays a standard-layout POD, and a member added here
+// needs its entry in capi/capi_structs.cpp (the build fails until it has one).
 struct QKVWriteParams {
     // ---- shapes
     int32_t numQHeads;   // H
     int32_t numKVHeads;  // KVH (H % KVH == 0)
-    int32_t headDim;     // D in {64, 128, 256}
+    int32_t headDim;     // D, one of kSupportedHeadDims (capabilities.h)
     IODType ioDType;
     // ---- inputs
     void const* qkv;   // [T, (H + 2*KVH) * D]
@@ -89,8 +89,5 @@ struct QKVWriteParams {
 // counts, pointer presence) and launches one kernel on `stream`. Never syncs. Returns cudaErrorInvalidValue
 // with a message through lastErrorMessage() on invalid parameters.
 cudaError_t launchQKVWrite(QKVWriteParams const& params, cudaStream_t stream);
-
-// Human-readable reason of the last cudaErrorInvalidValue returned by a pagedkv launcher (thread-local).
-char const* lastErrorMessage();
 
 }  // namespace pagedkv

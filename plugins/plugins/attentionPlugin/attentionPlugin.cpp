@@ -186,7 +186,7 @@ int32_t AttentionPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensor
         a.maxQLen = a.meta.numTokens;               // no sequence has more new tokens than the step
         a.maxKVLen = maxKVLenFor(extents.maxBlocks);  // positions the block table can address
         a.window = mAttrs.window;
-        a.sinkTokens = mAttrs.attentionSinks;
+        a.attentionSinks = mAttrs.attentionSinks;
         a.softmaxScale = mAttrs.softmaxScale;
         a.logitSoftcap = mAttrs.logitSoftcap;
         a.out = outputs[AttentionIO::kOut];

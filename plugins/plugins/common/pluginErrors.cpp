@@ -1,14 +1,14 @@
 #include "common/pluginErrors.h"
 
-#include "pagedkv/qkv_write.h"  // lastErrorMessage
+#include "pagedkv/last_error.h"
 
 namespace pagedkv {
 namespace plugin {
 
 void checkLaunch(char const* launcher, cudaError_t err) {
     if (err == cudaSuccess) return;
-    throw PluginError(std::string(launcher) + ": " + cudaGetErrorName(err) +
-                      (err == cudaErrorInvalidValue ? std::string(": ") + lastErrorMessage() : std::string()));
+    std::string const reason = lastErrorMessage();  // this launch's own (launchers clear it first)
+    throw PluginError(std::string(launcher) + ": " + cudaGetErrorName(err) + (reason.empty() ? "" : ": " + reason));
 }
 
 }  // namespace plugin

@@ -35,8 +35,8 @@ Result guarded(char const* plugin, char const* method, Result onError, Body&& bo
     return onError;
 }
 
-// enqueue: a launcher's (launchQKVWrite, launchAttention) failure as a PluginError "<launcher>: <CUDA error>",
-// with the launcher's own reason (lastErrorMessage) when it rejected its parameters. cudaSuccess: no-op.
+// enqueue: a launcher's (launchQKVWrite, launchAttention) failure as a PluginError "<launcher>: <CUDA error>:
+// <the launcher's own reason>" (lastErrorMessage: the rejected field, or the failing CUDA call). cudaSuccess: no-op.
 void checkLaunch(char const* launcher, cudaError_t err);
 
 }  // namespace plugin

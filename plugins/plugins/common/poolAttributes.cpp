@@ -4,6 +4,8 @@
 #include <string>
 
 #include "common/pluginErrors.h"
+#include "pagedkv/capabilities.h"
+#include "pagedkv/kv_layout_check.h"
 
 namespace pagedkv {
 namespace plugin {
@@ -12,18 +14,27 @@ namespace {
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
+// A capability table's values as a field's accepted set.
+template <typename T, size_t N>
+std::vector<int32_t> valuesOf(T const (&table)[N]) {
+    std::vector<int32_t> out;
+    for (T v : table) out.push_back(static_cast<int32_t>(v));
+    return out;
+}
+
 std::vector<FieldSpec> poolFieldSpecs() {
     return {
         FieldSpec::requiredInt("num_kv_heads", 1, kMaxHeads),
-        FieldSpec::requiredIntOneOf("head_dim", {64, 128, 256}),
-        FieldSpec::requiredInt("page_size", 1, kMaxPageSize),
+        FieldSpec::requiredIntOneOf("head_dim", valuesOf(kSupportedHeadDims)),
+        FieldSpec::requiredInt("page_size", kMinPageSize, kMaxPageSize),
         FieldSpec::requiredInt("num_layers", 1, kMaxLayers),
         FieldSpec::requiredInt("layer_index", 0, kMaxLayers - 1),
         FieldSpec::optionalInt("pool_index", 0, 0, kMaxPools - 1),
-        FieldSpec::intOneOf("cache_dtype", static_cast<int32_t>(CacheDType::kFP16), {0, 1, 2, 3},
-                            "0 fp16, 1 bf16, 2 fp8 e4m3, 3 int8; 4 = NVFP4 is reserved, not implemented"),
-        FieldSpec::intOneOf("page_layout", static_cast<int32_t>(PageLayout::kHND), {0, 1}, "0 HND, 1 NHD"),
-        FieldSpec::optionalInt("sink_tokens", 0, 0, kInt32Max),
+        FieldSpec::intOneOf("cache_dtype", static_cast<int32_t>(CacheDType::kFP16), valuesOf(kSupportedCacheDTypes),
+                            supportedCacheDTypesText()),
+        FieldSpec::intOneOf("page_layout", static_cast<int32_t>(PageLayout::kHND), valuesOf(kSupportedPageLayouts),
+                            "0 HND, 1 NHD"),
+        FieldSpec::optionalInt("ring_sink_tokens", 0, 0, kInt32Max),
         FieldSpec::optionalInt("cyclic_len", 0, 0, kInt32Max),
         FieldSpec::positiveFloat("k_scale", 1.f),
         FieldSpec::positiveFloat("v_scale", 1.f),
@@ -49,7 +60,7 @@ PoolAttributes readPoolAttributes(FieldValues const& values, int32_t numQHeads) 
     p.poolIndex = values.getInt("pool_index");
     p.cacheDType = static_cast<CacheDType>(values.getInt("cache_dtype"));
     p.pageLayout = static_cast<PageLayout>(values.getInt("page_layout"));
-    p.sinkTokens = values.getInt("sink_tokens");
+    p.ringSinkTokens = values.getInt("ring_sink_tokens");
     p.cyclicLen = values.getInt("cyclic_len");
     p.kScale = values.getFloat("k_scale");
     p.vScale = values.getFloat("v_scale");
@@ -62,19 +73,12 @@ PoolAttributes readPoolAttributes(FieldValues const& values, int32_t numQHeads) 
         throw PluginError("field 'layer_index'=" + std::to_string(p.layerIndex) + ": expected in [0, num_layers=" +
                           std::to_string(p.numLayers) + ")");
     }
-    if (p.cyclicLen % p.pageSize != 0) {
-        throw PluginError("field 'cyclic_len'=" + std::to_string(p.cyclicLen) +
-                          ": must be 0 or a multiple of page_size=" + std::to_string(p.pageSize) +
-                          " (the ring is made of whole pages)");
+    if (FieldIssue const bad = checkKVLayoutGeometry(p.numLayers, p.numKVHeads, p.pageSize, p.headDim, p.pageLayout,
+                                                     p.ringSinkTokens, p.cyclicLen)) {
+        throw PluginError("field '" + bad.field + "'=" + std::to_string(bad.value) + ": expected " + bad.expected);
     }
-    if (!makeKVLayout(p.numLayers, p.numKVHeads, p.pageSize, p.headDim, p.pageLayout, p.sinkTokens, p.cyclicLen,
-                      p.layout)) {
-        throw PluginError("makeKVLayout rejected the pool geometry (num_layers=" + std::to_string(p.numLayers) +
-                          ", num_kv_heads=" + std::to_string(p.numKVHeads) + ", page_size=" +
-                          std::to_string(p.pageSize) + ", head_dim=" + std::to_string(p.headDim) +
-                          ", sink_tokens=" + std::to_string(p.sinkTokens) + ", cyclic_len=" +
-                          std::to_string(p.cyclicLen) + ")");
-    }
+    makeKVLayout(p.numLayers, p.numKVHeads, p.pageSize, p.headDim, p.pageLayout, p.ringSinkTokens, p.cyclicLen,
+                 p.layout);  // the geometry checked above is what makeKVLayout accepts
     return p;
 }
 

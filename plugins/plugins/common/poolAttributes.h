@@ -11,12 +11,6 @@
 namespace pagedkv {
 namespace plugin {
 
-// Upper bounds that keep every derived size inside int32 (e.g. (H + 2*KVH) * D for the qkv width).
-constexpr int32_t kMaxHeads = 1024;
-constexpr int32_t kMaxPageSize = 4096;
-constexpr int32_t kMaxLayers = 4096;
-constexpr int32_t kMaxPools = 65536;
-
 struct PoolAttributes {
     int32_t numKVHeads;
     int32_t headDim;
@@ -26,7 +20,7 @@ struct PoolAttributes {
     int32_t poolIndex;   // row of the kv_pools engine input
     CacheDType cacheDType;
     PageLayout pageLayout;
-    int32_t sinkTokens;  // cyclic cache only
+    int32_t ringSinkTokens;  // cyclic cache only
     int32_t cyclicLen;   // 0: linear cache
     float kScale;        // quantized caches: x ~= stored * kScale
     float vScale;
@@ -37,8 +31,9 @@ struct PoolAttributes {
 // fields (`ownFields`, in its config's order), then the PoolConfig fields.
 std::vector<FieldSpec> pluginFieldSpecs(std::vector<FieldSpec> ownFields);
 
-// Reads and cross-checks the pool fields (heads divisibility, layer index, cyclic window vs page size) and builds
-// the KVLayout through makeKVLayout. Throws PluginError naming the field and the value.
+// Reads and cross-checks the pool fields (heads divisibility, layer index, then the layout's own check,
+// kv_layout_check.h) and builds the KVLayout through makeKVLayout. Throws PluginError naming the field and the
+// value. The accepted ranges come from the capability table (pagedkv/capabilities.h).
 PoolAttributes readPoolAttributes(FieldValues const& values, int32_t numQHeads);
 
 // The head counts and the pool's part of a launcher's parameter struct (QKVWriteParams and AttentionParams

@@ -3,8 +3,9 @@
 Layers:
 
 * ``paged_attention(q, out, meta, cfg, io_dtype=..., max_q_len=..., stream=...)`` -- device pointers
-  (``meta``: ``pagedkv.kernels.write.StepPointers``), asynchronous. ``launch_attention(args, stream)`` takes a
-  ``PagedKVAttentionArgs`` filled by ``make_attention_args``.
+  (``meta``: ``pagedkv.kernels.write.StepPointers``), asynchronous. ``launch_attention(params, stream)`` takes
+  the launcher's own ``pagedkv::AttentionParams`` (a ctypes mirror built from the library's description,
+  ``pagedkv.kernels._structs``) filled by ``attention_params``.
 * ``paged_attention_numpy(q, meta, pool, cfg)`` -- convenience for tests: numpy in, numpy out, called like
   ``pagedkv.reference.attention.paged_attention``. Uploads with ``pagedkv.cuda.DeviceBuffer``, allocates the
   workspace, runs, downloads.
@@ -26,8 +27,9 @@ Example::
                     workspace=ws.ptr, workspace_bytes=ws_bytes, stream=stream.handle)
 
 Also: ``attention_workspace_bytes`` (sizes the workspace from bounds), ``attention_plan`` (the launcher's
-scheduling decision for a given device, without a GPU) and ``schedule_check`` (host replay of the kernels'
-work decomposition, for the CPU tests).
+scheduling decision for a given device, without a GPU), ``kernel_shapes`` (threads and shared memory per CTA of
+the kernels serving a head dim and dtypes, as compiled) and ``schedule_check`` (host replay of the kernels' work
+decomposition, for the CPU tests).
 """
 
 from __future__ import annotations
@@ -39,127 +41,63 @@ import numpy as np
 
 from pagedkv import _lib
 from pagedkv.config import AttentionConfig
-from pagedkv.kernels._ctypes_check import check_struct_layout
-from pagedkv.kernels.write import IODType, StepPointers
+from pagedkv.kernels import _structs
+from pagedkv.kernels.write import IODType, StepPointers, step_metadata
 from pagedkv.layout import CacheDType
 from pagedkv.step import POOL_DESC_ADDRESS, POOL_DESC_FIELDS, POOL_DESC_NUM_BLOCKS, StepMetadata
 
-__all__ = ["IODType", "PagedKVAttentionArgs", "StepPointers", "attention_plan", "attention_workspace_bytes",
-           "launch_attention", "make_attention_args", "paged_attention", "paged_attention_numpy", "schedule_check"]
-
-
-class PagedKVAttentionArgs(ctypes.Structure):
-    """Mirror of ``PagedKVAttentionArgs`` (capi_attention.h), field for field."""
-
-    _fields_ = [
-        ("struct_size", ctypes.c_int32),
-        ("num_q_heads", ctypes.c_int32),
-        ("num_kv_heads", ctypes.c_int32),
-        ("head_dim", ctypes.c_int32),
-        ("io_dtype", ctypes.c_int32),
-        ("q_fp8", ctypes.c_int32),
-        ("q_scale", ctypes.c_float),
-        ("num_tokens", ctypes.c_int32),
-        ("num_seqs", ctypes.c_int32),
-        ("max_blocks", ctypes.c_int32),
-        ("pool_index", ctypes.c_int32),
-        ("max_q_len", ctypes.c_int32),
-        ("max_kv_len", ctypes.c_int32),
-        ("reserved0", ctypes.c_int32),
-        ("pool_descs", ctypes.c_void_p),
-        ("block_table", ctypes.c_void_p),
-        ("cu_q_lens", ctypes.c_void_p),
-        ("past_lens", ctypes.c_void_p),
-        ("q", ctypes.c_void_p),
-        ("num_layers", ctypes.c_int32),
-        ("page_size", ctypes.c_int32),
-        ("page_layout", ctypes.c_int32),
-        ("cyclic_sink_tokens", ctypes.c_int32),
-        ("cyclic_len", ctypes.c_int32),
-        ("layer", ctypes.c_int32),
-        ("cache_dtype", ctypes.c_int32),
-        ("k_scale", ctypes.c_float),
-        ("v_scale", ctypes.c_float),
-        ("window", ctypes.c_int32),
-        ("attention_sinks", ctypes.c_int32),
-        ("softmax_scale", ctypes.c_float),
-        ("logit_softcap", ctypes.c_float),
-        ("reserved1", ctypes.c_int32),
-        ("out", ctypes.c_void_p),
-        ("workspace", ctypes.c_void_p),
-        ("workspace_bytes", ctypes.c_int64),
-    ]
-
-
-class PagedKVAttentionPlanInfo(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_int32),
-        ("run_decode", ctypes.c_int32),
-        ("run_multi", ctypes.c_int32),
-        ("run_merge", ctypes.c_int32),
-        ("decode_grid", ctypes.c_int32 * 3),
-        ("multi_grid", ctypes.c_int32 * 3),
-        ("merge_grid", ctypes.c_int32),
-        ("decode_chunk_len", ctypes.c_int32),
-        ("multi_chunk_len", ctypes.c_int32),
-        ("partial_chunks", ctypes.c_int32),
-        ("max_span", ctypes.c_int32),
-        ("workspace_bytes", ctypes.c_int64),
-    ]
+__all__ = ["IODType", "StepPointers", "attention_params", "attention_plan", "attention_workspace_bytes",
+           "kernel_shapes", "launch_attention", "paged_attention", "paged_attention_numpy", "schedule_check"]
 
 
 @functools.lru_cache(maxsize=None)
 def _capi() -> ctypes.CDLL:
     lib = _lib.capi()
-    lib.pagedkv_attention_args_layout.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int32]
-    lib.pagedkv_attention_args_layout.restype = ctypes.c_int32
-    check_struct_layout(PagedKVAttentionArgs, "PagedKVAttentionArgs", __name__,
-                        library_offsets=lib.pagedkv_attention_args_layout)
+    params = ctypes.POINTER(_structs.struct("AttentionParams"))
     i32p = ctypes.POINTER(ctypes.c_int32)
-    lib.pagedkv_attention.argtypes = [ctypes.POINTER(PagedKVAttentionArgs), ctypes.c_void_p]
+    lib.pagedkv_attention.argtypes = [params, ctypes.c_void_p]
     lib.pagedkv_attention.restype = ctypes.c_int32
     lib.pagedkv_attention_workspace_bytes.argtypes = [ctypes.c_int32] * 6
     lib.pagedkv_attention_workspace_bytes.restype = ctypes.c_int64
-    lib.pagedkv_attention_plan.argtypes = [ctypes.POINTER(PagedKVAttentionArgs), ctypes.c_int32, ctypes.c_int32,
-                                           ctypes.c_int32, ctypes.POINTER(PagedKVAttentionPlanInfo)]
+    lib.pagedkv_attention_plan.argtypes = [params, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
+                                           ctypes.POINTER(_structs.struct("PagedKVAttentionPlanInfo"))]
     lib.pagedkv_attention_plan.restype = ctypes.c_int32
+    lib.pagedkv_attention_kernel_shapes.argtypes = [ctypes.c_int32] * 3 + [
+        ctypes.POINTER(_structs.struct("PagedKVAttentionKernelShapes"))]
+    lib.pagedkv_attention_kernel_shapes.restype = ctypes.c_int32
     lib.pagedkv_attention_schedule_check.argtypes = [
-        ctypes.POINTER(PagedKVAttentionArgs), ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
-        ctypes.c_int32, i32p, i32p, i32p, i32p, i32p]
+        params, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, i32p, i32p, i32p,
+        i32p, i32p]
     lib.pagedkv_attention_schedule_check.restype = ctypes.c_int32
     return lib
 
 
-def make_attention_args(cfg: AttentionConfig, *, io_dtype: IODType, num_tokens: int, num_seqs: int, max_blocks: int,
-                        max_q_len: int, max_kv_len: int, q: int = 0, out: int = 0, pool_descs: int = 0,
-                        block_table: int = 0, cu_q_lens: int = 0, past_lens: int = 0, workspace: int = 0,
-                        workspace_bytes: int = 0) -> PagedKVAttentionArgs:
-    """Fill the C struct from an AttentionConfig and device addresses (ints). Nothing is validated here: the
-    launcher does it and names the field."""
+def attention_params(cfg: AttentionConfig, *, io_dtype: IODType, num_tokens: int, num_seqs: int, max_blocks: int,
+                     max_q_len: int, max_kv_len: int, q: int = 0, out: int = 0, pool_descs: int = 0,
+                     block_table: int = 0, cu_q_lens: int = 0, past_lens: int = 0, workspace: int = 0,
+                     workspace_bytes: int = 0) -> ctypes.Structure:
+    """The launcher's ``pagedkv::AttentionParams`` from an AttentionConfig (layout built by the library, as the
+    plugin builds it) and device addresses (ints). Nothing else is validated here: the launcher does it and
+    names the field."""
     pool = cfg.pool
-    a = PagedKVAttentionArgs()
-    a.struct_size = ctypes.sizeof(PagedKVAttentionArgs)
-    a.num_q_heads, a.num_kv_heads, a.head_dim = cfg.num_q_heads, pool.num_kv_heads, pool.head_dim
-    a.io_dtype = int(io_dtype)
-    a.q_fp8, a.q_scale = int(cfg.q_fp8), float(cfg.q_scale)
-    a.num_tokens, a.num_seqs, a.max_blocks = int(num_tokens), int(num_seqs), int(max_blocks)
-    a.pool_index = pool.pool_index
-    a.max_q_len, a.max_kv_len = int(max_q_len), int(max_kv_len)
-    a.pool_descs, a.block_table, a.cu_q_lens, a.past_lens, a.q = pool_descs, block_table, cu_q_lens, past_lens, q
-    a.num_layers, a.page_size, a.page_layout = pool.num_layers, pool.page_size, int(pool.page_layout)
-    a.cyclic_sink_tokens, a.cyclic_len, a.layer = pool.sink_tokens, pool.cyclic_len, pool.layer_index
-    a.cache_dtype = int(pool.cache_dtype)
-    a.k_scale, a.v_scale = float(pool.k_scale), float(pool.v_scale)
-    a.window, a.attention_sinks = int(cfg.window), int(cfg.attention_sinks)
-    a.softmax_scale, a.logit_softcap = float(cfg.softmax_scale), float(cfg.logit_softcap)
-    a.out, a.workspace, a.workspace_bytes = out, workspace, int(workspace_bytes)
+    a = _structs.struct("AttentionParams")()
+    a.numQHeads, a.numKVHeads, a.headDim, a.ioDType = cfg.num_q_heads, pool.num_kv_heads, pool.head_dim, int(io_dtype)
+    a.qFP8, a.qScale, a.q = cfg.q_fp8, cfg.q_scale, q
+    a.meta = step_metadata(StepPointers(pool_descs, block_table, cu_q_lens, past_lens, num_seqs=num_seqs,
+                                        num_tokens=num_tokens, max_blocks=max_blocks), pool.pool_index)
+    a.maxQLen, a.maxKVLen = max_q_len, max_kv_len
+    a.layout = _structs.kv_layout(pool.layout())
+    a.cacheDType, a.layer, a.kScale, a.vScale = int(pool.cache_dtype), pool.layer_index, pool.k_scale, pool.v_scale
+    a.window, a.attentionSinks = cfg.window, cfg.attention_sinks
+    a.softmaxScale, a.logitSoftcap = cfg.softmax_scale, cfg.logit_softcap
+    a.out, a.workspace, a.workspaceBytes = out, workspace, workspace_bytes
     return a
 
 
-def launch_attention(args: PagedKVAttentionArgs, stream: int = 0) -> None:
+def launch_attention(params: ctypes.Structure, stream: int = 0) -> None:
     """Launch on ``stream`` (an integer cudaStream_t; 0 = legacy default). Never synchronizes.
     Raises ``pagedkv._lib.CapiError`` naming the bad field and value."""
-    _lib.check(_capi().pagedkv_attention(ctypes.byref(args), ctypes.c_void_p(int(stream) or None)),
+    _lib.check(_capi().pagedkv_attention(ctypes.byref(params), ctypes.c_void_p(int(stream) or None)),
                "pagedkv_attention")
 
 
@@ -176,7 +114,7 @@ def paged_attention(q: int, out: int, meta: StepPointers, cfg: AttentionConfig, 
     """
     if max_kv_len is None:
         max_kv_len = meta.max_blocks * cfg.pool.page_size
-    launch_attention(make_attention_args(
+    launch_attention(attention_params(
         cfg, io_dtype=io_dtype, num_tokens=meta.num_tokens, num_seqs=meta.num_seqs, max_blocks=meta.max_blocks,
         max_q_len=max_q_len, max_kv_len=max_kv_len, q=q, out=out, pool_descs=meta.pool_descs,
         block_table=meta.block_table, cu_q_lens=meta.cu_q_lens, past_lens=meta.past_lens, workspace=workspace,
@@ -192,16 +130,27 @@ def attention_workspace_bytes(num_tokens: int, num_seqs: int, num_q_heads: int, 
     return int(n)
 
 
-def attention_plan(args: PagedKVAttentionArgs, *, sm_count: int = 132, decode_ctas_per_sm: int = 2,
+def kernel_shapes(io_dtype: IODType, cache_dtype: CacheDType, head_dim: int) -> dict:
+    """Threads and dynamic shared memory per CTA of the decode and multi-token kernels serving these dtypes and
+    head dim, as compiled (no GPU needed): ``{"decode_threads", "decode_smem_bytes", "multi_threads",
+    "multi_smem_bytes"}``. A launch on a GPU whose per-block limit is below one it runs fails, naming the sizes."""
+    info_type = _structs.struct("PagedKVAttentionKernelShapes")
+    info = info_type()
+    _lib.check(_capi().pagedkv_attention_kernel_shapes(int(io_dtype), int(cache_dtype), head_dim, ctypes.byref(info)),
+               "pagedkv_attention_kernel_shapes")
+    return {name: getattr(info, name) for name, _ in info_type._fields_}
+
+
+def attention_plan(params: ctypes.Structure, *, sm_count: int = 132, decode_ctas_per_sm: int = 2,
                    multi_ctas_per_sm: int = 2) -> dict:
-    """The launcher's scheduling decision for ``args`` on a device with ``sm_count`` SMs (no GPU needed)."""
-    info = PagedKVAttentionPlanInfo()
-    info.struct_size = ctypes.sizeof(PagedKVAttentionPlanInfo)
-    rc = _capi().pagedkv_attention_plan(ctypes.byref(args), sm_count, decode_ctas_per_sm, multi_ctas_per_sm,
+    """The launcher's scheduling decision for ``params`` on a device with ``sm_count`` SMs (no GPU needed)."""
+    info_type = _structs.struct("PagedKVAttentionPlanInfo")
+    info = info_type()
+    rc = _capi().pagedkv_attention_plan(ctypes.byref(params), sm_count, decode_ctas_per_sm, multi_ctas_per_sm,
                                         ctypes.byref(info))
     _lib.check(rc, "pagedkv_attention_plan")
     return {name: (list(getattr(info, name)) if name.endswith("grid") and name != "merge_grid"
-                   else getattr(info, name)) for name, _ in PagedKVAttentionPlanInfo._fields_ if name != "struct_size"}
+                   else getattr(info, name)) for name, _ in info_type._fields_}
 
 
 def _host_ptr(a: np.ndarray) -> int:
@@ -223,17 +172,17 @@ def schedule_check(cfg: AttentionConfig, meta: StepMetadata, num_blocks: int, *,
     max_pos = int(max_pos) if max_pos is not None else max(int(meta.kv_lens.max(initial=0)), 1)
     block_table = np.ascontiguousarray(meta.block_table, dtype=np.int32)
     cu, past = meta.cu_q_lens, meta.past_lens
-    args = make_attention_args(cfg, io_dtype=io_dtype, num_tokens=T, num_seqs=meta.num_seqs,
-                               max_blocks=meta.max_blocks, max_q_len=max_q_len, max_kv_len=max_kv_len,
-                               block_table=_host_ptr(block_table), cu_q_lens=_host_ptr(cu), past_lens=_host_ptr(past),
-                               workspace_bytes=workspace_bytes)
+    params = attention_params(cfg, io_dtype=io_dtype, num_tokens=T, num_seqs=meta.num_seqs,
+                              max_blocks=meta.max_blocks, max_q_len=max_q_len, max_kv_len=max_kv_len,
+                              block_table=_host_ptr(block_table), cu_q_lens=_host_ptr(cu), past_lens=_host_ptr(past),
+                              workspace_bytes=workspace_bytes)
     out = {"coverage": np.zeros((T, H, max_pos), np.int32)}
     for name in ("direct_writes", "partial_writes", "merged_chunks", "poisoned"):
         out[name] = np.zeros((T, H), np.int32)
     i32p = ctypes.POINTER(ctypes.c_int32)
     ptr = {k: v.ctypes.data_as(i32p) for k, v in out.items()}
     rc = _capi().pagedkv_attention_schedule_check(
-        ctypes.byref(args), int(num_blocks), sm_count, decode_ctas_per_sm, multi_ctas_per_sm, max_pos,
+        ctypes.byref(params), int(num_blocks), sm_count, decode_ctas_per_sm, multi_ctas_per_sm, max_pos,
         ptr["coverage"], ptr["direct_writes"], ptr["partial_writes"], ptr["merged_chunks"], ptr["poisoned"])
     _lib.check(rc, "pagedkv_attention_schedule_check")
     return out
@@ -292,7 +241,7 @@ def paged_attention_numpy(q: np.ndarray, meta: StepMetadata, pool: np.ndarray, c
         ws = cuda.DeviceBuffer(workspace_bytes) if workspace_bytes else None
         if ws is not None:
             buffers.append(ws)
-        args = make_attention_args(
+        params = attention_params(
             cfg, io_dtype=io_dtype, num_tokens=T, num_seqs=meta.num_seqs, max_blocks=meta.max_blocks,
             max_q_len=max_q_len, max_kv_len=max_kv_len, q=upload(q), out=out_buf.ptr, pool_descs=upload(descs),
             block_table=upload(meta.block_table), cu_q_lens=upload(meta.cu_q_lens), past_lens=upload(meta.past_lens),
@@ -301,11 +250,11 @@ def paged_attention_numpy(q: np.ndarray, meta: StepMetadata, pool: np.ndarray, c
         # its DMA lands), which a non-blocking stream does not wait for: finish them before the launch.
         cuda.synchronize()
         if stream is not None:
-            launch_attention(args, stream.handle)
+            launch_attention(params, stream.handle)
             stream.synchronize()
         else:
             with cuda.Stream() as own:
-                launch_attention(args, own.handle)
+                launch_attention(params, own.handle)
                 own.synchronize()
         return out_buf.download((T, H, D), out_dtype)
     finally:

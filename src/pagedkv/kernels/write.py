@@ -26,6 +26,8 @@ Example (device pointers from ``pagedkv.cuda.DeviceBuffer``)::
               cfg, io_dtype=IODType.BF16, stream=stream.handle)
 
 For tests, ``qkv_write_numpy`` takes host arrays, uploads them, runs, downloads and raises on a bad page.
+``write_params`` fills the launcher's own ``pagedkv::QKVWriteParams`` (a ctypes mirror built from the library's
+description, ``pagedkv.kernels._structs``) and ``launch`` runs it, for callers that keep one per layer.
 """
 
 from __future__ import annotations
@@ -38,13 +40,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from pagedkv import _lib
-from pagedkv.config import RopeStyle, WriteConfig
-from pagedkv.kernels._ctypes_check import check_struct_layout
+from pagedkv.config import RopeConfig, RopeStyle, WriteConfig
+from pagedkv.kernels import _structs
 from pagedkv.layout import CacheDType
 from pagedkv.step import POOL_DESC_ADDRESS, POOL_DESC_FIELDS, POOL_DESC_NUM_BLOCKS, STATUS_FIELDS, StepMetadata
 
-__all__ = ["IODType", "QKVWriteArgs", "StepPointers", "build_args", "launch", "qkv_write", "qkv_write_numpy",
-           "qkv_write_numpy_unchecked", "rope_angles", "rope_inv_freq"]
+__all__ = ["IODType", "StepPointers", "compute_rope_params", "launch", "qkv_write", "qkv_write_numpy",
+           "qkv_write_numpy_unchecked", "rope_angles", "rope_config", "rope_inv_freq", "rope_params", "step_metadata",
+           "write_params"]
 
 
 class IODType(enum.IntEnum):
@@ -69,74 +72,20 @@ class IODType(enum.IntEnum):
         return CacheDType.FP16.numpy_dtype if self == IODType.FP16 else CacheDType.BF16.numpy_dtype
 
 
-class QKVWriteArgs(ctypes.Structure):
-    """Mirror of ``PagedKVQKVWriteArgs`` (plugins/capi/capi_write.h), field for field, in order."""
-
-    _fields_ = [
-        ("struct_size", ctypes.c_int32),
-        ("num_q_heads", ctypes.c_int32),
-        ("num_kv_heads", ctypes.c_int32),
-        ("head_dim", ctypes.c_int32),
-        ("io_dtype", ctypes.c_int32),
-        ("num_tokens", ctypes.c_int32),
-        ("num_seqs", ctypes.c_int32),
-        ("max_blocks", ctypes.c_int32),
-        ("pool_index", ctypes.c_int32),
-        ("num_layers", ctypes.c_int32),
-        ("layer_index", ctypes.c_int32),
-        ("page_size", ctypes.c_int32),
-        ("page_layout", ctypes.c_int32),
-        ("sink_tokens", ctypes.c_int32),
-        ("cyclic_len", ctypes.c_int32),
-        ("cache_dtype", ctypes.c_int32),
-        ("k_scale", ctypes.c_float),
-        ("v_scale", ctypes.c_float),
-        ("rope_style", ctypes.c_int32),
-        ("rope_rotary_dim", ctypes.c_int32),
-        ("rope_theta", ctypes.c_float),
-        ("rope_scaling", ctypes.c_int32),
-        ("rope_factor", ctypes.c_float),
-        ("rope_low_freq_factor", ctypes.c_float),
-        ("rope_high_freq_factor", ctypes.c_float),
-        ("rope_original_max_positions", ctypes.c_int32),
-        ("q_out_fp8", ctypes.c_int32),
-        ("q_scale", ctypes.c_float),
-        ("zero_v_tail", ctypes.c_int32),
-        ("reserved0", ctypes.c_int32),
-        ("qkv", ctypes.c_void_p),
-        ("bias", ctypes.c_void_p),
-        ("position_ids", ctypes.c_void_p),
-        ("pool_descs", ctypes.c_void_p),
-        ("block_table", ctypes.c_void_p),
-        ("cu_q_lens", ctypes.c_void_p),
-        ("past_lens", ctypes.c_void_p),
-        ("q_out", ctypes.c_void_p),
-        ("status", ctypes.c_void_p),
-    ]
-
-
 @functools.lru_cache(maxsize=None)
 def _capi() -> ctypes.CDLL:
-    """The C API with this module's signatures declared, after checking that the struct layouts agree."""
+    """The C API with this module's signatures declared."""
     lib = _lib.capi()
-    lib.pagedkv_qkv_write.argtypes = [ctypes.POINTER(QKVWriteArgs), ctypes.c_void_p]
+    params = ctypes.POINTER(_structs.struct("QKVWriteParams"))
+    lib.pagedkv_qkv_write.argtypes = [params, ctypes.c_void_p]
     lib.pagedkv_qkv_write.restype = ctypes.c_int32
-    lib.pagedkv_qkv_write_args_size.argtypes = []
-    lib.pagedkv_qkv_write_args_size.restype = ctypes.c_int32
-    lib.pagedkv_qkv_write_args_offsets.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int32]
-    lib.pagedkv_qkv_write_args_offsets.restype = ctypes.c_int32
-    lib.pagedkv_rope_params.argtypes = [ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_float,
-                                        ctypes.c_int32, ctypes.c_float, ctypes.c_float, ctypes.c_float,
-                                        ctypes.c_int32, ctypes.POINTER(ctypes.c_float),
-                                        ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_float)]
+    lib.pagedkv_rope_params.argtypes = [ctypes.POINTER(_structs.struct("RopeConfig")), ctypes.c_int32,
+                                        ctypes.POINTER(_structs.struct("RopeParams"))]
     lib.pagedkv_rope_params.restype = ctypes.c_int32
     lib.pagedkv_rope_angles.argtypes = [ctypes.POINTER(ctypes.c_float), ctypes.c_int32,
                                         ctypes.POINTER(ctypes.c_int32), ctypes.c_int32,
                                         ctypes.POINTER(ctypes.c_float)]
     lib.pagedkv_rope_angles.restype = ctypes.c_int32
-    check_struct_layout(QKVWriteArgs, "PagedKVQKVWriteArgs", __name__,
-                        library_offsets=lib.pagedkv_qkv_write_args_offsets,
-                        library_size=lib.pagedkv_qkv_write_args_size())
     return lib
 
 
@@ -154,29 +103,56 @@ class StepPointers:
     position_ids: int = 0  # int32 [T] or 0
 
 
-def build_args(cfg: WriteConfig, io_dtype: IODType, *, qkv: int, q_out: int, status: int, meta: StepPointers,
-               bias: int = 0) -> QKVWriteArgs:
-    """The C struct for one launch: attributes from ``cfg``, pointers as given (0 for absent optional ones)."""
-    pool, rope = cfg.pool, cfg.rope
-    return QKVWriteArgs(
-        struct_size=ctypes.sizeof(QKVWriteArgs),
-        num_q_heads=cfg.num_q_heads, num_kv_heads=pool.num_kv_heads, head_dim=pool.head_dim,
-        io_dtype=int(io_dtype), num_tokens=meta.num_tokens, num_seqs=meta.num_seqs, max_blocks=meta.max_blocks,
-        pool_index=pool.pool_index, num_layers=pool.num_layers, layer_index=pool.layer_index,
-        page_size=pool.page_size, page_layout=int(pool.page_layout), sink_tokens=pool.sink_tokens,
-        cyclic_len=pool.cyclic_len, cache_dtype=int(pool.cache_dtype), k_scale=pool.k_scale, v_scale=pool.v_scale,
-        rope_style=int(rope.style), rope_rotary_dim=rope.rotary_dim, rope_theta=rope.theta,
-        rope_scaling=int(rope.scaling), rope_factor=rope.factor, rope_low_freq_factor=rope.low_freq_factor,
-        rope_high_freq_factor=rope.high_freq_factor, rope_original_max_positions=rope.original_max_positions,
-        q_out_fp8=int(cfg.q_out_fp8), q_scale=cfg.q_scale, zero_v_tail=int(cfg.zero_v_tail), reserved0=0,
-        qkv=qkv or None, bias=bias or None, position_ids=meta.position_ids or None, pool_descs=meta.pool_descs or None,
-        block_table=meta.block_table or None, cu_q_lens=meta.cu_q_lens or None, past_lens=meta.past_lens or None,
-        q_out=q_out or None, status=status or None)
+def step_metadata(meta: StepPointers, pool_index: int) -> ctypes.Structure:
+    """``pagedkv::StepMetadata`` of a step (device pointers; 0 for absent ones)."""
+    m = _structs.struct("StepMetadata")()
+    m.poolDescs, m.poolIndex, m.blockTable, m.maxBlocks = meta.pool_descs, pool_index, meta.block_table, meta.max_blocks
+    m.cuQLens, m.pastLens, m.numSeqs, m.numTokens = meta.cu_q_lens, meta.past_lens, meta.num_seqs, meta.num_tokens
+    return m
 
 
-def launch(args: QKVWriteArgs, stream: int = 0) -> None:
-    """Launches a prepared ``QKVWriteArgs`` on ``stream`` (a ``cudaStream_t`` as int; 0 = legacy default)."""
-    _lib.check(_capi().pagedkv_qkv_write(ctypes.byref(args), ctypes.c_void_p(stream or None)), "pagedkv_qkv_write")
+def rope_config(rope: RopeConfig) -> ctypes.Structure:
+    """``pagedkv::RopeConfig`` of ``rope`` (the plugin's ``rope_*`` attributes)."""
+    c = _structs.struct("RopeConfig")()
+    c.style, c.rotaryDim, c.theta, c.scaling = int(rope.style), rope.rotary_dim, rope.theta, int(rope.scaling)
+    c.factor, c.lowFreqFactor, c.highFreqFactor = rope.factor, rope.low_freq_factor, rope.high_freq_factor
+    c.originalMaxPositions = rope.original_max_positions
+    return c
+
+
+def compute_rope_params(config: ctypes.Structure, head_dim: int) -> ctypes.Structure:
+    """``pagedkv::RopeParams`` of a ``RopeConfig`` struct: the library's ``computeRopeParams``, the table the
+    plugin precomputes. Raises ``pagedkv._lib.CapiError`` naming a bad ``rope_*`` field."""
+    out = _structs.struct("RopeParams")()
+    _lib.check(_capi().pagedkv_rope_params(ctypes.byref(config), head_dim, ctypes.byref(out)), "pagedkv_rope_params")
+    return out
+
+
+def rope_params(cfg: WriteConfig) -> ctypes.Structure:
+    """``pagedkv::RopeParams`` of ``cfg.rope`` for ``cfg``'s head dim."""
+    return compute_rope_params(rope_config(cfg.rope), cfg.pool.head_dim)
+
+
+def write_params(cfg: WriteConfig, io_dtype: IODType, *, qkv: int, q_out: int, status: int, meta: StepPointers,
+                 bias: int = 0) -> ctypes.Structure:
+    """The launcher's ``pagedkv::QKVWriteParams`` for one launch: attributes from ``cfg`` (layout and RoPE table
+    built by the library, as the plugin builds them), pointers as given (0 for absent optional ones). Nothing
+    else is validated here: the launcher does it and names the field."""
+    pool = cfg.pool
+    p = _structs.struct("QKVWriteParams")()
+    p.numQHeads, p.numKVHeads, p.headDim, p.ioDType = cfg.num_q_heads, pool.num_kv_heads, pool.head_dim, int(io_dtype)
+    p.qkv, p.bias, p.positionIds = qkv, bias, meta.position_ids
+    p.meta = step_metadata(meta, pool.pool_index)
+    p.layout = _structs.kv_layout(pool.layout())
+    p.cacheDType, p.layer, p.kScale, p.vScale = int(pool.cache_dtype), pool.layer_index, pool.k_scale, pool.v_scale
+    p.rope = rope_params(cfg)
+    p.qOut, p.qOutFP8, p.qScale, p.zeroVTail, p.status = q_out, cfg.q_out_fp8, cfg.q_scale, cfg.zero_v_tail, status
+    return p
+
+
+def launch(params: ctypes.Structure, stream: int = 0) -> None:
+    """Launches a prepared ``QKVWriteParams`` on ``stream`` (a ``cudaStream_t`` as int; 0 = legacy default)."""
+    _lib.check(_capi().pagedkv_qkv_write(ctypes.byref(params), ctypes.c_void_p(stream or None)), "pagedkv_qkv_write")
 
 
 def qkv_write(qkv: int, q_out: int, status: int, meta: StepPointers, cfg: WriteConfig, *, io_dtype: IODType,
@@ -193,7 +169,7 @@ def qkv_write(qkv: int, q_out: int, status: int, meta: StepPointers, cfg: WriteC
     if cfg.explicit_positions != bool(meta.position_ids):
         raise ValueError(f"position_ids: WriteConfig.explicit_positions={cfg.explicit_positions} but "
                          f"position_ids pointer={meta.position_ids:#x}")
-    launch(build_args(cfg, io_dtype, qkv=qkv, q_out=q_out, status=status, meta=meta, bias=bias), stream)
+    launch(write_params(cfg, io_dtype, qkv=qkv, q_out=q_out, status=status, meta=meta, bias=bias), stream)
 
 
 def qkv_write_numpy(qkv: np.ndarray, bias: np.ndarray | None, meta: StepMetadata, pool: np.ndarray,
@@ -290,16 +266,10 @@ def qkv_write_numpy_unchecked(qkv: np.ndarray, bias: np.ndarray | None, meta: St
 
 def rope_inv_freq(cfg: WriteConfig) -> np.ndarray:
     """``computeRopeParams``'s float32 inverse frequencies ``[R/2]`` for ``cfg`` (empty without RoPE)."""
-    rope, head_dim = cfg.rope, cfg.pool.head_dim
-    out = (ctypes.c_float * 128)()
-    rotary, mscale = ctypes.c_int32(), ctypes.c_float()
-    rc = _capi().pagedkv_rope_params(head_dim, int(rope.style), rope.rotary_dim, rope.theta, int(rope.scaling),
-                                     rope.factor, rope.low_freq_factor, rope.high_freq_factor,
-                                     rope.original_max_positions, out, ctypes.byref(rotary), ctypes.byref(mscale))
-    _lib.check(rc, "pagedkv_rope_params")
-    if rope.style == RopeStyle.NONE:
+    params = rope_params(cfg)
+    if cfg.rope.style == RopeStyle.NONE:
         return np.zeros(0, dtype=np.float32)
-    return np.frombuffer(out, dtype=np.float32)[: rotary.value // 2].copy()
+    return np.ctypeslib.as_array(params.invFreq)[: params.rotaryDim // 2].astype(np.float32)
 
 
 def rope_angles(inv_freq: np.ndarray, positions: np.ndarray) -> np.ndarray:

@@ -10,7 +10,7 @@ drives real pools with ``storage="device"``. The pool groups it takes are ``page
 from pagedkv.kvcache.allocator import BlockAllocator
 from pagedkv.kvcache.copies import BlockCopy, CopyPlan, NumpyPools, Tier, apply_copies, copy_plan
 from pagedkv.kvcache.errors import BlockRefcountError, KVCacheError, KVCacheExhaustedError, KVInvariantError
-from pagedkv.kvcache.manager import KVCacheManager
+from pagedkv.kvcache.manager import KVCacheManager, SeqBatch
 from pagedkv.kvcache.metadata import GroupStep, StepBatch, pool_descriptors
 from pagedkv.kvcache.prefix import PrefixCache, block_hash
 from pagedkv.kvcache.sizing import blocks_for_budget, budget_from_free_memory
@@ -27,7 +27,7 @@ def render_pagemap(manager, path, **kwargs):
 
 __all__ = [
     "BlockAllocator", "BlockCopy", "BlockRefcountError", "CopyPlan", "GroupStep", "KVCacheError",
-    "KVCacheExhaustedError", "KVCacheManager", "KVInvariantError", "NumpyPools", "PoolGroup", "PrefixCache",
+    "KVCacheExhaustedError", "KVCacheManager", "KVInvariantError", "SeqBatch", "NumpyPools", "PoolGroup", "PrefixCache",
     "StepBatch", "Tier", "WindowMode", "apply_copies", "block_hash", "blocks_for_budget", "budget_from_free_memory",
     "copy_plan", "pool_descriptors", "render_pagemap", "validate_manager", "validate_step",
 ]

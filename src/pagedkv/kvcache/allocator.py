@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
+
 from pagedkv.kvcache.errors import BlockRefcountError, KVCacheExhaustedError
 
 
@@ -44,6 +46,11 @@ class BlockAllocator:
     def refcount(self, block: int) -> int:
         self._check_id(block)
         return self._refcount[block]
+
+    def refcounts_of(self, blocks) -> np.ndarray:
+        """int64 reference counts of ``blocks`` (valid ids; a batch lookup for the batched reserve)."""
+        refcount = self._refcount
+        return np.fromiter((refcount[b] for b in blocks), dtype=np.int64, count=len(blocks))
 
     def refcounts(self) -> list[int]:
         """A copy of all reference counts (for the validator and snapshots)."""

@@ -16,6 +16,12 @@ Typical step::
     ... run the engine on step ...
     mgr.commit("a", 512)                           # the chunk's KV is now in the cache
 
+Batched (a scheduler's step: the same operations for many sequences, planned with numpy)::
+
+    mgr.reserve_many(ids, counts)                  # all-or-nothing over every sequence and group
+    step = mgr.build_step_many(ids, counts)
+    mgr.commit_many(ids, counts, tokens_of=...)    # token ids fetched only for pages that become full
+
 Ordering: device copies are enqueued on ``mgr.stream`` when the bookkeeping decides them; run the kernels
 of the step on the same stream (or wait for it), so that a copy-on-write lands before the write it protects.
 """
@@ -41,6 +47,20 @@ from pagedkv.pool_group import PoolGroup, WindowMode
 STORAGE_KINDS = ("none", "numpy", "device")
 
 
+class SeqBatch:
+    """Live sequences checked once for the batched calls of one step (``KVCacheManager.seq_batch``): their ids
+    and table rows. It stays usable while no sequence leaves the manager or the device (free, swap_out);
+    after that the batched calls refuse it."""
+
+    __slots__ = ("ids", "rows", "epoch")
+
+    def __init__(self, ids: tuple, rows: np.ndarray, epoch: int):
+        self.ids, self.rows, self.epoch = ids, rows, epoch
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
 def _per_group(value, n: int, name: str) -> list[int]:
     if isinstance(value, (int, np.integer)):
         values = [int(value)] * n
@@ -52,6 +72,19 @@ def _per_group(value, n: int, name: str) -> list[int]:
         if v < 0:
             raise ValueError(f"{name}[{i}]: must be >= 0, got {v}")
     return values
+
+
+def split_step_entries(entries: Iterable) -> tuple[list, list[int]]:
+    """``build_step``'s entries as (sequence ids, new-token counts); -1: the sequence's whole reservation."""
+    ids, counts = [], []
+    for e in entries:
+        if isinstance(e, tuple):
+            ids.append(e[0])
+            counts.append(int(e[1]))
+        else:
+            ids.append(e)
+            counts.append(-1)
+    return ids, counts
 
 
 class KVCacheManager:
@@ -109,6 +142,9 @@ class KVCacheManager:
         self._reserved = np.zeros(self._row_cap, dtype=np.int32)
         self._free_rows = list(range(self._row_cap - 1, -1, -1))
         self._seqs: dict[object, SequenceState] = {}
+        self._num_swapped = 0
+        self._epoch = 0  # moves when a sequence leaves (free) or goes to the host tier: SeqBatch rows go stale
+        self._last_batch: SeqBatch | None = None
 
         self.storage_kind = storage
         self.stream = stream
@@ -223,12 +259,13 @@ class KVCacheManager:
         tokens, which is the sequence's committed length and the next chunk's past length."""
         if seq_id in self._seqs:
             raise ValueError(f"add_sequence: sequence {seq_id!r} exists already")
-        row = self._take_row()
-        st = SequenceState(seq_id, row, len(self.groups), salt=bytes(salt))
-        if prompt_tokens is not None:
+        if prompt_tokens is not None:  # checked before a table row is taken: a refused prompt leaks no row
             prompt = np.asarray(prompt_tokens, dtype=np.int64).ravel()
             if prompt.size and (prompt.min() < -2 ** 31 or prompt.max() >= 2 ** 31):
                 raise ValueError("prompt_tokens: token ids must fit int32")
+        row = self._take_row()
+        st = SequenceState(seq_id, row, len(self.groups), salt=bytes(salt))
+        if prompt_tokens is not None:
             st.append_tokens(prompt.astype(np.int32))
             st.prompt_len = int(prompt.size)
         self._seqs[seq_id] = st
@@ -357,6 +394,8 @@ class KVCacheManager:
             if ids.size != num_tokens:
                 raise ValueError(f"commit: token_ids has {ids.size} entries for {num_tokens} tokens "
                                  f"(sequence {seq_id!r})")
+            if ids.size and (ids.min() < -2 ** 31 or ids.max() >= 2 ** 31):  # (astype would wrap them)
+                raise ValueError(f"commit: token_ids of sequence {seq_id!r} must fit int32")
             known = st.tokens_known
             overlap = max(0, min(known, L + num_tokens) - L)
             if overlap and not np.array_equal(st.tokens[L:L + overlap], ids[:overlap]):
@@ -392,6 +431,8 @@ class KVCacheManager:
         self._reserved[row] = 0
         del self._seqs[seq_id]
         self._free_rows.append(row)
+        self._num_swapped -= st.swapped is not None
+        self._epoch += 1
         self._debug_check()
 
     def fork(self, src_id, dst_id) -> None:
@@ -452,6 +493,8 @@ class KVCacheManager:
                 self.allocators[g].decref(b)
             swapped.append(entries)
         st.swapped = swapped
+        self._num_swapped += 1
+        self._epoch += 1
         self._debug_check()
 
     def swap_in(self, seq_id) -> None:
@@ -471,7 +514,189 @@ class KVCacheManager:
                 self._tables[g][st.row, j] = b
                 self.host_allocators[g].decref(h)
         st.swapped = None
+        self._num_swapped -= 1
         self._debug_check()
+
+    # ---- many sequences at once ----------------------------------------------------------------------
+    def seq_batch(self, seq_ids, what: str = "seq_batch") -> SeqBatch:
+        """Check that ``seq_ids`` are distinct live (not swapped-out) sequences and take their table rows, once
+        for the batched calls of a step; errors name the sequence."""
+        if isinstance(seq_ids, SeqBatch):
+            if seq_ids.epoch != self._epoch:
+                raise ValueError(f"{what}: the SeqBatch is stale (a sequence was freed or swapped out since)")
+            return seq_ids
+        ids = tuple(seq_ids)
+        last = self._last_batch
+        if last is not None and last.epoch == self._epoch and last.ids == ids:  # a scheduler's steady state
+            return last
+        seqs = self._seqs
+        try:
+            rows = np.fromiter([seqs[s].row for s in ids], dtype=np.int64, count=len(ids))
+        except KeyError as exc:
+            raise KeyError(f"{what}: sequence {exc.args[0]!r} is not in the KV manager") from None
+        if self._num_swapped:
+            for s in ids:
+                if seqs[s].swapped is not None:
+                    raise ValueError(f"{what}: sequence {s!r} is swapped out; swap_in first")
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"{what}: a sequence appears twice: {list(ids)}")
+        self._last_batch = SeqBatch(ids, rows, self._epoch)
+        return self._last_batch
+
+    def reserve_many(self, seq_ids: Sequence | SeqBatch, num_tokens) -> None:
+        """``reserve(seq, n)`` for every sequence (``num_tokens``: one count or one per sequence), planned
+        together with numpy and **all-or-nothing**: when any group lacks blocks for all of them,
+        ``KVCacheExhaustedError`` and nothing changed. The result is that of sequential ``reserve`` calls in
+        the same order, copy-on-write included (a page several of them share: all but the last copy it, the
+        last one too when a holder outside the batch remains). With a cyclic (ring) group the check counts
+        every written page as a possible copy (so it may refuse a batch that would just fit) and the
+        sequences are then reserved one by one."""
+        batch = self.seq_batch(seq_ids, "reserve_many")
+        ids, rows = batch.ids, batch.rows
+        n = np.broadcast_to(np.asarray(num_tokens, dtype=np.int64), rows.shape)
+        if n.size and n.min() < 0:
+            i = int(np.argmax(n < 0))
+            raise ValueError(f"reserve_many: num_tokens must be >= 0, got {int(n[i])} (sequence {ids[i]!r})")
+        L = self._length[rows].astype(np.int64)
+        R = np.maximum(self._reserved[rows].astype(np.int64), n)
+        if rows.size and int((L + R).max()) >= 2 ** 31:
+            i = int(np.argmax(L + R >= 2 ** 31))
+            raise ValueError(f"reserve_many: length {int(L[i])} + {int(R[i])} new tokens overflows int32 positions "
+                             f"(sequence {ids[i]!r})")
+        cyclic = any(g.mode == WindowMode.CYCLIC for g in self.groups)
+        plans = []
+        for g, spec in enumerate(self.groups):  # plan, check every group, then act (as reserve does)
+            cur = self._npages[g][rows].astype(np.int64)
+            need = spec.layout.pages_needed(L + R).astype(np.int64)
+            grow = np.maximum(need - cur, 0)
+            if spec.mode == WindowMode.CYCLIC:
+                for i in range(rows.size):
+                    check_cyclic_step(spec, int(R[i]), ids[i])
+                written = sum(int(np.sum(written_pages(spec, int(L[i]), int(R[i])) < cur[i])) for i in range(rows.size))
+                plans.append(None)
+                count = int(grow.sum()) + written
+            else:
+                page = L // spec.page_size  # the only held page new tokens can land in (a linear cache)
+                held = np.flatnonzero((R > 0) & (page < cur))
+                cow, uncache = self._plan_copies(g, rows[held], page[held])
+                plans.append((cur, need, page, held[cow], uncache, grow))
+                count = int(grow.sum()) + int(cow.sum())
+            if count > self.allocators[g].num_free:
+                raise KVCacheExhaustedError(needed=count, free=self.allocators[g].num_free, group=spec.name,
+                                            what=f"reserve_many of {len(ids)} sequences: {int(grow.sum())} new "
+                                                 f"page(s), {count - int(grow.sum())} copy-on-write")
+        if cyclic:
+            for seq_id, count in zip(ids, n.tolist()):
+                self.reserve(seq_id, count)
+            return
+        for g, (cur, need, page, cow, uncache, grow) in enumerate(plans):
+            spec = self.groups[g]
+            blocks = self._allocate(g, int(grow.sum()) + cow.size, ids[0] if ids else None)
+            self._ensure_cols(g, int(need.max()) if need.size else 0)  # (may reallocate: index the table after)
+            table, npages = self._tables[g], self._npages[g]
+            is_cow = np.zeros(rows.size, dtype=bool)
+            is_cow[cow] = True
+            takes = grow + is_cow
+            if not cow.size and int(takes.max(initial=0)) <= 1:  # decode: at most one new page each
+                got = np.flatnonzero(grow)
+                table[rows[got], cur[got]] = np.asarray(blocks, dtype=np.int32)
+            else:  # in sequence order: its copy-on-write block first, then its new pages (as reserve does)
+                k = 0
+                for i in np.flatnonzero(takes).tolist():
+                    row = int(rows[i])
+                    if is_cow[i]:
+                        j, old, new = int(page[i]), int(table[row, page[i]]), blocks[k]
+                        keep = committed_tokens_in_page(spec, j, int(L[i]))
+                        if keep > 0:
+                            self._copy(BlockCopy(g, Tier.PRIMARY, old, Tier.PRIMARY, new,
+                                                 keep if keep < spec.page_size else 0))
+                        table[row, j] = new
+                        self.allocators[g].decref(old)
+                        k += 1
+                    if grow[i]:
+                        table[row, int(cur[i]):int(need[i])] = blocks[k:k + int(grow[i])]
+                        k += int(grow[i])
+            for b in uncache:
+                self.prefix[g].forget(b)
+            grown = np.flatnonzero(grow)
+            npages[rows[grown]] = need[grown]
+        self._reserved[rows] = R
+        self._debug_check()
+
+    def _plan_copies(self, g: int, rows: np.ndarray, pages: np.ndarray) -> tuple[np.ndarray, list[int]]:
+        """Which of the held pages ``(rows[i], pages[i])`` (in sequence order) a sequential reserve would copy
+        (bool mask) and which blocks it would take out of the prefix cache. A block written by k of them with
+        refcount c: the first k - 1 copy it, the last one copies when c > k, else writes in place (and
+        uncaches it)."""
+        blocks = self._tables[g][rows, pages].astype(np.int64)
+        if not blocks.size:
+            return np.zeros(0, dtype=bool), []
+        refcount = self.allocators[g].refcounts_of(blocks.tolist())
+        ordered = np.sort(blocks)
+        if not np.any(ordered[1:] == ordered[:-1]):  # no page written twice in the batch: copy what is shared
+            cow = refcount > 1
+            uncache = self.prefix[g].cached_among(blocks[~cow].tolist()) if self.prefix is not None else []
+            return cow, uncache
+        _, inverse, k = np.unique(blocks, return_inverse=True, return_counts=True)
+        order = np.argsort(inverse, kind="stable")  # occurrences grouped by block, in sequence order
+        rank = np.empty(blocks.size, dtype=np.int64)
+        rank[order] = np.arange(blocks.size) - np.repeat(np.cumsum(k) - k, k)
+        mult = k[inverse]
+        cow = (rank < mult - 1) | (refcount > mult)
+        uncache = self.prefix[g].cached_among(blocks[~cow].tolist()) if self.prefix is not None else []
+        return cow, uncache
+
+    def commit_many(self, seq_ids: Sequence | SeqBatch, num_tokens, tokens_of=None) -> None:
+        """``commit(seq, n)`` for every sequence. Token ids are only needed to hash pages for prefix reuse, so
+        instead of each step's ids, ``tokens_of(i, start, end)`` (i: position in ``seq_ids``) is asked for
+        sequence i's token ids at positions [start, end), and only when one of its pages became full; sequences
+        committed this way may know fewer token ids than their length until then. Without ``tokens_of`` the tokens are unknown,
+        as with ``commit(seq, n)`` (no later page of theirs is registered for prefix reuse)."""
+        batch = self.seq_batch(seq_ids, "commit_many")
+        ids, rows = batch.ids, batch.rows
+        n = np.broadcast_to(np.asarray(num_tokens, dtype=np.int64), rows.shape)
+        L = self._length[rows].astype(np.int64)
+        R = self._reserved[rows].astype(np.int64)
+        bad = np.flatnonzero((n < 0) | (n > R))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"commit_many: sequence {ids[i]!r} has {int(R[i])} reserved slot(s), cannot commit "
+                             f"{int(n[i])}")
+        new_len = L + n
+        self._length[rows] = new_len
+        self._reserved[rows] = R - n
+        for g, spec in enumerate(self.groups):
+            P = spec.page_size
+            if spec.mode == WindowMode.RELEASE:  # only a commit across a page boundary can release a page
+                edge = np.maximum(new_len - spec.window + 1, 0) // P > np.maximum(L - spec.window + 1, 0) // P
+                for i in np.flatnonzero(edge).tolist():
+                    self._release_window(self._seqs[ids[i]], g, int(new_len[i]))
+            if self.prefix is not None:
+                for i in np.flatnonzero(new_len // P > L // P).tolist():
+                    st = self._seqs[ids[i]]
+                    end = int(new_len[i])
+                    if tokens_of is not None and not st.token_gap and st.tokens_known < end:
+                        known = np.asarray(tokens_of(i, st.tokens_known, end), dtype=np.int32)
+                        if known.size != end - st.tokens_known:
+                            raise ValueError(f"commit_many: tokens_of({i}, {st.tokens_known}, {end}) gives "
+                                             f"{known.size} token ids for sequence {ids[i]!r}")
+                        st.append_tokens(known)
+                    self._register_full_pages(st, g, end)
+        if tokens_of is None and self.prefix is not None:  # (unknown tokens only matter for prefix reuse)
+            for i in np.flatnonzero(n).tolist():
+                st = self._seqs[ids[i]]
+                if st.tokens_known < int(new_len[i]):
+                    st.token_gap = True
+        self._debug_check()
+
+    def build_step_many(self, seq_ids: Sequence | SeqBatch, num_tokens, position_ids=None,
+                        page_indices: bool = True) -> StepBatch:
+        """``build_step`` of ``(seq, n)`` pairs given as two sequences (``num_tokens``: one count or one per
+        sequence), without per-entry parsing; ``page_indices=False``: without the FlashInfer-style page arrays
+        (``build_step_arrays``), which engines do not read (kept under ``debug_validate``, which checks them)."""
+        batch = self.seq_batch(seq_ids, "build_step")
+        q = np.broadcast_to(np.asarray(num_tokens, dtype=np.int32), batch.rows.shape)
+        return self._build(batch.ids, batch.rows, q, position_ids, page_indices or self.debug_validate)
 
     # ---- step metadata -------------------------------------------------------------------------------
     def build_step(self, entries: Iterable, position_ids=None) -> StepBatch:
@@ -479,15 +704,7 @@ class KVCacheManager:
         or ``(seq_id, num_new_tokens)`` pairs, in the order of the step's tokens (a tuple entry is always
         read as a pair). Any mix of prefill chunks and decode tokens. Each sequence must have reserved its new
         tokens."""
-        entries = list(entries)
-        ids, counts = [], []
-        for e in entries:
-            if isinstance(e, tuple):
-                ids.append(e[0])
-                counts.append(int(e[1]))
-            else:
-                ids.append(e)
-                counts.append(-1)
+        ids, counts = split_step_entries(entries)
         try:
             states = [self._seqs[s] for s in ids]
         except KeyError as exc:
@@ -498,16 +715,20 @@ class KVCacheManager:
         if len(set(ids)) != len(ids):
             raise ValueError(f"build_step: a sequence appears twice in the step: {ids}")
         rows = np.fromiter((st.row for st in states), dtype=np.int64, count=len(states))
+        return self._build(tuple(ids), rows, np.asarray(counts, dtype=np.int32), position_ids)
+
+    def _build(self, ids: tuple, rows: np.ndarray, q: np.ndarray, position_ids, page_indices: bool = True) -> StepBatch:
+        """The step of sequences at ``rows`` with ``q`` new tokens each (-1: the whole reservation)."""
         past = self._length[rows]
         reserved = self._reserved[rows]
-        q = np.asarray(counts, dtype=np.int32)
         q = np.where(q < 0, reserved, q)
         bad = np.flatnonzero((q <= 0) | (q > reserved))
         if bad.size:
             i = int(bad[0])
             raise ValueError(f"build_step: sequence {ids[i]!r} has {int(reserved[i])} reserved slot(s) for "
                              f"{int(q[i])} new token(s); reserve() the step's tokens first (and at least 1)")
-        step = build_step_arrays(self.groups, self._tables, self._npages, rows, past, q, tuple(ids), position_ids)
+        step = build_step_arrays(self.groups, self._tables, self._npages, rows, past, q, ids, position_ids,
+                                 page_indices)
         if self.debug_validate:
             self.validate_step(step)
         return step

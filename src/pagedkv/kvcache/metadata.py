@@ -79,9 +79,12 @@ class StepBatch:
 
 
 def build_step_arrays(groups, tables: Sequence[np.ndarray], npages: Sequence[np.ndarray], rows: np.ndarray,
-                      past: np.ndarray, q: np.ndarray, seq_ids: tuple, position_ids=None) -> StepBatch:
+                      past: np.ndarray, q: np.ndarray, seq_ids: tuple, position_ids=None,
+                      page_indices: bool = True) -> StepBatch:
     """Vectorised construction from the manager's tables (``tables[g][row]`` is a block list, -1 past its
-    ``npages[g][row]`` entries). ``rows``/``past``/``q`` are per step sequence."""
+    ``npages[g][row]`` entries). ``rows``/``past``/``q`` are per step sequence. ``page_indices=False`` leaves
+    out what only a FlashInfer-style consumer reads (``kv_indptr``, ``kv_indices``, ``last_page_lens``,
+    ``num_pages``: None) — the engine inputs need block tables and lengths only."""
     B = int(rows.shape[0])
     past = np.ascontiguousarray(past, dtype=np.int32)
     q = np.ascontiguousarray(q, dtype=np.int32)
@@ -103,6 +106,10 @@ def build_step_arrays(groups, tables: Sequence[np.ndarray], npages: Sequence[np.
         held = npages[g][rows]
         if not np.array_equal(held, pages):  # a reservation beyond this step: hide its extra pages
             table[np.arange(mb, dtype=np.int32)[None, :] >= pages[:, None]] = INVALID_BLOCK
+        meta = StepMetadata(block_table=table, cu_q_lens=cu, past_lens=past, position_ids=position_ids)
+        if not page_indices:
+            out_groups.append(GroupStep(spec.name, g, meta, None, None, None, None))
+            continue
         if B and int(pages.min()) == mb:
             indices = table.reshape(-1).copy()
         else:
@@ -111,7 +118,6 @@ def build_step_arrays(groups, tables: Sequence[np.ndarray], npages: Sequence[np.
         np.cumsum(pages, out=indptr[1:])
         slots = lay.slots_used(kv)
         last = np.where(pages > 0, slots - (pages.astype(np.int64) - 1) * lay.page_size, 0).astype(np.int32)
-        meta = StepMetadata(block_table=table, cu_q_lens=cu, past_lens=past, position_ids=position_ids)
         out_groups.append(GroupStep(spec.name, g, meta, pages, last, indptr, indices))
     return StepBatch(seq_ids=seq_ids, cu_q_lens=cu, past_lens=past, q_lens=q, kv_lens=kv, token_seq=token_seq,
                      positions=positions, position_ids=position_ids, groups=tuple(out_groups),

@@ -62,7 +62,7 @@ def pagemap_cells(manager) -> list[Panel]:
             cells.append(Cell(b, state, hs, cached))
         lay = spec.layout
         window = {"full": "full attention", "release": f"window {spec.window} (released pages)",
-                  "cyclic": f"window {spec.window}, ring {lay.cyclic_len} + {lay.sink_tokens} sinks"}[spec.mode.value]
+                  "cyclic": f"window {spec.window}, ring {lay.cyclic_len} + {lay.ring_sink_tokens} sinks"}[spec.mode.value]
         panels.append(Panel(f"pool group '{spec.name}' (primary): {manager.num_blocks[g]} blocks of "
                             f"{lay.page_size} tokens x {lay.num_layers} layers, {window}", cells))
         if manager.host_blocks[g]:

@@ -63,6 +63,10 @@ class PrefixCache:
     def is_cached(self, block: int) -> bool:
         return block in self._hash_of
 
+    def cached_among(self, blocks) -> list[int]:
+        """The blocks of ``blocks`` (ints) that are cached, in one set operation."""
+        return sorted(self._hash_of.keys() & set(blocks))
+
     def hash_of(self, block: int) -> bytes | None:
         return self._hash_of.get(block)
 

@@ -8,6 +8,7 @@ all compare against these. ``docs/references.md`` states the conventions and how
     quant      quantize, dequantize                 pool storage convention (cache_convert.cuh)
     write      qkv_write, InvalidPageError          bias + RoPE + quantize + paged write + V tail zeroing
     attention  paged_attention, dense_attention     paged read (GQA, window + sinks, softcap), dense twin
+    sampling   sampling_head, keep_mask             the graph's sampling head: penalties, masks, inverse CDF
 """
 
 from pagedkv.reference.attention import dense_attention, paged_attention

@@ -63,16 +63,16 @@ def _gather(rows_of_pool, layout: KVLayout, layer: int, kv: int, block_row, posi
 
 
 def _check_resident(layout: KVLayout, seq: int, read_pos: np.ndarray, kv_len: int, cfg: AttentionConfig) -> None:
-    """A cyclic cache keeps position p >= sink_tokens only until p + cyclic_len is written. Reading an
+    """A cyclic cache keeps position p >= ring_sink_tokens only until p + cyclic_len is written. Reading an
     overwritten slot would silently return a newer token, so a window larger than the ring is an error."""
     if not layout.cyclic_len:
         return
-    in_ring = read_pos[read_pos >= layout.sink_tokens]
+    in_ring = read_pos[read_pos >= layout.ring_sink_tokens]
     gone = in_ring[in_ring + layout.cyclic_len < kv_len]
     if gone.size:
         raise ValueError(
             f"window: sequence {seq} attends cache position {int(gone[0])} (window={cfg.window}, attention_sinks="
-            f"{cfg.attention_sinks}), which the cyclic cache (sink_tokens={layout.sink_tokens}, cyclic_len="
+            f"{cfg.attention_sinks}), which the cyclic cache (ring_sink_tokens={layout.ring_sink_tokens}, cyclic_len="
             f"{layout.cyclic_len}) overwrote before kv length {kv_len}; the ring must hold window + q_len - 1 "
             "positions")
 
@@ -146,12 +146,12 @@ def paged_attention(q, meta: StepMetadata, pool: np.ndarray, cfg: AttentionConfi
     return out
 
 
-def dense_attention(q, k, v, q_pos, kv_pos, *, window: int = 0, sinks: int = 0, softmax_scale: float,
+def dense_attention(q, k, v, q_pos, kv_pos, *, window: int = 0, attention_sinks: int = 0, softmax_scale: float,
                     logit_softcap: float = 0.0) -> np.ndarray:
     """Dense attention with an explicit mask matrix, independent of the paged path (for tests).
 
     q [Sq, H, D], k/v [Skv, KVH, D], q_pos [Sq], kv_pos [Skv] (cache positions). Query i sees key j when
-    kv_pos[j] <= q_pos[i] and, with window > 0, q_pos[i] - kv_pos[j] < window or kv_pos[j] < sinks.
+    kv_pos[j] <= q_pos[i] and, with window > 0, q_pos[i] - kv_pos[j] < window or kv_pos[j] < attention_sinks.
     Every k/v row takes part in the products (masked ones with probability 0). Returns float64 [Sq, H, D].
     """
     q = np.asarray(q, dtype=np.float64)
@@ -169,7 +169,7 @@ def dense_attention(q, k, v, q_pos, kv_pos, *, window: int = 0, sinks: int = 0, 
     delta = q_pos[:, None] - kv_pos[None, :]  # [Sq, Skv]
     mask = delta >= 0
     if window > 0:
-        mask &= (delta < window) | (kv_pos[None, :] < sinks)
+        mask &= (delta < window) | (kv_pos[None, :] < attention_sinks)
     if not mask.any(axis=1).all():
         i = int(np.argmin(mask.any(axis=1)))
         raise ValueError(f"dense_attention: query {i} at position {q_pos[i]} sees no key")

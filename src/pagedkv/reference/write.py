@@ -153,7 +153,7 @@ def _check_no_shared_slots(located, layout, zero_v_tail: bool) -> None:
 
 def _ring_wrapped(layout, kv_len: int) -> bool:
     """Whether a cyclic cache has overwritten a ring slot once the sequence holds ``kv_len`` tokens."""
-    return layout.cyclic_len > 0 and kv_len > layout.sink_tokens + layout.cyclic_len
+    return layout.cyclic_len > 0 and kv_len > layout.ring_sink_tokens + layout.cyclic_len
 
 
 def _zero_v_tail(rows_of_pool, layout, layer: int, last_block: int, last_offset: int, kv_len: int) -> None:

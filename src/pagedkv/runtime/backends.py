@@ -10,11 +10,16 @@ their real addresses, and the ops are the CUDA kernels through the C API (``page
 the kernel on the manager's stream and downloads the result — slow, but the kernels see exactly the
 engine's inputs.
 
+``CudaBackend.timer`` (None by default): a ``KernelTimer`` puts CUDA events around every kernel launch, so a
+benchmark can tell the kernels' device time from the rest of a step (benchmarks/bench_serving.py).
+
 Both report a failed write the way the plugin does: the ``kv_write_status`` record
 (``pagedkv.step.STATUS_*``), which the session turns into ``KVWriteError`` via ``raise_for_status``.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 
@@ -109,6 +114,39 @@ class ReferenceBackend:
         self._handles = []
 
 
+class KernelTimer:
+    """Device time of the kernels a ``CudaBackend`` launches (set ``backend.timer``): CUDA events before and
+    after each launch on the backend's stream; ``collect()`` adds them up (milliseconds and launches per
+    kernel) once they completed."""
+
+    def __init__(self):
+        self.ms: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self._pending: list = []
+
+    @contextlib.contextmanager
+    def around(self, name: str, stream):
+        from pagedkv.cuda import Event
+
+        start, end = Event(timing=True), Event(timing=True)
+        start.record(stream)
+        try:
+            yield
+        finally:
+            end.record(stream)
+            self._pending.append((name, start, end))
+
+    def collect(self) -> dict[str, float]:
+        """Milliseconds per kernel so far (waits for the launches still running)."""
+        for name, start, end in self._pending:
+            self.ms[name] = self.ms.get(name, 0.0) + start.elapsed_ms(end)
+            self.calls[name] = self.calls.get(name, 0) + 1
+            start.close()
+            end.close()
+        self._pending = []
+        return dict(self.ms)
+
+
 class CudaBackend:
     """Device pools + the CUDA kernels through the C API; ``manager`` must have ``storage="device"``.
 
@@ -128,9 +166,13 @@ class CudaBackend:
         self.stream = manager.stream
         self._kv_pools = manager.kv_pools()
         self._kv_pools_dev = manager.kv_pools_device()
+        self.timer: KernelTimer | None = None
 
     def kv_pools(self) -> np.ndarray:
         return self._kv_pools
+
+    def _timed(self, name: str):
+        return self.timer.around(name, self.stream) if self.timer is not None else contextlib.nullcontext()
 
     def _io_dtype(self, cfg):
         from pagedkv.kernels.write import IODType
@@ -153,8 +195,6 @@ class CudaBackend:
                                   num_tokens=meta.num_tokens, max_blocks=meta.max_blocks, position_ids=pos)
 
     def write(self, cfg: WriteConfig, qkv, kv_pools, block_table, cu_q_lens, past_lens, position_ids, bias):
-        import contextlib
-
         from pagedkv.cuda import DeviceBuffer
         from pagedkv.kernels.write import qkv_write
 
@@ -167,15 +207,14 @@ class CudaBackend:
                 if bias is not None else None
             q_out = stack.enter_context(DeviceBuffer(meta.num_tokens * width * io.numpy_dtype.itemsize))
             status = stack.enter_context(DeviceBuffer.from_array(np.zeros(STATUS_FIELDS, np.int32), self.stream))
-            qkv_write(x.ptr, q_out.ptr, status.ptr, ptrs, cfg, io_dtype=io, bias=b.ptr if b else 0,
-                      stream=self.stream.handle)
+            with self._timed("qkv_write"):
+                qkv_write(x.ptr, q_out.ptr, status.ptr, ptrs, cfg, io_dtype=io, bias=b.ptr if b else 0,
+                          stream=self.stream.handle)
             q = q_out.download((meta.num_tokens, width), io.numpy_dtype, self.stream)
             st = status.download((STATUS_FIELDS,), np.int32, self.stream)
         return q.astype(qkv.dtype), st
 
     def attention(self, cfg: AttentionConfig, q, kv_pools, block_table, cu_q_lens, past_lens, kv_write_status):
-        import contextlib
-
         from pagedkv.cuda import DeviceBuffer
         from pagedkv.kernels import attention as katt
 
@@ -191,9 +230,10 @@ class CudaBackend:
             ws_bytes = katt.attention_workspace_bytes(meta.num_tokens, meta.num_seqs, cfg.num_q_heads,
                                                       cfg.pool.head_dim, max_kv_len, cfg.pool.page_size)
             ws = stack.enter_context(DeviceBuffer(ws_bytes)) if ws_bytes else None
-            katt.paged_attention(qd.ptr, out.ptr, ptrs, cfg, io_dtype=io, max_q_len=max(meta.num_tokens, 1),
-                                 max_kv_len=max_kv_len, workspace=ws.ptr if ws else 0, workspace_bytes=ws_bytes,
-                                 stream=self.stream.handle)
+            with self._timed("attention"):
+                katt.paged_attention(qd.ptr, out.ptr, ptrs, cfg, io_dtype=io, max_q_len=max(meta.num_tokens, 1),
+                                     max_kv_len=max_kv_len, workspace=ws.ptr if ws else 0, workspace_bytes=ws_bytes,
+                                     stream=self.stream.handle)
             result = out.download((meta.num_tokens, width), io.numpy_dtype, self.stream)
         return result.astype(q.dtype)
 

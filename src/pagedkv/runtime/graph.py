@@ -2,7 +2,8 @@
 
 ``RewrittenGraph``: the plugin nodes of every layer with their parsed configs (``WriteConfig`` /
 ``AttentionConfig.from_attributes`` validate every attribute), its engine inputs and outputs
-(``pagedkv.engine_io``) and the pool groups (a ``PoolGroup`` per ``kv_pools`` row). ``DecoderGraph``: the
+(``pagedkv.engine_io``), the pool groups (a ``PoolGroup`` per ``kv_pools`` row) and its heads (``logits_rows``,
+the sampling head: ``pagedkv.builder.logits_head``). ``DecoderGraph``: the
 decoder-with-past signature of an original graph (which inputs are layer i's past key / value, in either
 exporter's naming).
 
@@ -58,6 +59,10 @@ class RewrittenGraph:
     output_names: tuple[str, ...]
     logits: str
     explicit_positions: bool
+    vocab: int
+    sampling: bool  # the sampling head is there (next_tokens, ...)
+    num_top_logprobs: int  # N of top_tokens / top_logprobs (0 without the sampling head)
+    max_blocks: int | None  # static block-table width (``pagedkv rewrite --max-blocks``), None: dynamic
 
     @property
     def num_groups(self) -> int:
@@ -74,7 +79,10 @@ class RewrittenGraph:
         return tuple(engine_io.status_name(layer.index) for layer in self.layers)
 
     @classmethod
-    def load(cls, model: onnx.ModelProto | str) -> "RewrittenGraph":
+    def load(cls, model: onnx.ModelProto | str | bytes) -> "RewrittenGraph":
+        """From a ModelProto, a path (``onnx_io.load``: any size) or serialized bytes."""
+        if isinstance(model, bytes):
+            model = onnx.load_from_string(model)
         return cls._parse(onnx_io.load_if_path(model, "rewritten graph"))
 
     @classmethod
@@ -85,7 +93,8 @@ class RewrittenGraph:
         missing = [n for n in engine_io.REQUIRED_INPUTS if n not in inputs]
         if missing:
             raise GraphError(f"rewritten graph: engine input(s) {missing} missing; inputs are {list(inputs)} "
-                             "(is this the output of `pagedkv rewrite`?)")
+                             "(is this the output of `pagedkv rewrite`? graphs rewritten before logits_rows existed "
+                             "need rewriting again)")
         if engine_io.LOGITS not in outputs:
             raise GraphError(f"rewritten graph: no `{engine_io.LOGITS}` output; outputs are {list(outputs)}")
         producers = {o: n for n in graph.node for o in n.output}
@@ -140,7 +149,7 @@ class RewrittenGraph:
                 raise GraphError(f"pool group {g}: layer_index values {[p.layer_index for p in pools]} do not "
                                  f"cover 0..{first.num_layers - 1} exactly once")
             geometry = {(p.num_kv_heads, p.head_dim, p.page_size, p.num_layers, int(p.cache_dtype), int(p.page_layout),
-                         p.sink_tokens, p.cyclic_len) for p in pools}
+                         p.ring_sink_tokens, p.cyclic_len) for p in pools}
             windows = {(m.attention.window, m.attention.attention_sinks) for m in members}
             if len(geometry) != 1 or len(windows) != 1:
                 raise GraphError(f"pool group {g}: its layers {[m.index for m in members]} disagree on geometry "
@@ -162,7 +171,19 @@ class RewrittenGraph:
         explicit_positions = explicit.pop()
         if explicit_positions and engine_io.POSITION_IDS not in inputs:
             raise GraphError(f"explicit_positions=1 but the graph has no {engine_io.POSITION_IDS} input")
-        return cls(model, tuple(layers), tuple(groups), inputs, outputs, engine_io.LOGITS, bool(explicit_positions))
+        heads = [n for n in engine_io.SAMPLING_INPUTS + engine_io.SAMPLING_OUTPUTS if n in inputs + outputs]
+        if heads and len(heads) != len(engine_io.SAMPLING_INPUTS + engine_io.SAMPLING_OUTPUTS):
+            raise GraphError(f"rewritten graph: a partial sampling head ({heads}); expected all of "
+                             f"{list(engine_io.SAMPLING_INPUTS + engine_io.SAMPLING_OUTPUTS)} or none")
+        dims = {o.name: o.type.tensor_type.shape.dim for o in graph.output}
+        vocab = dims[engine_io.LOGITS][-1] if dims[engine_io.LOGITS] else None
+        if vocab is None or not vocab.HasField("dim_value"):
+            raise GraphError(f"rewritten graph: `{engine_io.LOGITS}` needs a static vocabulary dimension")
+        top = dims[engine_io.TOP_TOKENS][-1].dim_value if heads else 0
+        width = next(i.type.tensor_type.shape.dim[1] for i in graph.input if i.name == engine_io.block_table_name(0))
+        return cls(model, tuple(layers), tuple(groups), inputs, outputs, engine_io.LOGITS, bool(explicit_positions),
+                   int(vocab.dim_value), bool(heads), int(top),
+                   int(width.dim_value) if width.HasField("dim_value") else None)
 
 
 def _check_layer(idx, wnode, anode, wcfg: WriteConfig, acfg: AttentionConfig, inputs) -> None:

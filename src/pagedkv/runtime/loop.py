@@ -1,4 +1,6 @@
-"""The step loop: requests with prompts go through (chunked) prefill and then decode, continuously batched.
+"""The fixed schedule ``compare`` drives both graphs with: prompts go through (chunked) prefill and then a fixed
+number of decode steps, every prompt in every step until it is done (serving is ``pagedkv.runtime.scheduler``:
+requests join and leave, token budgets, preemption).
 
 Every step takes, for each unfinished request in arrival order, either its next prompt chunk (up to
 ``chunk_size`` tokens; 0 = the whole remaining prompt) or, once its prompt is in, one decode token — so
@@ -6,7 +8,7 @@ steps mix prefill chunks and decode tokens whenever prompt lengths differ. The t
 request's last prompt token / its previous decode token comes from ``choose_next`` (greedy argmax of the
 logits the caller trusts), so that two sessions driven by the same ``Schedule`` see identical inputs.
 
-    sched = Schedule([Request("a", prompt_a), Request("b", prompt_b)], decode_steps=8, chunk_size=16)
+    sched = Schedule([Prompt("a", prompt_a), Prompt("b", prompt_b)], decode_steps=8, chunk_size=16)
     while (entries := sched.next_step()):
         logits = session.step(entries)
         sched.advance([int(np.argmax(lg[-1])) for lg in logits])
@@ -20,7 +22,7 @@ import numpy as np
 
 
 @dataclass
-class Request:
+class Prompt:
     id: object
     prompt: np.ndarray
     fed: int = 0  # prompt tokens already sent
@@ -45,10 +47,10 @@ class Schedule:
             raise ValueError(f"requests: ids must be unique, got {ids}")
         self.decode_steps = int(decode_steps)
         self.chunk_size = int(chunk_size)
-        self._pending: list[Request] = []
+        self._pending: list[Prompt] = []
         self.steps = 0
 
-    def _active(self, r: Request) -> bool:
+    def _active(self, r: Prompt) -> bool:
         return r.fed < r.prompt.size or r.decoded < self.decode_steps
 
     def next_step(self) -> list[tuple[object, np.ndarray]]:
@@ -72,7 +74,7 @@ class Schedule:
         return entries
 
     @property
-    def pending(self) -> list[Request]:
+    def pending(self) -> list[Prompt]:
         """The requests of the current step, in entry order."""
         return list(self._pending)
 
@@ -93,13 +95,14 @@ class Schedule:
         self._pending = []
 
     def finished(self) -> list:
-        """Requests that sent everything (their sequences can be freed)."""
+        """Prompts that sent everything (their sequences can be freed)."""
         return [r.id for r in self.requests if not self._active(r)]
 
 
-def generate(session, prompts, *, max_new_tokens: int, chunk_size: int = 0) -> list[list[int]]:
-    """Greedy generation with any session (``PagedSession`` or ``DenseSession``): one list per prompt."""
-    requests = [Request(i, p) for i, p in enumerate(prompts)]
+def generate_greedy(session, prompts, *, max_new_tokens: int, chunk_size: int = 0) -> list[list[int]]:
+    """Greedy tokens from any session with ``step(entries)`` (an executor or ``DenseSession``), argmax of the
+    logits on the host: one list per prompt."""
+    requests = [Prompt(i, p) for i, p in enumerate(prompts)]
     sched = Schedule(requests, decode_steps=max_new_tokens, chunk_size=chunk_size)
     freed = set()
     while entries := sched.next_step():

@@ -32,7 +32,10 @@ from onnx import helper
 from pagedkv.config import ATTENTION_PLUGIN_NAME, ONNX_DOMAIN, WRITE_PLUGIN_NAME
 
 PYOP_DOMAIN = "ai.onnx.contrib"
-_DTYPES = {"float32": "dt_float", "float16": "dt_float16"}
+# float32 only: onnxruntime-extensions 0.15 declares dt_float16 but aborts the process ("Type float16 not supported
+# by python customops api") when a float16 PyOp runs. 16-bit graphs run emulated in float32
+# (pagedkv.builder.precision.emulate_in_float32), as `compare` does.
+_DTYPES = {"float32": "dt_float"}
 
 _lock = threading.Lock()
 _registered: set[str] = set()
@@ -96,7 +99,8 @@ def _lookup(binding: int):
 # ---- op variants ---------------------------------------------------------------------------------------
 def variant_name(plugin: str, io_dtype: str, explicit_positions: bool = False, has_bias: bool = False) -> str:
     if io_dtype not in _DTYPES:
-        raise ValueError(f"io dtype: the reference runtime supports {sorted(_DTYPES)} activations, got {io_dtype!r}")
+        raise ValueError(f"io dtype: the reference runtime supports {sorted(_DTYPES)} activations, got {io_dtype!r} "
+                         "(run a 16-bit graph through pagedkv.builder.precision.emulate_in_float32 first)")
     suffix = ("p" if explicit_positions else "") + ("b" if has_bias else "")
     return f"{plugin}__{io_dtype}" + (f"_{suffix}" if suffix else "")
 

@@ -1,23 +1,18 @@
-"""Sessions that run one step at a time: the rewritten graph on paged pools, the original on dense past KV.
+"""The rewritten graph in ONNX Runtime (``OrtExecutor``) and the original graph on dense past KV (``DenseSession``).
 
-Both take a step as ``[(seq_id, new_token_ids), ...]`` and return each sequence's logits for its new
-tokens, so the same schedule drives both (``pagedkv.runtime.loop``).
-
-``PagedSession``: the rewritten graph in ONNX Runtime, plugin ops bound to a backend (``backends.py``),
-pages from the KV manager (``pagedkv.kvcache.KVCacheManager``): per step ``add_sequence`` / ``reserve`` /
-``build_step`` -> engine inputs (``pagedkv.engine_io``) -> run -> every ``kv_write_status_{i}`` checked ->
-``commit``.
+``OrtExecutor`` (an ``pagedkv.runtime.executor.Executor``): the rewritten graph in ONNX Runtime, plugin ops
+bound to a backend (``backends.py``: float64 references on numpy pools, or the CUDA kernels on device pools);
+the sampling head and everything else outside attention are ONNX Runtime's own CPU kernels.
 
 ``DenseSession``: the original decoder-with-past graph, one sequence per run (batch 1, no padding), its
-present K/V kept as the next step's past. Running sequences one at a time keeps the original free of
-padding effects (fully masked rows, pad position conventions), so each of its logits is the model's
-exact answer for that sequence; batching is exercised where it matters, on the rewritten side, whose
-steps pack all sequences together.
+present K/V kept as the next step's past, with the executors' ``step(entries)`` API so that ``compare`` drives
+both with one schedule. Running sequences one at a time keeps the original free of padding effects (fully
+masked rows, pad position conventions), so each of its logits is the model's exact answer for that sequence;
+batching is exercised where it matters, on the rewritten side, whose steps pack all sequences together.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 from dataclasses import dataclass
@@ -25,15 +20,13 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from pagedkv import engine_io, onnx_io
+from pagedkv import onnx_io
 from pagedkv.config import ATTENTION_PLUGIN_NAME, WRITE_PLUGIN_NAME
 from pagedkv.layout import PageLayout
 from pagedkv.runtime import ops
 from pagedkv.runtime.backends import check_backend_available, make_backend
+from pagedkv.runtime.executor import Executor, StepEntries
 from pagedkv.runtime.graph import DecoderGraph, GraphError, RewrittenGraph
-from pagedkv.step import raise_for_status
-
-StepEntries = list  # [(seq_id, np.ndarray of new token ids)]
 
 
 def _ort():
@@ -73,93 +66,23 @@ class _LayerOp:
         return self.backend.attention(self.config, *args)
 
 
-class ManagedKVSession:
-    """What the sessions of a rewritten graph share (``PagedSession`` here, ``pagedkv.runtime.trt.TrtSession``):
-    sequences and pages live in ``self.manager`` (a ``KVCacheManager``), and a step follows its protocol:
-    ``add_sequence`` / ``reserve`` -> ``build_step`` -> engine inputs (``_begin_step``) -> run -> every
-    ``kv_write_status_{i}`` checked -> ``commit`` (``_commit_step``); a failed run or status gives the step's
-    reservations back (``_unreserve``). ``close()``, or leaving a ``with`` block, releases everything.
-    """
-
-    manager = None  # also what close() sees when __init__ failed before creating it
-
-    def close(self) -> None:
-        if self.manager is not None:
-            self.manager.close()
-            self.manager = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def has_sequence(self, seq_id) -> bool:
-        return seq_id in self.manager
-
-    def free(self, seq_id) -> None:
-        self.manager.free(seq_id)
-
-    def _begin_step(self, entries: StepEntries, kv_pools) -> tuple:
-        """Reserve each entry's new tokens (adding new sequences) and build the step: ``(batch, feed)``, the
-        manager's ``StepBatch`` and the engine inputs by name. ``kv_pools()`` gives the ``kv_pools`` input."""
-        mgr = self.manager
-        for seq_id, tokens in entries:
-            if seq_id not in mgr:
-                mgr.add_sequence(seq_id)
-            mgr.reserve(seq_id, len(tokens))
-        batch = mgr.build_step([(seq_id, len(tokens)) for seq_id, tokens in entries])
-        ids = np.concatenate([np.asarray(t, dtype=np.int64) for _, t in entries])[None, :]
-        feed = {engine_io.INPUT_IDS: ids, engine_io.KV_POOLS: kv_pools(), engine_io.CU_Q_LENS: batch.cu_q_lens,
-                engine_io.PAST_LENS: batch.past_lens}
-        for g in range(self.graph.num_groups):
-            feed[engine_io.block_table_name(g)] = batch.meta(g).block_table
-        if engine_io.POSITION_IDS in self.graph.input_names:
-            feed[engine_io.POSITION_IDS] = batch.positions
-        return batch, feed
-
-    def _unreserve(self, entries: StepEntries) -> None:
-        """The step's tokens were not written: give their reservations back."""
-        for seq_id, _ in entries:
-            self.manager.unreserve(seq_id)
-
-    @contextlib.contextmanager
-    def _unreserve_on_error(self, entries: StepEntries):
-        """``_unreserve`` when the block raises, then let the error through."""
-        try:
-            yield
-        except BaseException:
-            self._unreserve(entries)
-            raise
-
-    def _check_statuses(self, statuses, batch) -> None:
-        """Raise ``KVWriteError`` for the first ``kv_write_status_{i}`` output (``statuses``, in layer order)
-        that flags a bad write."""
-        for name, status in zip(self.graph.status_outputs, statuses):
-            raise_for_status(status, where=f"{name} (step of sequences {list(batch.seq_ids)})")
-
-    def _commit_step(self, entries: StepEntries, batch, logits: np.ndarray) -> list[np.ndarray]:
-        """Commit each entry's tokens; returns the logits [n_i, vocab] of each entry, in order."""
-        for seq_id, tokens in entries:
-            self.manager.commit(seq_id, len(tokens), token_ids=np.asarray(tokens, dtype=np.int64))
-        logits = logits.reshape(batch.num_tokens, -1)
-        return [logits[batch.cu_q_lens[i]:batch.cu_q_lens[i + 1]] for i in range(len(entries))]
-
-
-class PagedSession(ManagedKVSession):
-    """The rewritten graph on a backend ("reference": numpy pools + references, "cuda": device + kernels).
+class OrtExecutor(Executor):
+    """The rewritten graph in ONNX Runtime on a backend ("reference": numpy pools + float64 references, "cuda":
+    device pools + the CUDA kernels).
 
     Args:
         model: rewritten ``onnx.ModelProto`` or path.
         backend: "reference" or "cuda".
         num_blocks: blocks per pool group (one int, or one per group).
-        manager_kwargs: extra ``KVCacheManager`` arguments (e.g. ``debug_validate=True``).
+        manager_kwargs: extra ``KVCacheManager`` arguments (``host_blocks``, ``enable_prefix_reuse``,
+            ``debug_validate``...).
     """
 
     def __init__(self, model, *, backend: str = "reference", num_blocks=512, manager_kwargs: dict | None = None):
         from pagedkv.kvcache.manager import KVCacheManager
 
         check_backend_available(backend)  # before any device allocation
+        self.name = backend
         self.graph = RewrittenGraph.load(model)
         storage = "numpy" if backend == "reference" else "device"
         self.manager = KVCacheManager(self.graph.groups, num_blocks, storage=storage, **(manager_kwargs or {}))
@@ -186,9 +109,7 @@ class PagedSession(ManagedKVSession):
             self.close()
             raise
         self._types = _input_types(self.session)
-        self._outputs = [self.graph.logits, *self.graph.status_outputs]
 
-    # ---- lifecycle -------------------------------------------------------------------------------------
     def close(self) -> None:
         for key in self._bindings:
             ops.unbind(key)
@@ -198,16 +119,12 @@ class PagedSession(ManagedKVSession):
             self.backend = None
         super().close()
 
-    # ---- steps -----------------------------------------------------------------------------------------
-    def step(self, entries: StepEntries) -> list[np.ndarray]:
-        """Run one step: each entry's new tokens are appended to its sequence (added when new). Returns the
-        logits [n_i, vocab] of each entry, in order. A failed KV write raises ``KVWriteError``."""
-        batch, feed = self._begin_step(entries, self.backend.kv_pools)
+    def kv_pools(self) -> np.ndarray:
+        return self.backend.kv_pools()
+
+    def _run(self, feed, outputs):
         feed = {k: np.ascontiguousarray(v, dtype=self._types.get(k) or v.dtype) for k, v in feed.items()}
-        with self._unreserve_on_error(entries):
-            logits, *statuses = self.session.run(self._outputs, feed)
-            self._check_statuses(statuses, batch)
-        return self._commit_step(entries, batch, logits)
+        return dict(zip(outputs, self.session.run(outputs, feed)))
 
     def read_kv(self, seq_id, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """Dequantized float64 K and V [kv_heads, length, head_dim] of a sequence's cached positions still

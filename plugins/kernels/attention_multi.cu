@@ -2,7 +2,7 @@
 // itself) and any sequence whose rows do not fit one 16-row tile. FlashAttention-2 style on mma.sync: a CTA
 // owns a tile of kRows query rows (consecutive tokens x the G heads of one KV head), each warp 16 x kMTiles of
 // them with Q fragments, S accumulators and O accumulators in registers; the 4 warps share K/V tiles of kTile
-// tokens that stream through a cp.async pipeline (3 stages for D <= 128, 2 for D = 256), pages resolved per
+// tokens that stream through a cp.async pipeline (3 stages for D = 32, 64, else 2), pages resolved per
 // row through the block table. Only the KV tiles the rows can see are visited (sinks + window, causal end),
 // and the per-element mask runs only on tiles that need it.
 //
@@ -23,6 +23,7 @@ namespace {
 
 template <typename CT, bool k8Bit, int kD>
 struct MultiConfig {
+    static_assert(kD % 16 == 0 && kD <= 256, "head dims are whole MMA k-steps and 16-byte chunks");
     static constexpr int kWarps = kMultiWarps;
     static constexpr int kThreads = kWarps * 32;
     static constexpr int kMTiles = multiWarpMTiles(kD);  // m16 tiles per warp
@@ -34,15 +35,18 @@ struct MultiConfig {
     static constexpr int kSub = 32;                      // KV tokens per S / softmax / P V step
     static constexpr int kSubTiles = kTile / kSub;
     static constexpr int kNT = kSub / 8;                 // n8 tiles of S per m16 tile
-    // 3 stages when they fit 2 CTAs/SM (D = 64: 64 KB): one barrier per KV tile instead of two, and tiles are
-    // requested two tiles ahead. D = 128 (64-token stages) and D = 256 keep 2 stages (96 and 80 KB; 3 would
-    // exceed ~113 KB per CTA and drop it to 1 CTA/SM).
-    static constexpr int kStages = kD <= 64 ? 3 : kMultiStages;
+    static constexpr int kTileRow = tileRowElems(kD);  // elements per row of the 16-bit tiles (Q, K, V)
+    // 3 stages when they fit 2 CTAs/SM (64-element rows, D = 32 and 64: 64 KB): one barrier per KV tile instead
+    // of two, and tiles are requested two tiles ahead. 128-element rows (D = 80, 96, 128; 64-token stages) and
+    // D = 256 keep 2 stages (96 and 80 KB; 3 would exceed ~113 KB per CTA and drop it to 1 CTA/SM).
+    static constexpr int kStages = kTileRow <= 64 ? 3 : kMultiStages;
     static constexpr int kAhead = kStages - 1;  // tiles in flight ahead of the one being computed
     static constexpr int kElemBytes = k8Bit ? 1 : 2;
-    static constexpr int kRawTileBytes = kTile * kD * kElemBytes;
-    static constexpr int kConvTileBytes = k8Bit ? kTile * kD * 2 : 0;
-    static constexpr int kQBytes = kRows * kD * 2;
+    // A KV row as staged: 16-bit caches in the swizzled tile ldmatrix reads, 8-bit ones as stored (kD bytes).
+    static constexpr int kRawRowBytes = k8Bit ? kD : kTileRow * 2;
+    static constexpr int kRawTileBytes = kTile * kRawRowBytes;
+    static constexpr int kConvTileBytes = k8Bit ? kTile * kTileRow * 2 : 0;
+    static constexpr int kQBytes = kRows * kTileRow * 2;
     static constexpr int kSmemBytes = kQBytes + kStages * 2 * kRawTileBytes + 2 * kConvTileBytes + kStages * kTile * 4;
     // Q fragments in registers when they are few (D = 64); otherwise re-read from shared memory per k-step.
     static constexpr bool kQInRegs = kMTiles * kD <= 128;
@@ -89,7 +93,7 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
     // Each warp loads its own kWarpRows rows of a KV tile (copyKVRows: one page lookup per row, by one lane,
     // two tiles per lookup pass, their block-table entries requested a tile or two ahead).
     constexpr int kWarpRows = kTile / Cfg::kWarps;
-    constexpr uint32_t kWarpRowBytes = uint32_t(kWarpRows * kD * Cfg::kElemBytes);
+    constexpr uint32_t kWarpRowBytes = uint32_t(kWarpRows * Cfg::kRawRowBytes);
     auto warpRows = [&](int32_t i) { return i < numTiles ? w.tiles.tile(i) * kTile + warp * kWarpRows : 0; };
     // Tiles 2j and 2j + 1 are located together (locateKVRowPair) at tile 2j - 2's copy, resolved at 2j's.
     KVRow ahead = locateKVRowPair<kWarpRows>(p, src, 0 < numTiles, warpRows(0), 1 < numTiles, warpRows(1), lane);
@@ -178,13 +182,14 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
 #pragma unroll 1
             for (int32_t h = 0; h < Cfg::kSubTiles; ++h) {
                 int32_t const* const subPos = tilePos + h * Cfg::kSub;
-                uint32_t const kSubAddr = kTileAddr + uint32_t(h * Cfg::kSub * kD * 2);
-                uint32_t const vSubAddr = vTileAddr + uint32_t(h * Cfg::kSub * kD * 2);
+                uint32_t const kSubAddr = kTileAddr + uint32_t(h * Cfg::kSub * Cfg::kTileRow * 2);
+                uint32_t const vSubAddr = vTileAddr + uint32_t(h * Cfg::kSub * Cfg::kTileRow * 2);
                 // A sub-tile holding no position at all (past the chunk's end) is skipped; else, is every row a
                 // position all the CTA's queries see? Then skip the per-element mask.
                 bool const anyRow = __any_sync(0xffffffffu, subPos[lane] >= 0);
                 bool const holdsAll = __all_sync(0xffffffffu, subPos[lane] >= 0);
-                bool const needMask = tileNeedsMask(holdsAll, subPos[0], subPos[Cfg::kSub - 1], qa, qb, p.window);
+                bool const needMask =
+                    tileNeedsMask(holdsAll, subPos[0], subPos[Cfg::kSub - 1], qa, qb, p.params.window);
 
                 // S = Q K^T: kMT m16 tiles x kSub tokens; each K fragment feeds kMT MMAs
                 float s[kMT][kNT][4];
@@ -286,7 +291,8 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
             int32_t const head = kvHead * p.groupSize + row % p.groupSize;
             float const scale = sum > 0.f ? p.outScale / sum : 0.f;  // nothing seen -> 0, never 0/0
             if (w.nChunks == 1) {
-                CT* const dst = static_cast<CT*>(p.out) + (int64_t(token) * p.numQHeads + head) * kD + 2 * c;
+                CT* const dst =
+                    static_cast<CT*>(p.params.out) + (int64_t(token) * p.params.numQHeads + head) * kD + 2 * c;
 #pragma unroll
                 for (int dn = 0; dn < kD / 8; ++dn)
                     *reinterpret_cast<uint32_t*>(dst + dn * 8) =
@@ -311,6 +317,10 @@ struct MultiFamily : MultiConfig<CT, k8Bit, kD> {
 };
 
 }  // namespace
+
+cudaError_t multiKernelShape(IODType io, CacheDType cache, int32_t headDim, KernelShape& shape) {
+    return familyShape<MultiFamily>(io, cache, headDim, shape);
+}
 
 cudaError_t multiKernelOccupancy(IODType io, CacheDType cache, int32_t headDim, int32_t& ctasPerSm) {
     return prepareOrLaunch<MultiFamily>(io, cache, headDim, ctasPerSm, nullptr, dim3(), nullptr);
