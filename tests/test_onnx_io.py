@@ -147,3 +147,37 @@ def test_in_memory_weights_past_the_protobuf_limit_are_refused_with_the_way_out(
     monkeypatch.setattr(onnx_io, "INLINE_LIMIT_BYTES", 4096)
     with pytest.raises(ValueError, match="past the 2 GiB protobuf limit; save it with pagedkv.onnx_io.save"):
         onnx_io.ort_session(model)
+
+
+def test_16bit_graphs_emulate_and_compare_with_their_weights_on_disk(tmp_path, monkeypatch):
+    """rewrite --dtype bf16 -> saved (.onnx + .data) -> compare from the files: the float32 emulation keeps the
+    16-bit weights where they are (on disk, behind a Cast that ONNX Runtime folds), so it opens even where the
+    limit on weights held in the proto is far below their float32 size (as it is for a 16-bit model past 1 GB)."""
+    from pagedkv.builder.compare import compare
+    from pagedkv.builder.precision import emulate_in_float32
+    from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
+    from pagedkv.onnx_export.synthetic import SyntheticConfig, export_synthetic
+    from pagedkv.tolerances import MODEL_TOLERANCES
+
+    src = export_synthetic(SyntheticConfig(), tmp_path / "orig.onnx")
+    out = onnx_io.save(rewrite_model(src, RewriteOptions(dtype="bf16")).model, tmp_path / "bf16.onnx", inputs=[src])
+    loaded = onnx_io.load(out)
+    external = {t.name: t.data_type for t in loaded.graph.initializer if onnx_io.is_external(t)}
+    assert set(external.values()) == {TensorProto.BFLOAT16}
+    emulated = emulate_in_float32(loaded)
+    assert {t.name: t.data_type for t in emulated.graph.initializer if onnx_io.is_external(t)} == external
+    casts = {n.input[0] for n in emulated.graph.node if n.op_type == "Cast" and n.input[0] in external}
+    assert casts == set(external)  # every big weight reaches its readers through one float32 Cast
+    float32_bytes = 2 * sum(onnx_io.tensor_bytes(t) for t in loaded.graph.initializer if t.name in external)
+    limit = 2 * onnx_io.inline_bytes(loaded) + 1  # the small constants, widened
+    assert limit < float32_bytes / 4
+    monkeypatch.setattr(onnx_io, "INLINE_LIMIT_BYTES", limit)
+    atol, rtol = MODEL_TOLERANCES["bfloat16"]
+    report = compare(src, out, prompt_lens=[5, 17], decode_steps=3, atol=atol, rtol=rtol)
+    assert report.passed and report.emulated and report.dtypes == ("float32", "bfloat16"), str(report)
+    widened = emulate_in_float32(loaded)  # the weights widened in the proto instead: refused under that limit
+    for tensor in widened.graph.initializer:
+        if tensor.name in external:
+            tensor.CopyFrom(numpy_helper.from_array(onnx_io.to_array(tensor).astype(np.float32), tensor.name))
+    with pytest.raises(ValueError, match="past the 2 GiB protobuf limit"):
+        onnx_io.ort_session(widened)
