@@ -7,7 +7,9 @@ weights, past protobuf's 2 GB limit, so nothing may hold the model in one proto.
 file plus its one data file (``pagedkv.onnx_io``); the rewrite copies the weights into its own data file and leaves
 the export's untouched. Memory: rewrite and compare stay near one copy of the weights (the rewrite reads weights
 through memory maps, compare runs the original to the end before it opens the rewritten graph); the export holds
-about two (PyTorch's exporters copy the parameters of the live model).
+about two (PyTorch's exporters copy the parameters of the live model). Then the same in 16 bits with a calibrated
+int8 cache: ``rewrite --dtype fp16 --cache-dtype int8 --calibrate`` (the calibration runs the original from its
+files) and ``compare``, which emulates the fp16 graph in float32 with its weights left on disk.
 
 Runs in CI (about 90 s on 2 cores, ~10 GB of temporary disk, removed at the end).
 """
@@ -90,10 +92,30 @@ def test_model_past_2gb_exports_rewrites_and_compares():
         assert text.rstrip().endswith("PASSED"), text[-3000:]
         assert "8 decode steps" in text and "prompts [5, 17, 33]" in text
 
+        # 16 bits and a calibrated int8 cache: the conversion reads the weights through memory maps, calibration
+        # runs the original from its files, compare emulates the fp16 graph with its weights on disk
+        text, rewrite16_s, rewrite16_rss = _run(*pagedkv, "rewrite", str(out / "model.onnx"),
+                                                "-o", str(out / "model.fp16.onnx"), "--dtype", "fp16",
+                                                "--cache-dtype", "int8", "--calibrate", "--calib-prompts", "2",
+                                                "--calib-len", "16")
+        assert "calibrated on 2 prompt(s)" in text, text[-3000:]
+        half = onnx_io.data_path(out / "model.fp16.onnx").stat().st_size / WEIGHT_BYTES
+        assert 0.45 < half < 0.55, half  # the weights in float16
+        assert (data.stat().st_size, data.stat().st_mtime_ns) == exported
+        text, compare16_s, compare16_rss = _run(*pagedkv, "compare", str(out / "model.onnx"),
+                                                str(out / "model.fp16.onnx"), "--chunk-size", "8")
+        assert text.rstrip().endswith("PASSED"), text[-3000:]
+        assert "float32 original, float16 rewritten (16-bit graphs emulated in float32" in text
+
     ratios = {verb: rss / WEIGHT_BYTES for verb, rss in
-              (("export", export_rss), ("rewrite", rewrite_rss), ("compare", compare_rss))}
-    print(f"\n{WEIGHT_BYTES / 1e9:.2f} GB of weights: export {export_s:.0f} s, rewrite {rewrite_s:.0f} s, compare "
-          f"{compare_s:.0f} s; peak RSS / weights: " + ", ".join(f"{v} {r:.2f}" for v, r in ratios.items()))
+              (("export", export_rss), ("rewrite", rewrite_rss), ("compare", compare_rss),
+               ("rewrite --dtype fp16 --calibrate", rewrite16_rss), ("compare fp16", compare16_rss))}
+    seconds = {"export": export_s, "rewrite": rewrite_s, "compare": compare_s,
+               "rewrite --dtype fp16 --calibrate": rewrite16_s, "compare fp16": compare16_s}
+    print(f"\n{WEIGHT_BYTES / 1e9:.2f} GB of weights; seconds and peak RSS / weights: "
+          + ", ".join(f"{v} {seconds[v]:.0f} s {r:.2f}" for v, r in ratios.items()))
     assert ratios["rewrite"] < 0.5, ratios
     assert ratios["compare"] < 1.5, ratios
     assert ratios["export"] < 2.6, ratios
+    assert ratios["rewrite --dtype fp16 --calibrate"] < 2.0, ratios
+    assert ratios["compare fp16"] < 2.0, ratios
