@@ -214,7 +214,16 @@ def export_model(model, path: str | os.PathLike, *, exporter: str = "legacy", op
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{path.name}.", suffix=".export", dir=path.parent) as raw_dir:
         raw = Path(raw_dir) / path.name
-        result = _export_to(model, path, raw, exporter, opset, verify, source)
+        try:
+            result = _export_to(model, path, raw, exporter, opset, verify, source)
+        except ExportError as exc:
+            torch = require_export_deps()[0]
+            if next(model.parameters()).dtype != torch.float32 and \
+                    getattr(model.config, "_attn_implementation", None) == "sdpa":
+                raise ExportError(f"{exc} (PyTorch's legacy exporter fails on some 16-bit SDPA models, or exports "
+                                  "them with mixed dtypes; --attn-implementation eager exports the same attention)"
+                                  ) from exc
+            raise
         onnx_io.save(onnx_io.load(raw, "exported model"), path)
     return result
 
