@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU suite, run on the device machine (H200) from the repository root:
 #   bash .ci/gpu-run.sh [stages...]      stages: setup build tests sanitize bench  (default: all)
+#   PAGEDKV_BENCHES="write attention runtime serving headdim" picks the benchmarks of the bench stage.
 # It installs the Python wheels the machine's image lacks from .whl/ (fetch them here first with
 # `bash .ci/fetch-gpu-wheels.sh`), builds pagedkv for sm_90 there (TensorRT headers from the carried
 # kernel-lens wheel: the machine has no network), runs the `gpu` tests, compute-sanitizer memcheck and
@@ -60,10 +61,18 @@ if has sanitize; then
     t=$?; [ $t -ne 0 ] && rc=$t
     tail -8 "$OUT/sanitize-$tool.log" | tee -a "$OUT/summary.txt"
   done
+  # the C++ engine driving both plugins through the test host over 16 continuous-batching steps
+  log "compute-sanitizer memcheck: C++ runtime + plugins"
+  compute-sanitizer --tool memcheck --error-exitcode 99 --target-processes all \
+    python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_runtime_plugins.py > "$OUT/sanitize-runtime.log" 2>&1
+  t=$?; [ $t -ne 0 ] && rc=$t
+  tail -8 "$OUT/sanitize-runtime.log" | tee -a "$OUT/summary.txt"
 fi
 
 if has bench; then
-  for b in write attention runtime serving; do
+  # PAGEDKV_BENCHES picks benchmarks (a device call has 600 s; the full set runs longer in one call).
+  for b in ${PAGEDKV_BENCHES:-write attention runtime serving headdim}; do
+    [ "$b" = headdim ] && continue
     extra=""; [ "$b" = runtime ] && extra="--backend cuda"  # + the kernels' decode step, eager vs CUDA graph
     if [ -f benchmarks/bench_$b.py ]; then
       log "benchmark $b"
@@ -72,6 +81,7 @@ if has bench; then
       tail -40 "$OUT/bench_$b.log" | tee -a "$OUT/summary.txt"
     fi
   done
+  [[ " ${PAGEDKV_BENCHES:-headdim} " == *" headdim "* ]] || { log "done rc=$rc"; exit $rc; }
   # Head dims 80 / 96 on their own (FlashInfer may JIT-compile or refuse them): a slow peer cannot cost the rows above.
   for b in write attention; do
     log "benchmark $b, head dims"

@@ -11,6 +11,11 @@ in one staging buffer:
                  fresh numpy arrays, pack_into): adds the binding's per-call, allocation and packing cost
   Python         ``KVCacheManager``: commit + reserve per sequence, build_step, pack_into a staging buffer
 
+and the whole host side of a C++ engine step, the issue's measure (``pagedkv_runtime_check bench-engine``,
+plugins/runtime/tests/bench_engine.cpp): the scheduler (decodes, reserveMany), every engine input of the step
+(block table, cu_q_lens, past_lens, input ids, logits rows, sampling rows with their draws), commit, tokens and
+stops, with prefix reuse off and on — benchmarks/bench_runtime.py measures the same for the Python engine.
+
 Medians over the timed steps. Reproduce: python benchmarks/bench_cpp_kv.py [--seqs 256 --context 4096 --page-size 16]
 """
 
@@ -78,10 +83,19 @@ def main(argv=None) -> int:
                           str(args.page_size), "--steps", str(args.steps)], capture_output=True, text=True, check=True)
     print(out.stdout, end="")
     cpp = float(re.search(r"step total\s+median\s+([\d.]+) us", out.stdout).group(1))
+    engine = {}
+    for prefix in ("0", "1"):
+        run = subprocess.run([str(exe), "bench-engine", "--seqs", str(args.seqs), "--context", str(args.context),
+                              "--page-size", str(args.page_size), "--steps", str(args.steps), "--prefix", prefix],
+                             capture_output=True, text=True, check=True)
+        print(run.stdout, end="")
+        engine[prefix] = float(re.search(r"engine host\s+median\s+([\d.]+) us", run.stdout).group(1))
     ctypes_us = python_side(NativeKVManager, args, repeat=50, batched=True)
     python_us = python_side(KVCacheManager, args, repeat=10, batched=False)
     print(f"# the same decode step, {args.seqs} sequences x {args.context} cached tokens, page {args.page_size}")
-    print(f"C++              median {cpp:8.1f} us   (goal {GOAL_US:.0f} us: {'met' if cpp <= GOAL_US else 'NOT met'})")
+    print(f"C++ engine step  median {engine['0']:8.1f} us   (goal {GOAL_US:.0f} us: "
+          f"{'met' if engine['0'] <= GOAL_US else 'NOT met'}; {engine['1']:.1f} us with prefix reuse)")
+    print(f"C++ KV manager   median {cpp:8.1f} us   (commit + reserve + every metadata array)")
     print(f"C++ via ctypes   median {ctypes_us:8.1f} us   (NativeKVManager: 4 calls, numpy arrays, pack)")
     print(f"Python           median {python_us:8.1f} us   (KVCacheManager: commit + reserve + build_step + pack)")
     print(f"# reproduce: python benchmarks/bench_cpp_kv.py --seqs {args.seqs} --context {args.context} "

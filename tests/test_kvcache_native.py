@@ -4,7 +4,8 @@
 Operations: add (prompts sharing prefixes, salts), reserve (prefill chunks, decode tokens, speculative and
 oversized reservations that exhaust a pool, negative counts), commit (all or part of a reservation, with the
 prompt's ids, generated ids, wrong ids or none), steps (any mix of sequences and counts, repeats, sequences
-without a reservation), batched decode (the C++ side in one reserve_many / commit_many call), fork, free,
+without a reservation), batched decode (the C++ side in one reserve_many / commit_many call, or all-or-nothing
+on both sides: Python reserve_many against C++ reserve_all), fork, free,
 unreserve, swap out/in, unknown sequences. The Python manager is the oracle; after each operation both must
 agree on:
 
@@ -192,12 +193,21 @@ class Twin:
                 sid, n = (e, self.py.reserved(e)) if not isinstance(e, tuple) else e
                 self.call("commit", sid, n, self.tokens_for(sid, n))
 
-    def decode(self, k: int, chunk: int, batched: bool) -> None:
-        """A scheduler's step: reserve for a few live sequences, build the step, commit it."""
+    def decode(self, k: int, chunk: int, mode: int) -> None:
+        """A scheduler's step: reserve for a few live sequences, build the step, commit it. ``mode`` 0: one call
+        per sequence on both sides; 1: the C++ reserve_many (stops at the first failure) against one Python call
+        per sequence; 2: all-or-nothing on both sides (Python reserve_many, C++ reserve_all)."""
+        batched = mode == 1
         live = [s for s in self.py.sequences if not self.py.is_swapped(s)]
         chosen = live[k % max(len(live), 1):][:1 + k % 5]
+        if mode == 2 and k % 7 == 3 and chosen:
+            chosen = chosen + chosen[:1]  # a repeated sequence: both refuse the batch
         counts = [max(1, min(chunk, self.py.prefill_remaining(s))) for s in chosen]
-        if batched:  # the C++ batch call equals one Python call per sequence, stopping at the first failure
+        if mode == 2:
+            if self.compare(f"reserve_all({chosen}, {counts})", lambda: self.py.reserve_many(chosen, counts),
+                            lambda: self.cc.reserve_all(chosen, counts))[0] != "ok":
+                return
+        elif batched:  # the C++ batch call equals one Python call per sequence, stopping at the first failure
             def reserve_each():
                 for s, n in zip(chosen, counts):
                     self.py.reserve(s, n)
@@ -274,9 +284,9 @@ class DifferentialMachine(RuleBasedStateMachine):
     def step(self, k, width, counts):
         self.twin.step(k, width, counts)
 
-    @rule(k=ints, chunk=st.integers(1, 9), batched=st.booleans())
-    def decode(self, k, chunk, batched):
-        self.twin.decode(k, chunk, batched)
+    @rule(k=ints, chunk=st.integers(1, 9), mode=st.integers(0, 2))
+    def decode(self, k, chunk, mode):
+        self.twin.decode(k, chunk, mode)
 
     @rule(k=ints, which=st.integers(0, 4))
     def lifecycle(self, k, which):
@@ -315,7 +325,7 @@ def test_native_manager_matches_python_on_a_long_seeded_trace(config):
         elif op == 3:
             twin.step(k, int(rng.integers(0, 5)), rng.integers(-1, 7, size=3).tolist())
         elif op in (4, 5, 6):
-            twin.decode(k, int(rng.integers(1, 10)), bool(op == 6))
+            twin.decode(k, int(rng.integers(1, 10)), [0, 1, 2][op - 4] if k % 3 else 2)
         else:
             [twin.fork, twin.free, twin.unreserve, twin.swap_out, twin.swap_in][int(rng.integers(0, 5))](k)
         twin.check_state()

@@ -39,7 +39,7 @@ def closing_counts(output: str) -> tuple[int, int]:
 def test_cpp_unit_tests(check_exe):
     rc, output = run(check_exe, "unit")
     passed, failed = closing_counts(output)
-    assert rc == 0 and failed == 0 and passed >= 13, output
+    assert rc == 0 and failed == 0 and passed >= 21, output
 
 
 def test_cpp_stateful_random_test(check_exe):
@@ -58,6 +58,16 @@ def test_cpp_step_benchmark(check_exe):
     assert 0 < total < 500, output
 
 
+def test_cpp_engine_step_benchmark(check_exe):
+    """The engine's host time per decode step (scheduler + step inputs + commit + stops) at 256 sequences: the
+    goal is 50 us (measured ~32 us on the 2-core development machine); the guard is 10x, for a loaded machine."""
+    rc, output = run(check_exe, "bench-engine", "--seqs", "256", "--context", "4096", "--page-size", "16", "--steps",
+                     "50")
+    assert rc == 0, output
+    host = float(re.search(r"engine host\s+median\s+([\d.]+) us", output).group(1))
+    assert 0 < host < 500, output
+
+
 def test_cpp_check_refuses_bad_arguments(check_exe):
     rc, output = run(check_exe, "bench", "--seqs", "many")
     assert rc == 2 and "--seqs: expected a non-negative integer, got 'many'" in output
@@ -74,7 +84,7 @@ def test_runtime_library_exports_and_links_nothing_of_cuda_or_tensorrt():
     assert any(n.startswith("pagedkv_kv_create") for n in names)
     assert any(n.startswith("pagedkv::runtime::KVManager::reserve(") for n in names)
     assert any(n == "typeinfo for pagedkv::runtime::KVCacheExhaustedError" for n in names)
-    leaked = [n for n in names if not (n.startswith(("pagedkv_kv_", "pagedkv::runtime::", "typeinfo for pagedkv::",
+    leaked = [n for n in names if not (n.startswith(("pagedkv_kv_", "pagedkv_rt_", "pagedkv::runtime::", "typeinfo for pagedkv::",
                                                      "typeinfo name for pagedkv::", "vtable for pagedkv::"))
                                        or n in ("PAGEDKV_KV",))]
     assert not leaked, leaked[:10]

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <unordered_map>
 
 #include "format.h"
 #include "kv_manager_impl.h"
@@ -290,9 +291,11 @@ int32_t KVManager::addSequence(SeqId id, int32_t const* promptTokens, int32_t pr
     return s.length;
 }
 
-void KVManager::reserve(SeqId id, int32_t numTokens) {
-    Impl& m = *impl_;
-    Sequence& s = m.live(id, "reserve");
+void KVManager::reserve(SeqId id, int32_t numTokens) { impl_->reserve(impl_->live(id, "reserve"), numTokens); }
+
+void KVManager::Impl::reserve(Sequence& s, int32_t numTokens) {
+    Impl& m = *this;
+    SeqId const id = s.id;
     if (numTokens < 0)
         throw KVArgumentError(cat("reserve: num_tokens must be >= 0, got ", numTokens, " (sequence ", id, ")"), id);
     int32_t const L = s.length;
@@ -363,6 +366,96 @@ void KVManager::reserve(SeqId id, int32_t numTokens) {
     }
     s.reserved = R;
     ++m.version;
+}
+
+void KVManager::reserveMany(SeqId const* seqs, int32_t const* counts, int32_t n) {
+    Impl& m = *impl_;
+    std::vector<int32_t> slots(n);
+    for (int32_t i = 0; i < n; ++i) {  // Python's seq_batch checks: unknown, swapped, repeated
+        auto it = m.index.find(seqs[i]);
+        if (it == m.index.end())
+            throw UnknownSequenceError(cat("reserve_many: sequence ", seqs[i], " is not in the KV manager"), seqs[i]);
+        slots[i] = it->second;
+    }
+    for (int32_t i = 0; i < n; ++i)
+        if (m.slots[slots[i]].swapped)
+            throw KVArgumentError(cat("reserve_many: sequence ", seqs[i], " is swapped out; swap_in first"), seqs[i]);
+    std::vector<int32_t>& seen = m.scratchPages;
+    seen.assign(m.slots.size(), 0);
+    for (int32_t i = 0; i < n; ++i)
+        if (seen[slots[i]]++)
+            throw KVArgumentError(
+                cat("reserve_many: a sequence appears twice: ", listRepr(std::vector<SeqId>(seqs, seqs + n))), seqs[i]);
+    std::vector<int32_t> total(n);
+    for (int32_t i = 0; i < n; ++i)
+        if (counts[i] < 0)
+            throw KVArgumentError(
+                cat("reserve_many: num_tokens must be >= 0, got ", counts[i], " (sequence ", seqs[i], ")"), seqs[i]);
+    for (int32_t i = 0; i < n; ++i) {
+        Sequence const& s = m.slots[slots[i]];
+        total[i] = std::max(s.reserved, counts[i]);
+        if (int64_t(s.length) + total[i] >= kInt32Limit)
+            throw KVArgumentError(cat("reserve_many: length ", s.length, " + ", total[i],
+                                      " new tokens overflows int32 positions (sequence ", seqs[i], ")"),
+                                  seqs[i]);
+    }
+    std::unordered_map<int32_t, int32_t> writers;  // block -> how many of the batch write into it
+    std::unordered_map<int32_t, int32_t> rank;     // block -> writers seen so far
+    for (size_t g = 0; g < m.groups.size(); ++g) {  // plan and check every group, then act
+        PoolGroup const& spec = m.groups[g];
+        int64_t grow = 0, copies = 0;
+        if (spec.mode == WindowMode::kCyclic) {
+            for (int32_t i = 0; i < n; ++i) checkCyclicStep(spec, total[i], seqs[i]);
+            for (int32_t i = 0; i < n; ++i) {  // every held page a ring step writes may need a copy
+                Sequence const& s = m.slots[slots[i]];
+                int32_t cur = int32_t(s.groups[g].blocks.size());
+                grow += std::max(0, spec.layout.pagesNeeded(s.length + total[i]) - cur);
+                writtenPages(spec, s.length, total[i], m.scratchBlocks);
+                copies += std::count_if(m.scratchBlocks.begin(), m.scratchBlocks.end(),
+                                        [cur](int32_t j) { return j < cur; });
+            }
+        } else {
+            // A linear page L / P held and shared: of the k batch sequences writing one block of refcount c,
+            // the first k - 1 copy it, the last one too when c > k (what sequential reserves do).
+            auto writtenBlock = [&](int32_t i) -> int32_t {
+                Sequence const& s = m.slots[slots[i]];
+                auto const& blocks = s.groups[g].blocks;
+                int32_t page = s.length / spec.pageSize();
+                return total[i] > 0 && page < int32_t(blocks.size()) ? blocks[page] : kInvalidBlock;
+            };
+            bool shared = false;  // a block of refcount 1 has one holder: only shared blocks can be copied
+            for (int32_t i = 0; i < n; ++i) {
+                Sequence const& s = m.slots[slots[i]];
+                grow += std::max(0, spec.layout.pagesNeeded(s.length + total[i]) - int32_t(s.groups[g].blocks.size()));
+                int32_t b = writtenBlock(i);
+                shared = shared || (b >= 0 && m.allocators[g].refcount(b) > 1);
+            }
+            if (shared) {
+                writers.clear();
+                rank.clear();
+                for (int32_t i = 0; i < n; ++i)
+                    if (int32_t b = writtenBlock(i); b >= 0) ++writers[b];
+                for (int32_t i = 0; i < n; ++i) {
+                    int32_t b = writtenBlock(i);
+                    if (b < 0) continue;
+                    int32_t k = writers[b];
+                    copies += rank[b]++ < k - 1 || m.allocators[g].refcount(b) > k;
+                }
+            }
+        }
+        int64_t count = grow + copies;
+        if (count > m.allocators[g].numFree())
+            throw KVCacheExhaustedError(count, m.allocators[g].numFree(), spec.name, Tier::kPrimary, std::nullopt,
+                                        cat("reserve_many of ", n, " sequences: ", grow, " new page(s), ", copies,
+                                            " copy-on-write"));
+    }
+    size_t const logged = m.copyLog.size();
+    for (int32_t i = 0; i < n; ++i) m.reserve(m.slots[slots[i]], counts[i]);  // fits: the blocks planned above
+    bool const ring = std::any_of(m.groups.begin(), m.groups.end(),
+                                  [](PoolGroup const& g) { return g.mode == WindowMode::kCyclic; });
+    if (!ring)  // Python plans linear groups one after the other: their copies are logged group by group
+        std::stable_sort(m.copyLog.begin() + logged, m.copyLog.end(),
+                         [](BlockCopy const& a, BlockCopy const& b) { return a.group < b.group; });
 }
 
 void KVManager::unreserve(SeqId id) {

@@ -77,6 +77,7 @@ struct KVManager::Impl {
     Sequence& seq(SeqId id);  // throws UnknownSequenceError
     Sequence const& seq(SeqId id) const;
     Sequence& live(SeqId id, char const* what);  // also refuses a swapped-out sequence
+    void reserve(Sequence& s, int32_t numTokens);  // KVManager::reserve of a live sequence
     int32_t takeSlot();
     void allocate(int32_t g, int32_t count, SeqId id, std::vector<int32_t>& out);  // evicts cached blocks
     void dropPages(int32_t g, GroupSequence& gs, int32_t start, int32_t stop, bool reverse);

@@ -108,6 +108,11 @@ void KVManager::writeStep(StepPlan const& plan, StepBuffers const& out) const {
         GroupStepBuffers const& o = out.groups[g];
         KVLayout const& lay = m.groups[g].layout;
         int32_t const MB = plan.maxBlocks[g];
+        int32_t const W = o.blockTableWidth > 0 ? o.blockTableWidth : MB;
+        if (o.blockTable && W < MB)
+            throw KVArgumentError(cat("write_step: block table width ", W, " of group ", quoted(m.groups[g].name),
+                                      " is narrower than the step's ", MB, " pages"),
+                                  std::nullopt);
         int32_t const* pages = plan.pages_.data() + g * B;
         int32_t nnz = 0;
         if (o.kvIndptr) o.kvIndptr[0] = 0;
@@ -115,9 +120,9 @@ void KVManager::writeStep(StepPlan const& plan, StepBuffers const& out) const {
             std::vector<int32_t> const& blocks = m.slots[plan.slots_[i]].groups[g].blocks;
             int32_t n = pages[i];  // <= blocks.size(): a reservation beyond the step keeps its extra pages hidden
             if (o.blockTable) {
-                int32_t* row = o.blockTable + int64_t(i) * MB;
+                int32_t* row = o.blockTable + int64_t(i) * W;
                 std::memcpy(row, blocks.data(), sizeof(int32_t) * n);
-                std::fill(row + n, row + MB, kInvalidBlock);
+                std::fill(row + n, row + W, kInvalidBlock);
             }
             if (o.kvIndices) std::memcpy(o.kvIndices + nnz, blocks.data(), sizeof(int32_t) * n);
             nnz += n;
@@ -151,8 +156,8 @@ StepBuffers StepBatch::resizeFor(StepPlan const& p) {
         gr.lastPageLens.resize(B);
         gr.kvIndptr.resize(B + 1);
         gr.kvIndices.resize(p.numIndices[g]);
-        groupBuffers_[g] = {gr.blockTable.data(), gr.numPages.data(), gr.lastPageLens.data(), gr.kvIndptr.data(),
-                            gr.kvIndices.data()};
+        groupBuffers_[g] = {gr.blockTable.data(), 0, gr.numPages.data(), gr.lastPageLens.data(),
+                            gr.kvIndptr.data(), gr.kvIndices.data()};
     }
     return {cuQLens.data(),  pastLens.data(),  qLens.data(),        kvLens.data(),
             tokenSeq.data(), positions.data(), groupBuffers_.data()};

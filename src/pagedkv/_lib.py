@@ -14,8 +14,9 @@ from pathlib import Path
 CAPI_NAME = "libpagedkv_capi.so"
 PLUGINS_NAME = "libpagedkv_plugins.so"
 TESTHOST_NAME = "pagedkv_testhost"
-RUNTIME_NAME = "libpagedkv_runtime.so"        # the C++ runtime (host C++ only: no CUDA, no TensorRT)
+RUNTIME_NAME = "libpagedkv_runtime.so"        # the C++ runtime (static cudart; TensorRT dlopened)
 RUNTIME_CHECK_NAME = "pagedkv_runtime_check"  # its C++ tests and benchmark
+GENERATE_NAME = "pagedkv_generate"            # the C++ deployment sample (samples/cpp)
 
 
 def lib_dirs() -> list[Path]:

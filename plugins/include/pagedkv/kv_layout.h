@@ -42,6 +42,9 @@ enum class PageLayout : int32_t {
     kNHD = 1,  // [P, KVH, D]: one token's heads are contiguous
 };
 
+// Bytes of one stored element (Python's CacheDType.itemsize).
+PKV_HD int32_t cacheDTypeBytes(CacheDType c) { return (c == CacheDType::kFP16 || c == CacheDType::kBF16) ? 2 : 1; }
+
 constexpr int32_t kInvalidBlock = -1;  // block-table sentinel: no page here (evicted / not allocated)
 
 // log2(x) when x is a power of two, else -1. Host-side helper; the device reads the cached value.

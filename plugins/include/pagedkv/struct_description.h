@@ -8,7 +8,7 @@
 // member added to a struct (or reordered, or retyped) without its entry fails the build instead of shifting a
 // binding. describeStruct() renders one description as the JSON the bindings read:
 //   "Name": {"size": S, "align": A, "fields": [{"name", "type", "offset", "size"[, "count"]}, ...]}
-// with type one of i32, i64, u64, f32, bool, ptr, str (a NUL-terminated char const*), or a described struct's name.
+// with type one of i32, i64, u64, f32, f64, bool, ptr, str (a NUL-terminated char const*), or a described struct's name.
 #pragma once
 
 #include <cstddef>
@@ -35,6 +35,7 @@ template <> struct TypeName<int32_t> { static constexpr char const* value = "i32
 template <> struct TypeName<int64_t> { static constexpr char const* value = "i64"; };
 template <> struct TypeName<uint64_t> { static constexpr char const* value = "u64"; };
 template <> struct TypeName<float> { static constexpr char const* value = "f32"; };
+template <> struct TypeName<double> { static constexpr char const* value = "f64"; };
 template <> struct TypeName<bool> { static constexpr char const* value = "bool"; };
 static_assert(std::is_same_v<size_t, uint64_t>, "size_t fields are described as u64");
 

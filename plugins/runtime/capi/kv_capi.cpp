@@ -8,116 +8,23 @@
 #include <new>
 #include <string>
 
+#include "capi_guard.h"
 #include "pagedkv/runtime/kv_manager.h"
 #include "pagedkv/struct_description.h"
 
 using namespace pagedkv;
 using namespace pagedkv::runtime;
 
-struct pagedkv_kv_manager {
-    KVManager manager;
-    StepPlan plan;
-};
-
 namespace {
 
-struct ErrorState {
-    pagedkv_kv_error record{};
-    std::string message, group, what, check, detail, expected, found;
-
-    void reset(int32_t code, std::string msg) {
-        record = pagedkv_kv_error{};
-        record.code = code;
-        message = std::move(msg);
-        group.clear();
-        what.clear();
-        check.clear();
-        detail.clear();
-        expected.clear();
-        found.clear();
-    }
-    void point() {
-        record.message = message.c_str();
-        record.group = group.c_str();
-        record.what = what.c_str();
-        record.check = check.c_str();
-        record.detail = detail.c_str();
-        record.expected = expected.c_str();
-        record.found = found.c_str();
-    }
-};
-
-thread_local ErrorState tlsError;
-
-void noteSeq(KVCacheError const& e) {
-    if (e.seq) {
-        tlsError.record.has_seq = 1;
-        tlsError.record.seq = *e.seq;
-    }
-}
-
-// Run `body`, mapping each exception type to its status (the most derived first).
-template <typename F>
-int32_t guarded(F&& body) {
-    try {
-        body();
-        return PAGEDKV_KV_OK;
-    } catch (KVCacheExhaustedError const& e) {
-        tlsError.reset(PAGEDKV_KV_EXHAUSTED, e.what());
-        noteSeq(e);
-        tlsError.record.needed = e.needed;
-        tlsError.record.free = e.free;
-        tlsError.record.tier = int32_t(e.tier);
-        tlsError.group = e.group;
-        tlsError.what = e.operation;
-    } catch (BlockRefcountError const& e) {
-        tlsError.reset(PAGEDKV_KV_REFCOUNT, e.what());
-        tlsError.record.has_block = 1;
-        tlsError.record.block = e.block;
-        tlsError.record.refcount = e.refcount;
-    } catch (KVInvariantError const& e) {
-        tlsError.reset(PAGEDKV_KV_INVARIANT, e.what());
-        noteSeq(e);
-        tlsError.group = e.group;
-        tlsError.check = e.check;
-        tlsError.detail = e.detail;
-        tlsError.expected = e.expected;
-        tlsError.found = e.found;
-        if (e.block) {
-            tlsError.record.has_block = 1;
-            tlsError.record.block = *e.block;
-        }
-        if (e.page) {
-            tlsError.record.has_page = 1;
-            tlsError.record.page = *e.page;
-        }
-    } catch (UnknownSequenceError const& e) {
-        tlsError.reset(PAGEDKV_KV_UNKNOWN_SEQUENCE, e.what());
-        noteSeq(e);
-    } catch (KVArgumentError const& e) {
-        tlsError.reset(PAGEDKV_KV_INVALID_ARGUMENT, e.what());
-        noteSeq(e);
-    } catch (std::bad_alloc const&) {
-        tlsError.reset(PAGEDKV_KV_INTERNAL, "out of host memory");
-    } catch (std::exception const& e) {
-        tlsError.reset(PAGEDKV_KV_INTERNAL, e.what());
-    } catch (...) {
-        tlsError.reset(PAGEDKV_KV_INTERNAL, "unknown C++ exception");
-    }
-    tlsError.point();
-    return tlsError.record.code;
-}
-
-void need(void const* p, char const* what) {
-    if (!p) throw KVArgumentError(std::string(what) + ": null pointer", std::nullopt);
-}
+using namespace pagedkv::runtime::capi;
 
 // `body(manager)` under guarded(), after checking the handle.
 template <typename Handle, typename F>
 int32_t onManager(Handle* mgr, F&& body) {
     return guarded([&] {
         need(mgr, "manager");
-        body(mgr->manager);
+        body(*mgr->manager);
     });
 }
 
@@ -237,7 +144,10 @@ int32_t pagedkv_kv_create(const pagedkv_kv_group_desc* groups, int32_t num_group
             blocks.push_back(d.num_blocks);
             host.push_back(d.host_blocks);
         }
-        *out = new pagedkv_kv_manager{KVManager(std::move(specs), blocks, host, enable_prefix_reuse != 0), {}};
+        auto handle = std::make_unique<pagedkv_kv_manager>();
+        handle->owned = std::make_unique<KVManager>(std::move(specs), blocks, host, enable_prefix_reuse != 0);
+        handle->manager = handle->owned.get();
+        *out = handle.release();
     });
 }
 
@@ -296,6 +206,16 @@ int32_t pagedkv_kv_reserve_many(pagedkv_kv_manager* mgr, const int64_t* seqs, co
     });
 }
 
+int32_t pagedkv_kv_reserve_all(pagedkv_kv_manager* mgr, const int64_t* seqs, const int32_t* counts, int32_t n) {
+    return onManager(mgr, [&](KVManager& m) {
+        if (n > 0) {
+            need(seqs, "seqs");
+            need(counts, "counts");
+        }
+        m.reserveMany(seqs, counts, n);
+    });
+}
+
 int32_t pagedkv_kv_commit_many(pagedkv_kv_manager* mgr, const int64_t* seqs, const int32_t* counts,
                                const int32_t* token_ids, int32_t n, int32_t* done) {
     if (done) *done = 0;
@@ -313,10 +233,10 @@ int32_t pagedkv_kv_commit_many(pagedkv_kv_manager* mgr, const int64_t* seqs, con
     });
 }
 
-int32_t pagedkv_kv_num_groups(const pagedkv_kv_manager* mgr) { return mgr ? mgr->manager.numGroups() : 0; }
-int32_t pagedkv_kv_num_sequences(const pagedkv_kv_manager* mgr) { return mgr ? mgr->manager.numSequences() : 0; }
+int32_t pagedkv_kv_num_groups(const pagedkv_kv_manager* mgr) { return mgr ? mgr->manager->numGroups() : 0; }
+int32_t pagedkv_kv_num_sequences(const pagedkv_kv_manager* mgr) { return mgr ? mgr->manager->numSequences() : 0; }
 int32_t pagedkv_kv_contains(const pagedkv_kv_manager* mgr, int64_t seq) {
-    return mgr && mgr->manager.contains(seq) ? 1 : 0;
+    return mgr && mgr->manager->contains(seq) ? 1 : 0;
 }
 
 int32_t pagedkv_kv_sequences(const pagedkv_kv_manager* mgr, int64_t* out, int32_t capacity, int32_t* count) {
@@ -413,7 +333,7 @@ int32_t pagedkv_kv_write_step(pagedkv_kv_manager* mgr, const pagedkv_kv_step_buf
         std::vector<GroupStepBuffers> per;
         if (groups) {
             for (int32_t g = 0; g < m.numGroups(); ++g)
-                per.push_back({groups[g].block_table, groups[g].num_pages, groups[g].last_page_lens,
+                per.push_back({groups[g].block_table, 0, groups[g].num_pages, groups[g].last_page_lens,
                                groups[g].kv_indptr, groups[g].kv_indices});
             out.groups = per.data();
         }

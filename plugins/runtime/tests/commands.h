@@ -18,5 +18,7 @@ struct BenchOptions {
 };
 // Host time per decode step: reserve + commit of every sequence and the step metadata into a staging buffer.
 int runBench(BenchOptions const& options);
+// Host time per decode step of the engine: scheduler, step inputs, commit, tokens, stops.
+int runEngineBench(BenchOptions const& options);
 
 }  // namespace pagedkv::runtime::check

@@ -1,7 +1,8 @@
 // pagedkv_runtime_check: the C++ runtime's own tests and benchmark.
 //   unit   [--filter NAME]                       unit tests (check.h registry)
 //   random [--ops N] [--seed S] [--steps K]      the stateful random test (>= 10^5 operations by default)
-//   bench  [--seqs B] [--context N] [--page-size P] [--steps K] [--prefix 0|1]
+//   bench  [--seqs B] [--context N] [--page-size P] [--steps K] [--prefix 0|1]       the KV manager's step
+//   bench-engine  (the same options)                                                 the engine's step
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -17,7 +18,8 @@ int usage() {
     std::cerr
         << "usage: pagedkv_runtime_check unit [--filter NAME]\n"
            "       pagedkv_runtime_check random [--ops N] [--seed S] [--steps K]\n"
-           "       pagedkv_runtime_check bench [--seqs B] [--context N] [--page-size P] [--steps K] [--prefix 0|1]\n";
+           "       pagedkv_runtime_check bench|bench-engine [--seqs B] [--context N] [--page-size P] [--steps K] "
+           "[--prefix 0|1]\n";
     return 2;
 }
 
@@ -46,7 +48,7 @@ int main(int argc, char** argv) {
     if (command == "unit") return runAll(options.count("filter") ? options["filter"] : "");
     if (command == "random")
         return runRandom(number("ops", 100000), uint64_t(number("seed", 0)), int32_t(number("steps", 260)));
-    if (command == "bench") {
+    if (command == "bench" || command == "bench-engine") {
         BenchOptions o;
         o.seqs = int32_t(number("seqs", o.seqs));
         o.context = int32_t(number("context", o.context));
@@ -54,7 +56,7 @@ int main(int argc, char** argv) {
         o.steps = int32_t(number("steps", o.steps));
         o.prefixReuse = number("prefix", 0) != 0;
         if (o.seqs < 1 || o.pageSize < 1 || o.steps < 1) return usage();
-        return runBench(o);
+        return command == "bench" ? runBench(o) : runEngineBench(o);
     }
     return usage();
 }

@@ -21,7 +21,7 @@ from pagedkv import _lib
 from pagedkv.layout import KVLayout
 
 _SCALARS = {"i32": ctypes.c_int32, "i64": ctypes.c_int64, "u64": ctypes.c_uint64, "f32": ctypes.c_float,
-            "bool": ctypes.c_bool, "ptr": ctypes.c_void_p, "str": ctypes.c_char_p}
+            "f64": ctypes.c_double, "bool": ctypes.c_bool, "ptr": ctypes.c_void_p, "str": ctypes.c_char_p}
 
 
 @functools.lru_cache(maxsize=None)

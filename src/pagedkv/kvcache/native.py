@@ -66,6 +66,7 @@ def _runtime() -> ctypes.CDLL:
         "pagedkv_kv_swap_out": ([h, seq], _i32),
         "pagedkv_kv_swap_in": ([h, seq], _i32),
         "pagedkv_kv_reserve_many": ([h, _i64p, _i32p, _i32, _i32p], _i32),
+        "pagedkv_kv_reserve_all": ([h, _i64p, _i32p, _i32], _i32),
         "pagedkv_kv_commit_many": ([h, _i64p, _i32p, _i32p, _i32, _i32p], _i32),
         "pagedkv_kv_contains": ([h, seq], _i32),
         "pagedkv_kv_sequences": ([h, _i64p, _i32, _i32p], _i32),
@@ -84,6 +85,19 @@ def _runtime() -> ctypes.CDLL:
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, res
     return lib
+
+
+def group_descs(groups: Sequence[PoolGroup], num_blocks: Sequence[int], host_blocks: Sequence[int]):
+    """The C API's pagedkv_kv_group_desc array of ``groups`` (names kept alive by the array's ``_names``)."""
+    T = _runtime().structs
+    names = [g.name.encode() for g in groups]
+    descs = (T.GroupDesc * len(names))(*[
+        T.GroupDesc(name, g.layout.num_layers, g.layout.num_kv_heads, g.layout.page_size, g.layout.head_dim,
+                    int(g.layout.page_layout), g.layout.ring_sink_tokens, g.layout.cyclic_len, int(g.cache_dtype),
+                    g.window, g.attention_sinks, nb, hb)
+        for name, g, nb, hb in zip(names, groups, num_blocks, host_blocks)])
+    descs._names = names
+    return descs
 
 
 def _text(raw: bytes | None) -> str:
@@ -137,17 +151,20 @@ class NativeKVManager:
         G = len(self.groups)
         self.num_blocks = _per_group(num_blocks, G, "num_blocks")
         self.host_blocks = _per_group(host_blocks, G, "host_blocks")
-        names = [g.name.encode() for g in self.groups]
         self._lib = _runtime()
-        T = self._lib.structs
-        descs = (T.GroupDesc * G)(*[
-            T.GroupDesc(name, g.layout.num_layers, g.layout.num_kv_heads, g.layout.page_size, g.layout.head_dim,
-                      int(g.layout.page_layout), g.layout.ring_sink_tokens, g.layout.cyclic_len, int(g.cache_dtype),
-                      g.window, g.attention_sinks, nb, hb)
-            for name, g, nb, hb in zip(names, self.groups, self.num_blocks, self.host_blocks)])
         self._h = ctypes.c_void_p()
-        _check(self._lib.pagedkv_kv_create(descs, G, int(bool(enable_prefix_reuse)), ctypes.byref(self._h)))
+        _check(self._lib.pagedkv_kv_create(group_descs(self.groups, self.num_blocks, self.host_blocks), G,
+                                           int(bool(enable_prefix_reuse)), ctypes.byref(self._h)))
         self.prefix_reuse = bool(enable_prefix_reuse)
+
+    @classmethod
+    def borrowed(cls, handle: ctypes.c_void_p, groups, num_blocks: list[int], host_blocks: list[int],
+                 enable_prefix_reuse: bool) -> "NativeKVManager":
+        """A manager another C++ object owns (``pagedkv_rt_engine_kv``): close() frees the handle only."""
+        mgr = cls.__new__(cls)
+        mgr.groups, mgr.num_blocks, mgr.host_blocks = tuple(groups), list(num_blocks), list(host_blocks)
+        mgr._lib, mgr._h, mgr.prefix_reuse = _runtime(), handle, bool(enable_prefix_reuse)
+        return mgr
 
     def close(self) -> None:
         if self._h:
@@ -204,6 +221,11 @@ class NativeKVManager:
         """``reserve`` for each sequence in order, in one call (stops at the first failure, which raises)."""
         ids, n = np.ascontiguousarray(seq_ids, dtype=np.int64), np.ascontiguousarray(counts, dtype=np.int32)
         _check(self._lib.pagedkv_kv_reserve_many(self._h, _ptr(ids, _i64), _ptr(n), ids.size, None))
+
+    def reserve_all(self, seq_ids: Sequence[int], counts: Sequence[int]) -> None:
+        """``KVCacheManager.reserve_many``: every sequence or none (``KVManager::reserveMany``)."""
+        ids, n = np.ascontiguousarray(seq_ids, dtype=np.int64), np.ascontiguousarray(counts, dtype=np.int32)
+        _check(self._lib.pagedkv_kv_reserve_all(self._h, _ptr(ids, _i64), _ptr(n), ids.size))
 
     def commit_many(self, seq_ids: Sequence[int], counts: Sequence[int], token_ids=None) -> None:
         """``commit`` for each sequence in order; ``token_ids``: all sequences' ids back to back, or None."""

@@ -22,6 +22,13 @@ typedef enum pagedkv_kv_status {
     PAGEDKV_KV_REFCOUNT = 4,          // double free (Python BlockRefcountError)
     PAGEDKV_KV_INVARIANT = 5,         // the validator's finding (Python KVInvariantError)
     PAGEDKV_KV_INTERNAL = 6,          // anything else (out of memory, a bug)
+    // the runtime's entries (runtime_capi.h)
+    PAGEDKV_KV_CONTEXT_LENGTH = 7,  // prompt + max_new_tokens beyond the context limit (Python ContextLengthError)
+    PAGEDKV_KV_WRITE_STATUS = 8,    // a layer's kv_write_status was not clean: seq, page, block = the entry
+                                    // (Python KVWriteError)
+    PAGEDKV_KV_TENSORRT_UNAVAILABLE = 9,  // libnvinfer could not be loaded (trt_engine.h TensorRTUnavailable)
+    PAGEDKV_KV_PLUGIN_LIBRARY = 10,       // the plugin library is missing or not ours (PluginLibraryError)
+    PAGEDKV_KV_ENGINE_MISMATCH = 11,      // the engine's I/O, GPU or TensorRT version (EngineMismatchError)
 } pagedkv_kv_status;
 
 typedef struct pagedkv_kv_error {
@@ -90,6 +97,7 @@ PAGEDKV_KV_EXPORT const pagedkv_kv_error* pagedkv_kv_last_error(void);
 
 PAGEDKV_KV_EXPORT int32_t pagedkv_kv_create(const pagedkv_kv_group_desc* groups, int32_t num_groups,
                                             int32_t enable_prefix_reuse, pagedkv_kv_manager** out);
+// Frees the handle; a handle borrowed from an engine (pagedkv_rt_engine_kv) leaves the engine's manager alone.
 PAGEDKV_KV_EXPORT void pagedkv_kv_destroy(pagedkv_kv_manager* mgr);
 
 // ---- sequences ----
@@ -112,6 +120,9 @@ PAGEDKV_KV_EXPORT int32_t pagedkv_kv_swap_in(pagedkv_kv_manager* mgr, int64_t se
 // sequences' tokens back to back (sum of counts) or NULL.
 PAGEDKV_KV_EXPORT int32_t pagedkv_kv_reserve_many(pagedkv_kv_manager* mgr, const int64_t* seqs, const int32_t* counts,
                                                   int32_t n, int32_t* done);
+// reserve for every sequence, all-or-nothing (Python's KVCacheManager.reserve_many): on failure nothing changed.
+PAGEDKV_KV_EXPORT int32_t pagedkv_kv_reserve_all(pagedkv_kv_manager* mgr, const int64_t* seqs, const int32_t* counts,
+                                                 int32_t n);
 PAGEDKV_KV_EXPORT int32_t pagedkv_kv_commit_many(pagedkv_kv_manager* mgr, const int64_t* seqs, const int32_t* counts,
                                                  const int32_t* token_ids, int32_t n, int32_t* done);
 

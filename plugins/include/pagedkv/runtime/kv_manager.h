@@ -45,6 +45,8 @@ struct PoolGroup {
     WindowMode mode = WindowMode::kFull;
     int32_t ringPages = 0;  // cyclic: the most pages a sequence ever holds (sinks + bubble + ring)
     int32_t pageSize() const { return layout.pageSize; }
+    int32_t itemsize() const { return cacheDTypeBytes(cacheDType); }
+    int64_t blockBytes() const { return layout.strideBlock * itemsize(); }  // all layers, K and V, all heads
 };
 
 struct PoolGroupParams {
@@ -109,6 +111,11 @@ public:
     // Room for `numTokens` new tokens after the committed length: allocates pages, copy-on-write of shared
     // pages they land in. Idempotent for a large enough reservation.
     void reserve(SeqId seq, int32_t numTokens);
+    // reserve(seqs[i], counts[i]) for every i, all-or-nothing (Python's reserve_many): the sequences are checked
+    // (known, live, distinct), then every group's blocks for all of them (new pages and copy-on-write, counted
+    // as sequential reserves would take them; a ring group counts every written page), and only then reserved
+    // in order. KVCacheExhaustedError (seq unset) when any group lacks blocks: nothing changed.
+    void reserveMany(SeqId const* seqs, int32_t const* counts, int32_t n);
     void unreserve(SeqId seq);
     // `numTokens` reserved tokens are in the cache now; `tokenIds` (null: unknown) extend the known tokens
     // (prefix hashing only): `tokenCount` ids, which must be numTokens (-1: numTokens, unchecked). RELEASE

@@ -49,7 +49,8 @@ private:
 
 // Where writeStep puts each array (element counts from the plan). A null pointer skips that array.
 struct GroupStepBuffers {
-    int32_t* blockTable = nullptr;    // [B * MB]
+    int32_t* blockTable = nullptr;    // [B * W], W = blockTableWidth (0: MB); columns past a row's pages are -1
+    int32_t blockTableWidth = 0;      // an engine's static width or a CUDA-graph bucket (>= MB)
     int32_t* numPages = nullptr;      // [B]
     int32_t* lastPageLens = nullptr;  // [B]
     int32_t* kvIndptr = nullptr;      // [B + 1]
