@@ -61,6 +61,14 @@ if has sanitize; then
     t=$?; [ $t -ne 0 ] && rc=$t
     tail -8 "$OUT/sanitize-$tool.log" | tee -a "$OUT/summary.txt"
   done
+  # Build-phase plugin instances enqueued on random / 0xFF / real metadata through the test host (a child
+  # process: --target-processes all), as TensorRT's tactic timing does: 0 memcheck errors, nothing written.
+  log "compute-sanitizer memcheck: build-phase enqueue"
+  compute-sanitizer --tool memcheck --error-exitcode 99 --target-processes all \
+    python3 -m pytest -q -p no:cacheprovider tests/gpu/test_plugins_enqueue.py -k "build_phase or runtime_phase_enqueue" \
+    > "$OUT/sanitize-build-phase.log" 2>&1
+  t=$?; [ $t -ne 0 ] && rc=$t
+  tail -8 "$OUT/sanitize-build-phase.log" | tee -a "$OUT/summary.txt"
   # the C++ engine driving both plugins through the test host over 16 continuous-batching steps
   log "compute-sanitizer memcheck: C++ runtime + plugins"
   compute-sanitizer --tool memcheck --error-exitcode 99 --target-processes all \

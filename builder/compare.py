@@ -209,7 +209,7 @@ def open_rewritten(rewritten, backend: str, num_blocks):
             source = rewritten
             if isinstance(rewritten, onnx.ModelProto):
                 source = onnx_io.save(rewritten, Path(tmp) / "rewritten.onnx")
-            engine = build_engine(source, Path(tmp) / "model.engine")
+            engine = build_engine(source, Path(tmp) / "model.engine").engine
             return trt.TrtExecutor(rewritten, engine=engine, num_blocks=num_blocks)
     raise ValueError(f"backend: expected one of {REWRITTEN_BACKENDS}, got {backend!r}")
 

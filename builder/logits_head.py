@@ -45,6 +45,9 @@ import onnx_graphsurgeon as gs
 from pagedkv import engine_io
 
 _FP32 = np.float32
+PREFIX = "/pagedkv/logits_head"  # names of the heads' nodes and tensors
+# The sampling head's nodes: float32 as written; a rewrite --dtype keeps them so (pagedkv.builder.precision).
+SAMPLING_PREFIX = PREFIX + "/sampling"
 _MATMUL_OPS = ("MatMul", "Gemm")
 # Ops the LM-head walk may pass between the head's MatMul and the logits output (one non-constant input each).
 _ELEMENTWISE_OPS = ("Add", "Sub", "Mul", "Div", "Tanh", "Cast", "Identity")
@@ -96,7 +99,7 @@ def attach(em, engine: dict[str, gs.Variable], *, vocab: int, sampling: bool, ca
         raise ValueError(f"the graph has no `{engine_io.LOGITS}` output to put the heads on")
     rows = engine[engine_io.LOGITS_ROWS]
     found = _lm_head_input(logits)
-    prefix = "/pagedkv/logits_head"
+    prefix = PREFIX
     if found is not None:
         hidden, node = found
         gathered = em.var(f"{prefix}/rows", hidden.dtype or em.dtype, None)
@@ -114,7 +117,7 @@ def attach(em, engine: dict[str, gs.Variable], *, vocab: int, sampling: bool, ca
         return HeadReport(where, False, 0, 0)
     k = min(int(candidates), vocab)
     n = min(int(top_logprobs), vocab)
-    outputs = _SamplingHead(em, prefix + "/sampling", vocab).emit(logits, engine, k, n)
+    outputs = _SamplingHead(em, SAMPLING_PREFIX, vocab).emit(logits, engine, k, n)
     rest = [t for t in graph.outputs if t is not logits]
     graph.outputs = [logits, *outputs, *rest]
     return HeadReport(where, True, k, n)

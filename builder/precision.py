@@ -27,6 +27,12 @@ A constant read by data (an embedding ``Gather`` by token ids) is a model value.
 (the model's own 16-bit dtype) becomes ``Cast(to=D)``; the plugin nodes' activations (qkv, bias, q, attention
 output) are D.
 
+**Kept float32** (``float32_prefixes``): nodes whose names start with one of the prefixes compute in float32 as
+written (their constants stay float32, their inputs of another dtype are cast to it), and a float graph input that
+only they read keeps its float32: the rewrite's sampling head (``pagedkv.builder.logits_head``), whose inputs
+``sampling_params`` and ``penalty_counts`` are float32 in the engine-I/O contract (a float16 uniform or seed
+column would be rounded) and whose arithmetic the head specifies in float32.
+
 Which inputs and outputs must share a type is read from the ONNX schemas (``onnx.defs``: one type parameter,
 one type), with Pow's exponent joined to its base (TensorRT's elementwise layers take one type); ops without a
 schema (the pagedkv plugins, ONNX Runtime's fused ops) share one type over their float inputs and outputs.
@@ -218,8 +224,9 @@ MODEL, ISLAND, EXACT = "model", "island", "exact"
 
 
 class _Converter:
-    def __init__(self, model: onnx.ModelProto, target: int):
+    def __init__(self, model: onnx.ModelProto, target: int, float32_prefixes: tuple[str, ...] = ()):
         self.model = model
+        self.float32_prefixes = tuple(float32_prefixes)
         self.graph = model.graph
         self.target = target
         self.types = elem_types(model)
@@ -247,7 +254,11 @@ class _Converter:
         for vi in self.graph.input:
             if vi.name not in inits:
                 self.value_dependent.add(vi.name)
-                if vi.type.tensor_type.elem_type in FLOAT_TYPES:
+                readers = self.consumers.get(vi.name, [])
+                if vi.type.tensor_type.elem_type == TensorProto.FLOAT and readers and all(
+                        self._kept_float32(n) for n in readers):
+                    self.new[vi.name], self.kind[vi.name] = TensorProto.FLOAT, ISLAND
+                elif vi.type.tensor_type.elem_type in FLOAT_TYPES:
                     vi.type.tensor_type.elem_type = self.target
                     self.new[vi.name], self.kind[vi.name] = self.target, MODEL
         for init in self.graph.initializer:
@@ -261,6 +272,9 @@ class _Converter:
                 self.value_dependent.update(o for o in node.output if o)
         for name, tensor in self.constants.items():
             self.kind[name], self.new[name] = EXACT, tensor.data_type
+
+    def _kept_float32(self, node: onnx.NodeProto) -> bool:
+        return bool(self.float32_prefixes) and node.name.startswith(self.float32_prefixes)
 
     def _float32_statistics(self) -> set[int]:
         """Nodes kept in float32 by rule 3: float reductions and the elementwise ops that only feed them."""
@@ -377,7 +391,7 @@ class _Converter:
         return extra
 
     def run(self) -> tuple[onnx.ModelProto, ConversionReport]:
-        forced = self._float32_statistics()
+        forced = self._float32_statistics() | {id(n) for n in self.graph.node if self._kept_float32(n)}
         self._setup()
         fixes: list = []
         nodes = [n for node in self.graph.node for n in self._node(node, forced, fixes)]
@@ -421,10 +435,12 @@ def _set_attr(node: onnx.NodeProto, name: str, value) -> None:
     node.attribute.append(onnx.helper.make_attribute(name, value))
 
 
-def convert_float_dtype(model: onnx.ModelProto, dtype) -> tuple[onnx.ModelProto, ConversionReport]:
-    """A copy of ``model`` computing in ``dtype`` ('fp16', 'bf16', 'fp32'), by the rules of the module docstring.
-    Raises DTypeError naming the node or tensor that cannot be converted."""
-    return _Converter(copy.deepcopy(model), parse_dtype(dtype)).run()
+def convert_float_dtype(model: onnx.ModelProto, dtype, float32_prefixes: tuple[str, ...] = ()) \
+        -> tuple[onnx.ModelProto, ConversionReport]:
+    """A copy of ``model`` computing in ``dtype`` ('fp16', 'bf16', 'fp32'), by the rules of the module docstring;
+    nodes named with one of ``float32_prefixes`` (and the graph inputs only they read) stay float32. Raises
+    DTypeError naming the node or tensor that cannot be converted."""
+    return _Converter(copy.deepcopy(model), parse_dtype(dtype), float32_prefixes).run()
 
 
 # ---- checking -----------------------------------------------------------------------------------------

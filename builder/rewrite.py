@@ -471,10 +471,10 @@ class _Emitter:
         if bias is not None:
             inputs.append(bias)
         self.node(WRITE_PLUGIN_NAME, inputs, [q, status], f"{prefix}/{WRITE_PLUGIN_NAME}", domain=ONNX_DOMAIN,
-                  **write.to_attributes())
+                  **write.to_node_attributes())
         out = self.var(f"{prefix}/attn_out", self.dtype, [NUM_TOKENS, q_width])
         self.node(ATTENTION_PLUGIN_NAME, [q, *inputs[1:5], status], [out], f"{prefix}/{ATTENTION_PLUGIN_NAME}",
-                  domain=ONNX_DOMAIN, **attention.to_attributes())
+                  domain=ONNX_DOMAIN, **attention.to_node_attributes())
         # The o_proj input keeps its name, dtype and consumers: only its producer changes.
         merged = self.tensors[m.out]
         merged.inputs.clear()
@@ -600,7 +600,7 @@ def _finish(graph: gs.Graph, model: onnx.ModelProto, dtype: str | None) -> tuple
     out.metadata_props.extend(model.metadata_props)
     conversion = ""
     if dtype is not None:
-        out, report = convert_float_dtype(out, dtype)
+        out, report = convert_float_dtype(out, dtype, float32_prefixes=(logits_head.SAMPLING_PREFIX,))
         conversion = str(report)
     _check(out, model)
     return out, conversion

@@ -148,3 +148,22 @@ def test_a_missing_library_is_a_clear_error(tmp_path):
 def test_capabilities_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         capabilities().head_dims = (1,)
+
+
+def test_config_attribute_ranges_are_the_tables():
+    """config.py's ATTRIBUTE_RANGES / SUPPORTED_IO_DTYPES spell out bounds the C++ table owns (their comments say
+    which): they must be the table's values, so an edit of capabilities.h that forgets them fails here."""
+    from pagedkv.config import ATTRIBUTE_RANGES, SUPPORTED_IO_DTYPES
+    from pagedkv.kernels.write import IODType
+
+    caps = capabilities()
+    assert ATTRIBUTE_RANGES["num_q_heads"] == ATTRIBUTE_RANGES["num_kv_heads"] == (1, caps.max_heads)
+    assert ATTRIBUTE_RANGES["page_size"] == (caps.min_page_size, caps.max_page_size)
+    assert ATTRIBUTE_RANGES["num_layers"] == (1, caps.max_layers)
+    assert ATTRIBUTE_RANGES["layer_index"] == (0, caps.max_layers - 1)
+    assert ATTRIBUTE_RANGES["pool_index"] == (0, caps.max_pools - 1)
+    assert ATTRIBUTE_RANGES["rope_rotary_dim"] == (0, caps.max_rotary_dim)
+    assert SUPPORTED_IO_DTYPES == tuple(IODType(v).numpy_dtype.name for v in caps.io_dtypes)
+    fields = {f.name for cls in (WriteConfig, AttentionConfig) for f in dataclasses.fields(cls)} | \
+        {f.name for f in dataclasses.fields(PoolConfig)} | {"rope_rotary_dim", "rope_original_max_positions"}
+    assert set(ATTRIBUTE_RANGES) <= fields, "a range names no attribute (a renamed field?)"

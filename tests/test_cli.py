@@ -39,6 +39,7 @@ def test_each_verb_lives_in_its_module(verb):
                                                         "rewrite": ["in.onnx", "-o", "out.onnx"],
                                                         "compare": ["a.onnx", "b.onnx"],
                                                         "build": ["in.onnx", "-o", "x.engine"],
+                                                        "inspect": ["x.engine"],
                                                         "generate": ["m.onnx"], "serve": ["m.onnx"],
                                                         "bench": ["m.onnx"]}.get(verb.name, []))
     assert args.func is getattr(module, f"run_{verb.name}")

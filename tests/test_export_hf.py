@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 import pytest
 from conftest import MATRIX_PROMPTS, rewrite_and_compare
+from conftest import hf_export as _export
 
 from pagedkv.onnx_export import hf
 from pagedkv.onnx_export._hf_families import FAMILIES
@@ -38,22 +39,11 @@ ATTENTION_PATTERN = {("dynamo", 23, "sdpa"): "onnx_attention"}  # else "decompos
 #   ("qwen3", "dynamo", 20, "sdpa"): "past_value still read outside attention by a Shape node",
 REWRITE_GAPS: dict[tuple, str] = {}
 
-_exported: dict = {}
-
 
 def _rewrite_error():
     from pagedkv.builder.rewrite import RewriteError
 
     return RewriteError
-
-
-def _export(family, exporter, tmp_path_factory, opset=None, attention=hf.DEFAULT_ATTENTION):
-    key = (family, exporter, opset or hf.DEFAULT_OPSET[exporter], attention)
-    if key not in _exported:
-        path = tmp_path_factory.mktemp("hf") / f"{family}_{exporter}{key[2]}_{attention}.onnx"
-        _exported[key] = hf.export_hf(family, path, exporter=exporter, opset=key[2], attn_implementation=attention,
-                                      seed=0)
-    return _exported[key]
 
 
 def _cells():

@@ -25,8 +25,9 @@ import pytest
 
 from pagedkv import _lib
 from pagedkv.capabilities import capabilities
-from pagedkv.config import (ATTENTION_PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION, WRITE_PLUGIN_NAME,
-                            AttentionConfig, PoolConfig, RopeConfig, RopeScaling, RopeStyle, WriteConfig)
+from pagedkv.config import (ATTENTION_PLUGIN_NAME, FLOAT, PLUGIN_NAMESPACE, PLUGIN_VERSION, WRITE_PLUGIN_NAME,
+                            AttentionConfig, PoolConfig, RopeConfig, RopeScaling, RopeStyle, WriteConfig,
+                            attribute_types)
 from pagedkv.layout import CacheDType, PageLayout
 from pagedkv.step import POOL_DESC_FIELDS, STATUS_FIELDS
 
@@ -131,8 +132,7 @@ def assert_fields_equal(reported: dict, attrs: dict):
 
 # ================================================================================================ loading
 def test_library_loads_in_a_plain_python_process(host):
-    """ctypes.CDLL (polygraphy --plugins) without TensorRT: loads, registers nothing, logs nothing, and
-    getCreators still answers."""
+    """ctypes.CDLL without TensorRT: loads, registers nothing, logs nothing, and getCreators still answers."""
     _, lib = host
     code = textwrap.dedent(f"""
         import ctypes
@@ -187,13 +187,21 @@ def test_host_expression_builder_follows_tensorrt_semantics(host):
 
 
 # ================================================================================================ selfreg
-def run_selfreg(host, tmp_path, scenario):
-    status, report, stderr = run_host(host, "selfreg", tmp_path, extra=["--scenario", scenario])
+@pytest.fixture(scope="module")
+def selfreg_lib():
+    lib = _lib.find_file(_lib.SELFREG_NAME)
+    if lib is None:
+        pytest.fail(f"{_lib.SELFREG_NAME} not found in {[str(d) for d in _lib.lib_dirs()]}")
+    return str(lib)
+
+
+def run_selfreg(host, tmp_path, scenario, library):
+    exe, _ = host
+    status, report, stderr = run_host((exe, library), "selfreg", tmp_path, extra=["--scenario", scenario])
     assert status == 0, stderr
     if not report["symbol_visible"]:
-        pytest.fail("pagedkv_testhost does not export getPluginRegistry, so the library's load-time "
-                    "registration cannot find the host registry: the executable needs ENABLE_EXPORTS "
-                    "(-rdynamic) in plugins/CMakeLists.txt")
+        pytest.fail("pagedkv_testhost does not export getPluginRegistry, so the libraries cannot find the host's "
+                    "registry: see the test host's link options in plugins/CMakeLists.txt")
     assert report["loaded"], report
     return report, stderr
 
@@ -202,10 +210,10 @@ OURS = [{"name": WRITE_PLUGIN_NAME, "version": PLUGIN_VERSION, "namespace": PLUG
         {"name": ATTENTION_PLUGIN_NAME, "version": PLUGIN_VERSION, "namespace": PLUGIN_NAMESPACE}]
 
 
-def test_self_registration_on_plain_dlopen(host, tmp_path):
-    """trtexec --staticPlugins / polygraphy --plugins: a dlopen registers both creators in the process's
-    registry under namespace 'pagedkv'; unloading the library takes them out again."""
-    report, stderr = run_selfreg(host, tmp_path, "static")
+def test_companion_registers_on_plain_dlopen(host, tmp_path, selfreg_lib):
+    """trtexec --staticPlugins / polygraphy --plugins take libpagedkv_plugins_selfreg.so: a dlopen registers both
+    creators in the process's registry under namespace 'pagedkv'; unloading it takes them out again."""
+    report, stderr = run_selfreg(host, tmp_path, "dlopen", selfreg_lib)
     assert report["entries_after_load"] == OURS
     if report["unloaded"]:
         assert report["entries_after_unload"] == []
@@ -214,31 +222,60 @@ def test_self_registration_on_plain_dlopen(host, tmp_path):
     assert stderr == ""
 
 
-def test_self_registration_then_load_library_registers_once(host, tmp_path):
-    """IPluginRegistry::loadLibrary dlopens (load-time registration runs), then registers getCreators' creators
-    itself and fails on any duplicate: getCreators must hand the registrations over."""
-    report, _ = run_selfreg(host, tmp_path, "load_library")
-    assert report["events"][-1] == "loadLibrary: ok", report["events"]
-    assert report["entries_after_load"] == OURS
-    assert not [e for e in report["events"] if "refused" in e]
-
-
-def test_no_registry_in_the_process(host, tmp_path):
-    """No libnvinfer (getPluginRegistry returns null): the library loads, registers nothing, serves getCreators."""
-    report, stderr = run_selfreg(host, tmp_path, "no_registry")
-    assert report["entries_after_load"] == []
-    assert report["creators_from_get_creators"] == 2
-    assert report["events"] == []
+def test_plugin_library_registers_nothing_itself(host, tmp_path):
+    """libpagedkv_plugins.so is getCreators-only: a plain dlopen with a registry in the process touches nothing."""
+    report, stderr = run_selfreg(host, tmp_path, "dlopen", host[1])
+    assert report["entries_after_load"] == [] and report["events"] == []
     assert stderr == ""
 
 
-def test_self_registration_skips_names_already_registered(host, tmp_path):
+def test_load_library_is_the_only_registrar(host, tmp_path):
+    """IPluginRegistry::loadLibrary dlopens, calls setLoggerFinder and getCreators and registers each creator: the
+    library makes no registry call of its own inside that dlopen (no duplicate, no re-entry)."""
+    report, _ = run_selfreg(host, tmp_path, "load_library", host[1])
+    assert report["events"] == [f"loadLibrary {host[1]}", f"register {WRITE_PLUGIN_NAME}/1/pagedkv: ok",
+                                f"register {ATTENTION_PLUGIN_NAME}/1/pagedkv: ok", "loadLibrary: ok"]
+    assert report["entries_after_load"] == OURS
+
+
+def test_no_registry_in_the_process(host, tmp_path, selfreg_lib):
+    """No TensorRT (getPluginRegistry returns null): the companion loads, registers nothing, says nothing."""
+    report, stderr = run_selfreg(host, tmp_path, "no_registry", selfreg_lib)
+    assert report["entries_after_load"] == [] and report["events"] == []
+    assert stderr == ""
+
+
+def test_companion_skips_names_already_registered(host, tmp_path, selfreg_lib):
     """Another copy of the library already owns PagedKVQKVWrite/1/pagedkv: no duplicate, no error."""
-    report, stderr = run_selfreg(host, tmp_path, "preregistered")
+    report, stderr = run_selfreg(host, tmp_path, "preregistered", selfreg_lib)
     names = [(e["name"], e["namespace"]) for e in report["entries_after_load"]]
     assert names == [(WRITE_PLUGIN_NAME, PLUGIN_NAMESPACE), (ATTENTION_PLUGIN_NAME, PLUGIN_NAMESPACE)]
     assert not [e for e in report["events"] if "refused" in e]
     assert stderr == ""
+
+
+def test_companion_leaves_another_api_alone(host, tmp_path, selfreg_lib):
+    """A TensorRT whose API major is not the headers' (TensorRT-RTX 1.x, TensorRT 11): its IPluginRegistry has
+    another virtual table, so the companion calls nothing on it and says what to do instead."""
+    report, stderr = run_selfreg(host, tmp_path, "api_mismatch", selfreg_lib)
+    assert report["entries_after_load"] == [] and report["events"] == []
+    assert "registers no creators" in stderr and "API major 1" in stderr and "loadLibrary" in stderr, stderr
+
+
+@pytest.mark.parametrize("logger", ["finder", "null"])
+def test_errors_reach_the_logger_tensorrt_hands_over_and_are_kept(host, tmp_path, logger):
+    """A createPlugin error goes to the logger of the finder TensorRT handed over; when the finder answers nullptr
+    (TensorRT-RTX 1.7 does, for the parser and the builder) it goes to stderr. Either way the library keeps it for
+    the application (pagedkv_plugin_messages, which pagedkv's builder reads)."""
+    spec = {"plugin": ATTENTION_PLUGIN_NAME, "attrs": dict(attn_cfg().to_attributes(), head_dim=72), "logger": logger}
+    status, report, stderr = run_host(host, "create", tmp_path, spec)
+    assert status == 1 and not report["created"]
+    text = f"[pagedkv] {ATTENTION_PLUGIN_NAME}::createPlugin: layer 'layer0' (build phase): field 'head_dim'=72"
+    if logger == "finder":
+        assert any(text in m for m in errors(report["messages"])) and stderr == ""
+    else:
+        assert report["messages"] == [] and text in stderr
+    assert report["kept_messages"].startswith("ERROR: " + text), report["kept_messages"]
 
 
 # ================================================================================================ check
@@ -319,9 +356,13 @@ ATTENTION_CASES = [
     ("fp16-d64", attn_cfg(), "kHALF"),
     ("bf16-d128-window-sinks-softcap", attn_cfg(num_q_heads=8, pool_kw=dict(head_dim=128), window=128,
                                                attention_sinks=4, logit_softcap=30.0, softmax_scale=0.1), "kBF16"),
-    ("fp8q-fp8cache-d256", attn_cfg(pool_kw=dict(head_dim=256, cache_dtype=CacheDType.FP8_E4M3, k_scale=0.5),
-                                    q_fp8=True, q_scale=0.25), "kFP8"),
+    ("fp8q-fp8cache-d256-bf16out", attn_cfg(pool_kw=dict(head_dim=256, cache_dtype=CacheDType.FP8_E4M3,
+                                                         k_scale=0.5), q_fp8=True, q_scale=0.25, out_dtype=1), "kFP8"),
+    ("fp8q-int8cache-fp16out", attn_cfg(pool_kw=dict(cache_dtype=CacheDType.INT8, k_scale=0.5), q_fp8=True,
+                                        out_dtype=0), "kFP8"),
+    ("bf16-out-dtype-named", attn_cfg(out_dtype=1), "kBF16"),
 ]
+OUT_TYPES = {-1: None, 0: "kHALF", 1: "kBF16"}
 
 
 @pytest.mark.parametrize("name,cfg,q_type", ATTENTION_CASES, ids=[c[0] for c in ATTENTION_CASES])
@@ -331,12 +372,12 @@ def test_attention_plugin_build_and_runtime_interface(host, tmp_path, name, cfg,
     assert status == 0
     assert_clean_check(report, len(inputs), 1)
     assert report["identity"]["name"] == ATTENTION_PLUGIN_NAME
-    out_type = "kHALF" if cfg.q_fp8 else q_type  # an fp8 q produces fp16 (docs/plugin_io.md, known gap)
+    out_type = OUT_TYPES[cfg.out_dtype] or q_type  # out_dtype, else q's type
     assert report["output_types"] == [out_type]
     (out_shape,) = report["output_shapes"]
     h, d = cfg.num_q_heads, cfg.pool.head_dim
     assert out_shape["exprs"] == ["T", str(h * d)] and out_shape["values"] == [BINDINGS["T"], h * d]
-    q_types = ["kFP8"] if cfg.q_fp8 else ["kHALF", "kBF16"]
+    q_types = ["kFP8"] if cfg.q_fp8 else [OUT_TYPES[cfg.out_dtype]] if cfg.out_dtype >= 0 else ["kHALF", "kBF16"]
     assert report["formats"]["supported_types"] == [q_types, ["kINT64"], ["kINT32"], ["kINT32"], ["kINT32"],
                                                     ["kINT32"], [out_type]]
     assert_fields_equal(report["serialized_fields"], cfg.to_attributes())
@@ -563,6 +604,47 @@ def test_defaults_fill_optional_attributes(host, tmp_path):
         assert_fields_equal(report["fields"], cfg.to_attributes())
 
 
+# Integral values a user or a model config gives for float fields (Llama 3's rope_theta=500000, factor 8, ...);
+# rope_high_freq_factor > rope_low_freq_factor holds with the defaults.
+INTEGRAL_FLOATS = {"rope_theta": 500000, "rope_factor": 8, "rope_low_freq_factor": 1, "rope_high_freq_factor": 4,
+                   "q_scale": 2, "k_scale": 2, "v_scale": 3, "softmax_scale": 1, "logit_softcap": 30}
+
+
+def _with_field(plugin: str, name: str, value):
+    """A config of ``plugin`` with attribute ``name`` set to ``value`` (rope_* on the RoPE, pool fields on the pool)."""
+    cfg = write_cfg() if plugin == WRITE_PLUGIN_NAME else attn_cfg()
+    if name.startswith("rope_"):
+        return dataclasses.replace(cfg, rope=dataclasses.replace(cfg.rope, **{name[len("rope_"):]: value}))
+    if name in {f.name for f in dataclasses.fields(PoolConfig)}:
+        return dataclasses.replace(cfg, pool=dataclasses.replace(cfg.pool, **{name: value}))
+    return dataclasses.replace(cfg, **{name: value})
+
+
+@pytest.mark.parametrize("plugin,cls", [(WRITE_PLUGIN_NAME, WriteConfig), (ATTENTION_PLUGIN_NAME, AttentionConfig)])
+def test_every_float_field_is_a_float_attribute_even_for_an_integral_value(host, tmp_path, plugin, cls):
+    """config.py emits each attribute by its field's declared type: ``theta=500000`` (an int) is a FLOAT attribute,
+    so the parser hands the plugin the kFLOAT32 it expects. As an INT attribute the plugin refuses it, naming the
+    field (the bug this guards against)."""
+    floats = [name for name, kind in attribute_types(cls).items() if kind == FLOAT]
+    assert set(floats) <= set(INTEGRAL_FLOATS), "a new float field needs an integral test value here"
+    _, info, _ = run_host(host, "info", tmp_path)
+    creator_types = {f["name"]: f["type"] for c in info["creators"] if c["name"] == plugin for f in c["fields"]}
+    assert {n for n, t in creator_types.items() if t == "kFLOAT32"} == set(floats)
+    for name in floats:
+        attrs = _with_field(plugin, name, INTEGRAL_FLOATS[name]).to_attributes()
+        assert type(attrs[name]) is float and attrs[name] == INTEGRAL_FLOATS[name], name
+        report = create(host, tmp_path, plugin, attrs)  # json writes 500000.0: an ONNX FLOAT
+        assert report["created"] and report["fields_given"][name]["type"] == "kFLOAT32", (name, report["messages"])
+        assert_rejected(create(host, tmp_path, plugin, dict(attrs, **{name: INTEGRAL_FLOATS[name]})),
+                        f"'{name}'", "expected a float field", "kINT32")
+
+
+def test_an_integer_field_refuses_a_fractional_value():
+    with pytest.raises(ValueError, match="window: an integer attribute, got 64.5"):
+        attn_cfg(window=64.5).to_attributes()
+    assert attn_cfg(window=64.0).to_attributes()["window"] == 64
+
+
 def test_onnx_int_attributes_are_truncated_to_int32(host, tmp_path):
     """The ONNX parser casts INT (int64) to kINT32: 2**32 + 4 arrives as 4. The builder must range-check."""
     attrs = dict(write_cfg().to_attributes(), num_q_heads=2 ** 32 + 4)
@@ -641,6 +723,9 @@ CORRUPTIONS = [
      ["'q_scale'=nan"]),
     ("float64-overflows-float32", WRITE_PLUGIN_NAME,
      lambda f: dict(f, rope_theta={"raw_type": "kFLOAT64", "values": [1e300]}), ["'rope_theta'", "overflows"]),
+    # positive as a double, 0 as the float32 the plugin computes with: refused, not zero after a round trip
+    ("float64-underflows-to-zero", ATTENTION_PLUGIN_NAME,
+     lambda f: dict(f, k_scale={"raw_type": "kFLOAT64", "values": [1e-46]}), ["'k_scale'=0", "> 0"]),
     ("inconsistent-heads", ATTENTION_PLUGIN_NAME,
      lambda f: dict(f, num_kv_heads={"raw_type": "kINT32", "values": [3]}), ["'num_q_heads'=4", "num_kv_heads=3"]),
 ]
@@ -651,6 +736,15 @@ def test_corrupt_serialized_fields_fail_with_a_message(host, tmp_path, serialize
     fields = mutate(dict(serialized[plugin]))
     report = create(host, tmp_path, plugin, fields, phase="runtime", caller="direct")
     assert_rejected(report, *words)
+
+
+def test_a_garbage_field_name_is_escaped_in_the_warning(host, tmp_path, serialized):
+    """A name from corrupt data can hold any bytes: the warning shows them escaped and cut, never raw."""
+    fields = dict(serialized[WRITE_PLUGIN_NAME], **{"\u00ff\u0001" + "x" * 100: {"raw_type": "kINT32", "values": [1]}})
+    report = create(host, tmp_path, WRITE_PLUGIN_NAME, fields, phase="runtime", caller="direct")
+    assert report["created"]
+    (warning,) = [m["message"] for m in report["messages"]]
+    assert warning.endswith("ignoring unknown field '\\xc3\\xbf\\x01" + "x" * 61 + "...'"), warning
 
 
 def test_duplicate_field_is_rejected(host, tmp_path, serialized):

@@ -311,7 +311,7 @@ def test_conversion_leaves_the_input_untouched_and_float32_is_a_round_trip():
 # ---- TensorRT-RTX: a real strongly typed parse + build, on this CPU machine --------------------------------
 def _tensorrt_rtx_missing() -> str | None:
     if importlib.util.find_spec("tensorrt_rtx") is None:
-        return "tensorrt_rtx not installed (pip install tensorrt_rtx_cu13==1.7.1.116; not part of CI)"
+        return "tensorrt_rtx not installed (pip install tensorrt_rtx_cu13==1.7.1.116; CI installs it)"
     from pagedkv import _lib
 
     try:
@@ -324,9 +324,9 @@ def _tensorrt_rtx_missing() -> str | None:
 @pytest.mark.skipif(_tensorrt_rtx_missing() is not None, reason=str(_tensorrt_rtx_missing()))
 @pytest.mark.parametrize("dtype", ["fp16", "bf16", None], ids=["fp16", "bf16", "float32"])
 def test_tensorrt_rtx_builds_the_converted_graph(dtype, tmp_path):
-    import tensorrt_rtx as trt
+    from pagedkv import _lib, trt_library
 
-    from pagedkv import _lib
+    trt = trt_library.import_flavour(trt_library.TENSORRT_RTX)  # with libtensorrt_rtx.so beside the library
 
     path = tmp_path / "paged.onnx"
     onnx.save(rewrite_model(original(BASE), RewriteOptions(dtype=dtype)).model, str(path))

@@ -19,7 +19,7 @@ from pagedkv.builder.graph_view import GraphView, ProbeStep
 from pagedkv.builder.rewrite import (RewriteError, RewriteOptions, add_rewrite_arguments, options_from_args,
                                      rewrite_model)
 from pagedkv.config import (ATTENTION_PLUGIN_NAME, ONNX_DOMAIN, WRITE_PLUGIN_NAME, AttentionConfig, RopeConfig,
-                            RopeStyle, WriteConfig)
+                            RopeStyle, WriteConfig, attribute_types)
 from pagedkv.layout import CacheDType
 from pagedkv.onnx_export.synthetic import SyntheticConfig, make_synthetic_model, structure_matrix
 from pagedkv.reference.attention import paged_attention
@@ -52,7 +52,9 @@ def plugin_nodes(model: onnx.ModelProto, op: str) -> list[onnx.NodeProto]:
 
 
 def attributes(node: onnx.NodeProto) -> dict:
-    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    """A node's attributes, STRING values decoded."""
+    values = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    return {k: v.decode() if isinstance(v, bytes) else v for k, v in values.items()}
 
 
 # ---- what the rewrite found ------------------------------------------------------------------------------
@@ -107,8 +109,15 @@ def test_graph_is_valid_and_follows_the_contract(cfg):
     width = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
     for i, (write, attn) in enumerate(zip(writes, attns)):
         report = result.report.layers[i]
-        assert attributes(write) == report.write.to_attributes()
-        assert attributes(attn) == report.attention.to_attributes()
+        assert attributes(write) == report.write.to_node_attributes()
+        assert attributes(attn) == report.attention.to_node_attributes()
+        for node, cls in ((write, WriteConfig), (attn, AttentionConfig)):
+            # the ONNX type of each attribute is its field's declared one (FLOAT for float fields, whatever
+            # the value): TensorRT's parser turns it into the field type the creator expects
+            attr_types = {a.name: a.type for a in node.attribute}
+            assert attr_types == {**{n: getattr(onnx.AttributeProto, t) for n, t in attribute_types(cls).items()},
+                             "plugin_namespace": onnx.AttributeProto.STRING,
+                             "plugin_version": onnx.AttributeProto.STRING}
         assert WriteConfig.from_attributes(attributes(write)) == report.write
         assert AttentionConfig.from_attributes(attributes(attn)) == report.attention
         assert report.write.pool.layer_index == i and report.write.pool.num_layers == cfg.num_layers

@@ -68,6 +68,21 @@ def test_rewritten_graph_errors_name_what_is_missing(models):
         DecoderGraph.load(models[1])  # a rewritten graph is not a decoder-with-past graph
 
 
+@pytest.mark.parametrize("attribute,value", [("plugin_namespace", "other"), ("plugin_version", "2")])
+def test_plugin_identity_attributes_are_read_and_checked(models, attribute, value):
+    """The rewrite writes plugin_namespace / plugin_version (TensorRT's parser looks the creator up with them); the
+    reader accepts them and refuses a node that names another plugin identity."""
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(models[1])
+    node = next(n for n in rewritten.graph.node if n.op_type == ATTENTION_PLUGIN_NAME)
+    attr = next(a for a in node.attribute if a.name == attribute)
+    assert attr.type == onnx.AttributeProto.STRING
+    RewrittenGraph.load(rewritten)
+    attr.s = value.encode()
+    with pytest.raises(GraphError, match=f"attribute {attribute}='{value}', expected"):
+        RewrittenGraph.load(rewritten)
+
+
 def test_session_model_moves_plugins_to_pyop_domain(models):
     graph = RewrittenGraph.load(models[1])
     bindings = {}

@@ -1,111 +1,36 @@
-// The plugin library's entry points, for the three ways a process loads it (docs/plugin_io.md "Loading the library"):
+// The plugin library's entry points. For loaders: IPluginRegistry::loadLibrary, trtexec --dynamicPlugins and
+// version-compatible engines (IBuilderConfig::setPluginsToSerialize) dlopen the library, call setLoggerFinder and
+// getCreators, and register each creator themselves. The library registers nothing on its own: a loader that
+// asks for the creators is their only registrar (a load-time registration would run inside loadLibrary's dlopen
+// and make its own registrations fail as duplicates).
 //
-// 1. IPluginRegistry::loadLibrary / trtexec --dynamicPlugins / version-compatible engines: TensorRT dlopens the
-//    library, calls setLoggerFinder and getCreators, and registers each creator itself.
-// 2. trtexec --staticPlugins, polygraphy --plugins, ctypes.CDLL: a plain dlopen. The creators must register
-//    themselves at load time. The library does not link libnvinfer (-Wl,--no-undefined), so the static
-//    initializer below looks for getPluginRegistry in the libnvinfer the process already loaded, and does
-//    nothing (without failing) when there is none.
-// 3. Both: loadLibrary dlopens the library (1), so the static initializer has already registered the creators
-//    when getCreators is called, and loadLibrary fails when a creator is registered twice. getCreators
-//    therefore withdraws the load-time registrations first: whoever asks for the creators registers them.
+// Loaders that only dlopen a library (trtexec --staticPlugins, polygraphy --plugins, ctypes.CDLL) take the
+// self-registering companion, libpagedkv_plugins_selfreg.so (plugins/selfreg/), which registers these creators
+// with the TensorRT library the process has loaded.
 #include <NvInferRuntime.h>
-#include <dlfcn.h>
 
+#include <cstddef>
 #include <cstdint>
-#include <mutex>
+#include <exception>
 #include <string>
-#include <vector>
 
 #include "attentionPlugin/attentionPlugin.h"
 #include "common/pluginLogging.h"
-#include "common/pluginNames.h"
 #include "qkvWritePlugin/qkvWritePlugin.h"
 
 namespace pagedkv {
 namespace plugin {
 namespace {
 
-using nvinfer1::IPluginCreatorInterface;
-using nvinfer1::IPluginCreatorV3One;
-using nvinfer1::IPluginRegistry;
-
 constexpr int32_t kNumCreators = 2;
 
-// Function-local statics: constructed on first use, whichever entry point (static initializer or getCreators)
-// comes first, and destroyed after the LoadTimeRegistration below (constructed while it was being built).
-IPluginCreatorInterface* const* creatorList() {
+// Function-local statics: constructed on the first getCreators call, destroyed when the library unloads.
+nvinfer1::IPluginCreatorInterface* const* creatorList() {
     static QKVWritePluginCreator writeCreator;
     static AttentionPluginCreator attentionCreator;
-    static IPluginCreatorInterface* const creators[kNumCreators] = {&writeCreator, &attentionCreator};
+    static nvinfer1::IPluginCreatorInterface* const creators[kNumCreators] = {&writeCreator, &attentionCreator};
     return creators;
 }
-
-using GetPluginRegistryFn = IPluginRegistry* (*)();
-
-// The registry of a libnvinfer the process has already loaded, or nullptr. Never loads libnvinfer itself.
-IPluginRegistry* findLoadedRegistry() {
-    // Global scope first: an application linked against libnvinfer, or a test host that exports its own.
-    void* symbol = dlsym(RTLD_DEFAULT, "getPluginRegistry");
-    if (symbol == nullptr) {
-        // The tensorrt Python module loads libnvinfer into a local scope, invisible to RTLD_DEFAULT:
-        // ask for it by name without loading it.
-        for (char const* soname : {"libnvinfer.so.10", "libnvinfer.so.11", "libnvinfer.so"}) {
-            void* handle = dlopen(soname, RTLD_NOLOAD | RTLD_LAZY | RTLD_LOCAL);
-            if (handle == nullptr) continue;
-            symbol = dlsym(handle, "getPluginRegistry");
-            dlclose(handle);  // drops only the reference RTLD_NOLOAD added
-            if (symbol != nullptr) break;
-        }
-    }
-    return symbol != nullptr ? reinterpret_cast<GetPluginRegistryFn>(symbol)() : nullptr;
-}
-
-class LoadTimeRegistration {
-public:
-    LoadTimeRegistration() noexcept {
-        try {
-            IPluginRegistry* registry = findLoadedRegistry();
-            if (registry == nullptr) return;  // no TensorRT in the process yet: getCreators serves later loaders
-            IPluginCreatorInterface* const* creators = creatorList();
-            for (int32_t i = 0; i < kNumCreators; ++i) {
-                auto* creator = static_cast<IPluginCreatorV3One*>(creators[i]);
-                // Another copy of the library (or an earlier loadLibrary) may own the name already.
-                if (registry->getCreator(creator->getPluginName(), creator->getPluginVersion(), kPluginNamespace)) {
-                    continue;
-                }
-                if (registry->registerCreator(*creator, kPluginNamespace)) {
-                    mRegistered.push_back(creator);
-                } else {
-                    logWarning(std::string("load-time registration of ") + creator->getPluginName() + " v" +
-                               creator->getPluginVersion() + " in namespace '" + kPluginNamespace + "' was refused");
-                }
-            }
-            if (!mRegistered.empty()) mRegistry = registry;
-        } catch (...) {
-            // A static initializer must not throw out of dlopen; the library stays usable through getCreators.
-            logWarning("load-time registration failed; loaders that call getCreators still get the creators");
-        }
-    }
-
-    ~LoadTimeRegistration() { withdraw(); }  // the registry must not keep creators of an unloaded library
-
-    // Deregisters what the load-time registration added; the caller of getCreators registers them instead.
-    void withdraw() noexcept {
-        std::lock_guard<std::mutex> lock(mMutex);
-        if (mRegistry == nullptr) return;
-        for (IPluginCreatorInterface* creator : mRegistered) mRegistry->deregisterCreator(*creator);
-        mRegistered.clear();
-        mRegistry = nullptr;
-    }
-
-private:
-    std::mutex mMutex;
-    IPluginRegistry* mRegistry = nullptr;
-    std::vector<IPluginCreatorInterface*> mRegistered;
-};
-
-LoadTimeRegistration gLoadTimeRegistration;
 
 }  // namespace
 }  // namespace plugin
@@ -114,13 +39,25 @@ LoadTimeRegistration gLoadTimeRegistration;
 extern "C" {
 
 __attribute__((visibility("default"))) nvinfer1::IPluginCreatorInterface* const* getCreators(int32_t& nbCreators) {
-    pagedkv::plugin::gLoadTimeRegistration.withdraw();
-    nbCreators = pagedkv::plugin::kNumCreators;
-    return pagedkv::plugin::creatorList();
+    try {
+        nvinfer1::IPluginCreatorInterface* const* creators = pagedkv::plugin::creatorList();
+        nbCreators = pagedkv::plugin::kNumCreators;
+        return creators;
+    } catch (std::exception const& e) {  // a creator's field table could not be allocated
+        pagedkv::plugin::logError(std::string("getCreators: ") + e.what());
+    }
+    nbCreators = 0;
+    return nullptr;
 }
 
 __attribute__((visibility("default"))) void setLoggerFinder(nvinfer1::ILoggerFinder* finder) {
     pagedkv::plugin::setLoggerFinder(finder);
+}
+
+// The library's recent warnings and errors (common/pluginLogging.h), for applications whose TensorRT hands over
+// no logger that answers: copies them into `buffer` and returns the bytes the whole text needs.
+__attribute__((visibility("default"))) size_t pagedkv_plugin_messages(char* buffer, size_t capacity, int32_t clear) {
+    return pagedkv::plugin::keptMessages(buffer, capacity, clear != 0);
 }
 
 }  // extern "C"

@@ -126,22 +126,135 @@ Json runInfo(PluginLibrary& library) {
     return Json::object().set("creators", creators).set("messages", logger().drain());
 }
 
+namespace {
+
+char const* kHexDigits = "0123456789abcdef";
+
+std::string toHex(std::vector<uint8_t> const& bytes) {
+    std::string out;
+    for (uint8_t b : bytes) {
+        out.push_back(kHexDigits[b >> 4]);
+        out.push_back(kHexDigits[b & 15]);
+    }
+    return out;
+}
+
+std::vector<uint8_t> fromHex(std::string const& hex) {
+    if (hex.size() % 2 != 0) throw std::runtime_error("blob: odd number of hex digits");
+    auto digit = [](char c) -> int {
+        if (c >= '0' && c <= '9') return c - '0';
+        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+        throw std::runtime_error(std::string("blob: not a hex digit: ") + c);
+    };
+    std::vector<uint8_t> out;
+    for (size_t i = 0; i < hex.size(); i += 2) out.push_back(static_cast<uint8_t>(digit(hex[i]) * 16 + digit(hex[i + 1])));
+    return out;
+}
+
+// A spec's "phase": "build" | "runtime" | any integer (a value outside TensorRTPhase, for malformed calls).
+TensorRTPhase phaseOf(Json const& spec) {
+    if (!spec.has("phase")) return TensorRTPhase::kBUILD;
+    Json const& phase = spec.at("phase");
+    if (phase.isInteger()) return static_cast<TensorRTPhase>(phase.asInt());
+    if (phase.asString() == "build") return TensorRTPhase::kBUILD;
+    if (phase.asString() == "runtime") return TensorRTPhase::kRUNTIME;
+    throw std::runtime_error("spec 'phase': build, runtime or an integer");
+}
+
+// A spec's "logger": "finder" (default): the finder answers with the host logger; "null": it answers nullptr,
+// as TensorRT-RTX's does (the library's messages then go to stderr and its kept messages).
+void selectLogger(Json const& spec) {
+    std::string const mode = spec.has("logger") ? spec.at("logger").asString() : "finder";
+    if (mode != "finder" && mode != "null") throw std::runtime_error("spec 'logger': expected finder or null");
+    hostLoggerFinder().setAnswers(mode == "finder");
+}
+
+// What the library kept (pagedkv_plugin_messages), read and cleared; "" when the library does not export it.
+std::string keptMessages(PluginLibrary& library) {
+    using MessagesFn = size_t (*)(char*, size_t, int32_t);
+    auto fn = reinterpret_cast<MessagesFn>(dlsym(library.handle(), "pagedkv_plugin_messages"));
+    if (fn == nullptr) return "";
+    std::vector<char> buffer(fn(nullptr, 0, 0) + 1);
+    fn(buffer.data(), buffer.size(), 1);
+    return buffer.data();
+}
+
+std::vector<std::string> problems(Json const& messages) {
+    std::vector<std::string> out;
+    for (Json const& m : messages.items()) {
+        std::string const severity = m.at("severity").asString();
+        if (severity == "ERROR" || severity == "INTERNAL_ERROR" || severity == "WARNING") {
+            out.push_back(severity + ": " + m.at("message").asString());
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
 Json runCreate(PluginLibrary& library, Json const& spec) {
     nvinfer1::IPluginCreatorV3One* creator = library.creator(spec.at("plugin").asString());
-    std::string const phaseName = spec.has("phase") ? spec.at("phase").asString() : "build";
-    if (phaseName != "build" && phaseName != "runtime") throw std::runtime_error("spec 'phase': build or runtime");
-    TensorRTPhase const phase = phaseName == "build" ? TensorRTPhase::kBUILD : TensorRTPhase::kRUNTIME;
+    TensorRTPhase const phase = phaseOf(spec);
     FieldSet fields = fieldSetOf(creator, spec);
+    selectLogger(spec);
     logger().drain();
+    keptMessages(library);
     PluginPtr plugin(creator->createPlugin("layer0", fields.get(), phase));
     Json report = Json::object().set("created", plugin != nullptr).set("messages", logger().drain());
+    report.set("kept_messages", keptMessages(library));
     report.set("fields_given", fields.describe());
     if (plugin) {
         Capabilities caps = capabilitiesOf(plugin.get());
         report.set("capabilities", caps.report);
-        if (caps.runtime != nullptr) report.set("fields", fieldSetReport(caps.runtime->getFieldsToSerialize()));
+        if (caps.runtime != nullptr) {
+            nvinfer1::PluginFieldCollection const* serialized = caps.runtime->getFieldsToSerialize();
+            report.set("fields", fieldSetReport(serialized)).set("blob", toHex(FieldSet::copyOf(serialized).toBlob()));
+        }
     }
+    hostLoggerFinder().setAnswers(true);
     return report;
+}
+
+Json runFuzz(PluginLibrary& library, Json const& cases) {
+    Json results = Json::array();
+    for (Json const& c : cases.items()) {
+        nvinfer1::IPluginCreatorV3One* creator = library.creator(c.at("plugin").asString());
+        FieldSet fields = c.has("blob") ? FieldSet::fromBlob(fromHex(c.at("blob").asString())) : fieldSetOf(creator, c);
+        // "collection": a malformed PluginFieldCollection itself: "null", "negative_count" or "null_fields".
+        std::string const collection = c.has("collection") ? c.at("collection").asString() : "";
+        nvinfer1::PluginFieldCollection malformed{};
+        nvinfer1::PluginFieldCollection const* fc = fields.get();
+        if (collection == "null") {
+            fc = nullptr;
+        } else if (collection == "negative_count") {
+            malformed = nvinfer1::PluginFieldCollection{-3, fc->fields};
+            fc = &malformed;
+        } else if (collection == "null_fields") {
+            malformed = nvinfer1::PluginFieldCollection{3, nullptr};
+            fc = &malformed;
+        } else if (!collection.empty()) {
+            throw std::runtime_error("case 'collection': expected null, negative_count or null_fields");
+        }
+        logger().drain();
+        PluginPtr plugin(creator->createPlugin("layer0", fc, phaseOf(c)));
+        Json r = Json::object().set("created", plugin != nullptr);
+        if (plugin) {
+            // What an accepted collection becomes must itself be accepted: serialize, deserialize, clone.
+            Capabilities caps = capabilitiesOf(plugin.get());
+            bool roundTrip = caps.runtime != nullptr;
+            if (roundTrip) {
+                FieldSet again = FieldSet::copyOf(caps.runtime->getFieldsToSerialize());
+                PluginPtr deserialized(creator->createPlugin("layer0", again.get(), TensorRTPhase::kRUNTIME));
+                PluginPtr cloned(plugin->clone());
+                roundTrip = deserialized != nullptr && cloned != nullptr;
+            }
+            r.set("round_trip", roundTrip);
+        }
+        Json messages = Json::array();
+        for (std::string const& m : problems(logger().drain())) messages.push(m);
+        results.push(r.set("messages", messages));
+    }
+    return Json::object().set("results", results);
 }
 
 // `check` spec:
@@ -411,34 +524,31 @@ Json runSelfRegistration(std::string const& libraryPath, std::string const& scen
     Json report = Json::object().set("scenario", scenario).set("symbol_visible", HostPluginRegistry::symbolVisible());
     static PlaceholderCreator placeholder;
 
-    if (scenario == "static" || scenario == "no_registry" || scenario == "preregistered") {
+    bool const plainDlopen = scenario == "dlopen" || scenario == "no_registry" || scenario == "preregistered" ||
+                             scenario == "api_mismatch";
+    if (plainDlopen) {
         registry.setEnabled(scenario != "no_registry");
         if (scenario == "preregistered") registry.registerCreator(placeholder, "pagedkv");
+        if (scenario == "api_mismatch") registry.setApiMajorVersion(1);  // as TensorRT-RTX 1.x reports itself
         // A plain dlopen, as polygraphy --plugins / ctypes.CDLL / trtexec --staticPlugins do.
         void* handle = dlopen(libraryPath.c_str(), RTLD_LAZY | RTLD_LOCAL);
         report.set("loaded", handle != nullptr);
         if (handle == nullptr) return report.set("error", dlerror());
         report.set("entries_after_load", registryEntries());
-        if (scenario == "no_registry") {
-            // The library must still serve loaders that ask: getCreators works without any registry.
-            auto getCreators = reinterpret_cast<GetCreatorsFn>(dlsym(handle, "getCreators"));
-            int32_t n = -1;
-            if (getCreators != nullptr) getCreators(n);
-            report.set("creators_from_get_creators", n);
-        }
-        if (scenario == "static") {
+        if (scenario == "dlopen") {
             dlclose(handle);
             bool const unloaded = dlopen(libraryPath.c_str(), RTLD_LAZY | RTLD_NOLOAD) == nullptr;
             report.set("unloaded", unloaded).set("entries_after_unload", registryEntries());
         }
     } else if (scenario == "load_library") {
-        // IPluginRegistry::loadLibrary: its dlopen runs the load-time registration first; then getCreators and
-        // the loader's own registrations must all succeed.
+        // IPluginRegistry::loadLibrary: dlopen, setLoggerFinder, getCreators, then the loader's own
+        // registrations, which must all succeed.
         registry.setEnabled(true);
         void* handle = registry.loadLibrary(libraryPath.c_str());
         report.set("loaded", handle != nullptr).set("entries_after_load", registryEntries());
     } else {
-        throw std::runtime_error("selfreg scenario: expected static, load_library, no_registry or preregistered");
+        throw std::runtime_error("selfreg scenario: expected dlopen, load_library, no_registry, preregistered or "
+                                 "api_mismatch");
     }
     report.set("events", registryEvents()).set("messages", logger().drain());
     return report;

@@ -42,8 +42,15 @@ FieldSet fieldSetOf(nvinfer1::IPluginCreatorV3One* creator, Json const& spec);
 // `info`: creators with name, version, namespace, interface and field names/types.
 Json runInfo(PluginLibrary& library);
 
-// `create`: createPlugin in the given phase ("build" | "runtime"); {"created", "messages", "fields"}.
+// `create`: createPlugin in the given phase ("build" | "runtime"); {"created", "messages", "fields", "blob"}
+// ("blob": the serialized fields as FieldSet::toBlob bytes, hex). "logger" picks where messages can go.
 Json runCreate(PluginLibrary& library, Json const& spec);
+
+// `fuzz`: createPlugin on each case of a JSON array, in one process: {"plugin", "phase", "caller", "attrs"} (as
+// `create`) or {"plugin", "phase", "blob": hex} (FieldSet::fromBlob); "collection": "null" | "negative_count" |
+// "null_fields" malforms the PluginFieldCollection itself. An accepted case is serialized, deserialized
+// and cloned as well. {"results": [{"created", "round_trip", "messages": ["ERROR: ...", ...]}, ...]}.
+Json runFuzz(PluginLibrary& library, Json const& cases);
 
 // `check`: the whole build and runtime interface of one plugin for one configuration (see checks.cpp).
 Json runCheck(PluginLibrary& library, Json const& spec);

@@ -184,14 +184,20 @@ Json runStep(PluginLibrary& library, Json const& step, std::map<std::string, Dev
         outDesc.push_back(PluginTensorDesc{outDims[o], outTypes[o], TensorFormat::kLINEAR, 1.f});
         outPtrs.push_back(tensorNamed(outNames[o]).buffer->ptr);
     }
-    if (rcaps.runtime->onShapeChange(inDesc.data(), nbIn, outDesc.data(), nbOut) != 0) {
+    // "enqueue_phase": "build" enqueues the build-phase instance, as TensorRT does while it times tactics (with
+    // whatever the inputs hold); the default is the engine's: the deserialized, attached instance.
+    std::string const enqueuePhase = step.has("enqueue_phase") ? step.at("enqueue_phase").asString() : "runtime";
+    if (enqueuePhase != "build" && enqueuePhase != "runtime") throw std::runtime_error("enqueue_phase: build or runtime");
+    nvinfer1::IPluginV3OneRuntime* const target = enqueuePhase == "build" ? caps.runtime : rcaps.runtime;
+    r.set("enqueue_phase", enqueuePhase);
+    if (target->onShapeChange(inDesc.data(), nbIn, outDesc.data(), nbOut) != 0) {
         return r.set("stage", "onShapeChange").set("ok", false);
     }
     // The uploads and poison fills above ran on the legacy stream (cudaMemset is asynchronous for device
     // memory), which a non-blocking stream does not wait for: finish them before TensorRT-style enqueue.
     checkCuda(cudaDeviceSynchronize(), "synchronize before enqueue");
-    rc = rcaps.runtime->enqueue(inDesc.data(), outDesc.data(), inPtrs.data(), outPtrs.data(),
-                                workspaceBytes > 0 ? workspace.ptr : nullptr, stream);
+    rc = target->enqueue(inDesc.data(), outDesc.data(), inPtrs.data(), outPtrs.data(),
+                         workspaceBytes > 0 ? workspace.ptr : nullptr, stream);
     cudaError_t const syncErr = cudaStreamSynchronize(stream);
     r.set("enqueue_rc", rc).set("cuda", cudaGetErrorName(syncErr));
     if (rc != 0 || syncErr != cudaSuccess) {

@@ -10,7 +10,8 @@
 //                             "addresses": [{"element": 0, "buffer": "pool0", "offset": 4096}]}, ...},
 //                                                              element 0 := device address of pool0 + 4096 bytes
 //    "steps": [{"plugin": "PagedKVQKVWrite", "attrs": {...}, "inputs": ["qkv", ...], "outputs": ["q", "status"],
-//               "poison_byte": 255}, ...],                      outputs and workspace start filled with it
+//               "poison_byte": 255,                             outputs and workspace start filled with it
+//               "enqueue_phase": "build"}, ...],                enqueue the build-phase instance (tactic timing)
 //    "dump": ["q", "status", "pool0"]}
 // Writes <out>/<name>.bin and <out>/manifest.json; returns the step report.
 #pragma once

@@ -25,6 +25,12 @@ constexpr TypeName kTypeNames[] = {
     {PluginFieldType::kINT4, "kINT4"},       {PluginFieldType::kFP4, "kFP4"},
 };
 
+// After a blob's count: bytes TensorRT-RTX's plans hold there (zeros or an unexplained value), skipped.
+constexpr size_t kBlobReservedBytes = 8;
+
+// Raw fields larger than this are refused by the host (a fuzzed length must not make the host allocate gigabytes).
+constexpr int64_t kMaxFieldBytes = int64_t(1) << 24;
+
 bool allIntegers(Json const& list) {
     for (Json const& v : list.items()) {
         if (!v.isInteger()) return false;
@@ -70,8 +76,8 @@ int64_t fieldBytes(PluginFieldType type, int32_t length) {
 }
 
 void FieldSet::add(std::string name, PluginFieldType type, int32_t length, void const* data, size_t bytes,
-                   bool nullData) {
-    Entry e{std::move(name), type, length, std::vector<uint64_t>((bytes + 7) / 8 + 1, 0), bytes, nullData};
+                   bool nullData, bool nullName) {
+    Entry e{std::move(name), type, length, std::vector<uint64_t>((bytes + 7) / 8 + 1, 0), bytes, nullData, nullName};
     if (data != nullptr && bytes > 0) std::memcpy(e.storage.data(), data, bytes);
     mEntries.push_back(std::move(e));
 }
@@ -100,7 +106,9 @@ void FieldSet::addOnnxAttribute(std::string const& name, Json const& value) {
 }
 
 void FieldSet::addRaw(std::string const& name, Json const& spec) {
-    PluginFieldType const type = fieldTypeFromName(spec.at("raw_type").asString());
+    Json const& rawType = spec.at("raw_type");
+    PluginFieldType const type = rawType.isInteger() ? static_cast<PluginFieldType>(rawType.asInt())
+                                                     : fieldTypeFromName(rawType.asString());
     std::vector<uint8_t> bytes;
     int32_t count = 0;
     auto append = [&bytes](void const* p, size_t n) {
@@ -132,10 +140,63 @@ void FieldSet::addRaw(std::string const& name, Json const& spec) {
     Json const* length = spec.find("length");
     int32_t const claimed = length != nullptr ? static_cast<int32_t>(length->asInt()) : count;
     bool const nullData = spec.has("null_data") && spec.at("null_data").asBool();
+    bool const nullName = spec.has("null_name") && spec.at("null_name").asBool();
     // Storage covers the claimed length as well, so a plugin that trusts `length` reads zeros, not the heap.
     int64_t const claimedBytes = fieldBytes(type, claimed);
+    if (claimedBytes > kMaxFieldBytes) throw std::runtime_error("raw field '" + name + "': claimed length too large");
     if (claimedBytes > static_cast<int64_t>(bytes.size())) bytes.resize(static_cast<size_t>(claimedBytes), 0);
-    add(name, type, claimed, bytes.data(), bytes.size(), nullData);
+    add(name, type, claimed, bytes.data(), bytes.size(), nullData, nullName);
+}
+
+FieldSet FieldSet::fromBlob(std::vector<uint8_t> const& blob) {
+    FieldSet set;
+    size_t at = 0;
+    auto readU32 = [&](uint32_t& out) {
+        if (blob.size() - at < 4) return false;
+        std::memcpy(&out, blob.data() + at, 4);
+        at += 4;
+        return true;
+    };
+    uint32_t count = 0;
+    if (!readU32(count) || blob.size() - at < kBlobReservedBytes) return set;
+    at += kBlobReservedBytes;
+    for (uint32_t i = 0; i < count; ++i) {
+        uint32_t nameLength = 0, type = 0, length = 0;
+        if (!readU32(nameLength) || blob.size() - at < nameLength) break;
+        // A C string for the plugin: up to the first NUL, one added when the bytes hold none.
+        std::string const name(reinterpret_cast<char const*>(blob.data() + at),
+                               strnlen(reinterpret_cast<char const*>(blob.data() + at), nameLength));
+        at += nameLength;
+        if (!readU32(type) || !readU32(length)) break;
+        auto const fieldType = static_cast<PluginFieldType>(type);
+        int64_t const bytes = fieldBytes(fieldType, static_cast<int32_t>(length));
+        // A type without a size, or data past the end: TensorRT would not hand such a field over.
+        if (bytes < 0 || static_cast<uint64_t>(bytes) > blob.size() - at) break;
+        set.add(name, fieldType, static_cast<int32_t>(length), blob.data() + at, static_cast<size_t>(bytes));
+        at += static_cast<size_t>(bytes);
+    }
+    return set;
+}
+
+std::vector<uint8_t> FieldSet::toBlob() const {
+    std::vector<uint8_t> out;
+    auto putU32 = [&out](uint32_t v) {
+        uint8_t b[4];
+        std::memcpy(b, &v, 4);
+        out.insert(out.end(), b, b + 4);
+    };
+    putU32(static_cast<uint32_t>(mEntries.size()));
+    out.insert(out.end(), kBlobReservedBytes, 0);
+    for (Entry const& e : mEntries) {
+        putU32(static_cast<uint32_t>(e.name.size() + 1));
+        out.insert(out.end(), e.name.begin(), e.name.end());
+        out.push_back(0);
+        putU32(static_cast<uint32_t>(e.type));
+        putU32(static_cast<uint32_t>(e.length));
+        auto const* data = reinterpret_cast<uint8_t const*>(e.storage.data());
+        out.insert(out.end(), data, data + e.bytes);
+    }
+    return out;
 }
 
 FieldSet FieldSet::fromOnnxAttributes(Json const& attrs, PluginFieldCollection const* fieldNames) {
@@ -177,7 +238,8 @@ FieldSet FieldSet::copyOf(PluginFieldCollection const* fc) {
 PluginFieldCollection const* FieldSet::get() {
     mFields.clear();
     for (Entry const& e : mEntries) {
-        mFields.emplace_back(e.name.c_str(), e.nullData ? nullptr : e.storage.data(), e.type, e.length);
+        mFields.emplace_back(e.nullName ? nullptr : e.name.c_str(), e.nullData ? nullptr : e.storage.data(), e.type,
+                             e.length);
     }
     mCollection.nbFields = static_cast<int32_t>(mFields.size());
     mCollection.fields = mFields.data();

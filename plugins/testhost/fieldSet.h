@@ -4,8 +4,14 @@
 //    STRING -> kCHAR with the NUL counted in the length. plugin_version / plugin_namespace are consumed.
 //    A JSON integer is an ONNX INT, a JSON number with '.', 'e' or NaN/Infinity is a FLOAT.
 //  - direct: an application calling createPlugin itself: every attribute, same conversions, plus raw fields
-//    {"raw_type": "kINT64", "values": [...], "length": n, "null_data": true} to build malformed input.
+//    {"raw_type": "kINT64" (or any integer, valid or not), "values": [...], "length": n, "null_data": true,
+//     "null_name": true} to build malformed input.
 //  - copyOf: a deep copy of what getFieldsToSerialize returned (what an engine stores).
+//  - fromBlob / toBlob: the field collection as bytes, the way TensorRT-RTX 1.7 stores a plugin's fields in an
+//    engine (read off built plans): u32 count, 8 bytes we do not interpret (toBlob writes zeros), then per field
+//    u32 name length (NUL included), the name, u32 PluginFieldType, u32 length, the data (length elements of the
+//    type). fromBlob decodes whatever bytes it is given as far as they hold complete fields, as a lenient reader
+//    would, so that corrupt blobs reach the plugin.
 #pragma once
 
 #include <NvInferRuntime.h>
@@ -23,6 +29,8 @@ public:
     static FieldSet fromOnnxAttributes(Json const& attrs, nvinfer1::PluginFieldCollection const* fieldNames);
     static FieldSet direct(Json const& attrs);
     static FieldSet copyOf(nvinfer1::PluginFieldCollection const* fc);
+    static FieldSet fromBlob(std::vector<uint8_t> const& blob);
+    std::vector<uint8_t> toBlob() const;
 
     // Valid until the FieldSet changes or is destroyed.
     nvinfer1::PluginFieldCollection const* get();
@@ -38,9 +46,10 @@ private:
         std::vector<uint64_t> storage;  // 8-byte aligned bytes
         size_t bytes;
         bool nullData;
+        bool nullName;
     };
     void add(std::string name, nvinfer1::PluginFieldType type, int32_t length, void const* data, size_t bytes,
-             bool nullData = false);
+             bool nullData = false, bool nullName = false);
     void addOnnxAttribute(std::string const& name, Json const& value);
     void addRaw(std::string const& name, Json const& spec);
 

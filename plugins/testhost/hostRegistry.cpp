@@ -137,3 +137,12 @@ extern "C" nvinfer1::IPluginRegistry* getPluginRegistry() noexcept {
     testhost::HostPluginRegistry& registry = testhost::HostPluginRegistry::instance();
     return registry.enabled() ? &registry : nullptr;
 }
+
+extern "C" int32_t getInferLibMajorVersion() noexcept {
+    return testhost::HostPluginRegistry::instance().apiMajorVersion();
+}
+
+// NV_TENSORRT_VERSION's encoding (major * 10000 + minor * 100 + patch) for the reported major.
+extern "C" int32_t getInferLibVersion() noexcept {
+    return testhost::HostPluginRegistry::instance().apiMajorVersion() * 10000;
+}

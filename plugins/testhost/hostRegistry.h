@@ -1,12 +1,14 @@
-// The test host's IPluginRegistry, exported as `getPluginRegistry` so that the plugin library's load-time
-// self-registration finds it exactly as it finds libnvinfer's (dlsym(RTLD_DEFAULT, "getPluginRegistry")).
-// It follows TensorRT's rules: a (name, version, namespace) registers once; loadLibrary dlopens the library,
-// calls setLoggerFinder and getCreators, registers every creator, and fails if any registration fails.
-// The executable must export the symbol (CMake ENABLE_EXPORTS / -rdynamic); symbolVisible() says if it does.
+// The test host's stand-in for the TensorRT library of a process: the C entry points libnvinfer and
+// libtensorrt_rtx export (getPluginRegistry, getInferLibMajorVersion, getInferLibVersion), so that
+// the plugin libraries find the host exactly as they find TensorRT (plugins/plugins/common/loadedTensorRT.h).
+// Its IPluginRegistry follows TensorRT's rules: a (name, version, namespace) registers once; loadLibrary dlopens
+// the library, calls setLoggerFinder and getCreators, registers every creator, and fails if any registration
+// fails. The executable must export the symbols (plugins/CMakeLists.txt); symbolVisible() says if it does.
 #pragma once
 
 #include <NvInferRuntime.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,9 @@ public:
     // "no TensorRT registry in the process" case the library must survive).
     void setEnabled(bool enabled) { mEnabled = enabled; }
     bool enabled() const { return mEnabled; }
+    // What getInferLibMajorVersion() answers (default: the headers' NV_TENSORRT_MAJOR; TensorRT-RTX says 1).
+    void setApiMajorVersion(int32_t major) { mApiMajorVersion = major; }
+    int32_t apiMajorVersion() const { return mApiMajorVersion; }
     // Does dlsym(RTLD_DEFAULT, "getPluginRegistry") find the host's function?
     static bool symbolVisible();
 
@@ -63,6 +68,7 @@ private:
     ~HostPluginRegistry() noexcept override = default;
 
     bool mEnabled = false;
+    int32_t mApiMajorVersion = NV_TENSORRT_MAJOR;
     std::vector<Entry> mEntries;
     mutable std::vector<nvinfer1::IPluginCreatorInterface*> mCreatorList;
     std::vector<std::string> mEvents;
@@ -70,4 +76,8 @@ private:
 
 }  // namespace testhost
 
-extern "C" __attribute__((visibility("default"))) nvinfer1::IPluginRegistry* getPluginRegistry() noexcept;
+extern "C" {
+__attribute__((visibility("default"))) nvinfer1::IPluginRegistry* getPluginRegistry() noexcept;
+__attribute__((visibility("default"))) int32_t getInferLibMajorVersion() noexcept;
+__attribute__((visibility("default"))) int32_t getInferLibVersion() noexcept;
+}

@@ -5,7 +5,8 @@
 //   pagedkv_testhost create  --lib LIB --spec SPEC.json     createPlugin only; exit 1 when it returns nullptr
 //   pagedkv_testhost create  --lib LIB --plugin NAME --attrs ATTRS.json [--phase build|runtime] [--caller direct]
 //   pagedkv_testhost check   --lib LIB --spec SPEC.json     build + runtime interface of one configuration
-//   pagedkv_testhost selfreg --lib LIB --scenario static|load_library|no_registry|preregistered
+//   pagedkv_testhost fuzz    --lib LIB --cases CASES.json   createPlugin on many cases in one process
+//   pagedkv_testhost selfreg --lib LIB --scenario dlopen|load_library|no_registry|preregistered|api_mismatch
 //   pagedkv_testhost enqueue --lib LIB --plan PLAN.json --out DIR      (GPU)
 //   pagedkv_testhost exprs   --pairs "[[7,2],[-7,2]]"                  the host's IExprBuilder on its own
 //
@@ -27,8 +28,8 @@ namespace {
 
 int usage() {
     std::fprintf(stderr,
-                 "usage: pagedkv_testhost info|create|check|selfreg|enqueue --lib LIB [--spec FILE] "
-                 "[--scenario NAME] [--plan FILE --out DIR] | exprs --pairs JSON\n");
+                 "usage: pagedkv_testhost info|create|check|fuzz|selfreg|enqueue --lib LIB [--spec FILE] "
+                 "[--cases FILE] [--scenario NAME] [--plan FILE --out DIR] | exprs --pairs JSON\n");
     return 2;
 }
 
@@ -79,6 +80,9 @@ int main(int argc, char** argv) {
                 Json const spec = Json::parse(readFile(options["spec"]));
                 report = command == "create" ? runCreate(library, spec) : runCheck(library, spec);
                 if (command == "create" && !report.at("created").asBool()) status = 1;
+            } else if (command == "fuzz") {
+                if (!options.count("cases")) return usage();
+                report = runFuzz(library, Json::parse(readFile(options["cases"])));
             } else if (command == "enqueue") {
                 if (!options.count("plan") || !options.count("out")) return usage();
                 Json const plan = Json::parse(readFile(options["plan"]));

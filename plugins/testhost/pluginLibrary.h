@@ -24,12 +24,16 @@ private:
     std::vector<std::pair<Severity, std::string>> mMessages;
 };
 
+// Answers with the host logger, or — setAnswers(false) — with nullptr, as TensorRT's finder does when the
+// caller is not a builder, runtime or refitter (the ONNX parser creating a plugin).
 class HostLoggerFinder final : public nvinfer1::ILoggerFinder {
 public:
-    nvinfer1::ILogger* findLogger() override { return &mLogger; }
+    nvinfer1::ILogger* findLogger() override { return mAnswers ? &mLogger : nullptr; }
     HostLogger& logger() { return mLogger; }
+    void setAnswers(bool answers) { mAnswers = answers; }
 private:
     HostLogger mLogger;
+    bool mAnswers = true;
 };
 
 HostLoggerFinder& hostLoggerFinder();

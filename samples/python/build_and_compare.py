@@ -4,7 +4,7 @@
     python samples/python/build_and_compare.py --synthetic            # no torch needed
     python samples/python/build_and_compare.py --family qwen2 --backend cuda --cache-dtype bf16   # GPU
     python samples/python/build_and_compare.py --family llama --dtype fp16 --cache-dtype int8     # calibrated
-    python samples/python/build_and_compare.py --family llama --dtype fp16 --engine llama.engine  # TensorRT
+    python samples/python/build_and_compare.py --family llama --dtype fp16 --engine llama.engine  # TensorRT(-RTX)
 
 Writes the original and rewritten graphs (each a .onnx and its .onnx.data) into --out-dir, prints the rewrite
 report and the per-step comparison, and exits non-zero when the comparison fails.
@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     p.add_argument("--backend", default="reference", choices=["reference", "cuda", "trt"])
     p.add_argument("--chunk-size", type=int, default=8)
     p.add_argument("--decode-steps", type=int, default=8)
-    p.add_argument("--engine", default=None, help="also build a TensorRT engine to this path")
+    p.add_argument("--engine", default=None, help="also build an engine to this path (TensorRT, or TensorRT-RTX) and inspect it")
     args = p.parse_args(argv)
 
     from pagedkv import onnx_io
@@ -65,15 +65,18 @@ def main(argv=None) -> int:
                      decode_steps=args.decode_steps, chunk_size=args.chunk_size, atol=atol, rtol=rtol)
     print(report)
 
-    if args.engine:
+    if args.engine:  # TensorRT, or TensorRT-RTX (which builds without a GPU)
         from pagedkv.builder.build import build_engine
-        from pagedkv.runtime.trt import why_no_tensorrt
+        from pagedkv.builder.inspect_engine import inspect_engine
+        from pagedkv.userio import UsageError
 
-        reason = why_no_tensorrt()
-        if reason:
-            print(f"not building {args.engine}: {reason}")
+        try:
+            built = build_engine(rewritten, args.engine)
+        except UsageError as exc:  # no TensorRT flavour here, a float32 graph (--dtype), ...
+            print(f"not building {args.engine}: {exc}")
         else:
-            print(f"engine -> {build_engine(rewritten, args.engine)}")
+            print(f"engine -> {built.engine} ({built.flavour} {built.version}, targets {', '.join(built.targets)}); "
+                  f"inspect: {'ok' if inspect_engine(built.engine).ok else 'problems'}")
     return 0 if report.passed else 1
 
 

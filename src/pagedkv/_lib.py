@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 CAPI_NAME = "libpagedkv_capi.so"
-PLUGINS_NAME = "libpagedkv_plugins.so"
+PLUGINS_NAME = "libpagedkv_plugins.so"  # getCreators: IPluginRegistry.load_library, trtexec --dynamicPlugins
+SELFREG_NAME = "libpagedkv_plugins_selfreg.so"  # registers itself: polygraphy --plugins, trtexec --staticPlugins
 TESTHOST_NAME = "pagedkv_testhost"
 RUNTIME_NAME = "libpagedkv_runtime.so"        # the C++ runtime (static cudart; TensorRT dlopened)
 RUNTIME_CHECK_NAME = "pagedkv_runtime_check"  # its C++ tests and benchmark
@@ -52,8 +53,14 @@ def require_file(name: str) -> Path:
 
 
 def plugin_library_path() -> Path:
-    """Path of the TensorRT plugin library (for ``IPluginRegistry.load_library`` / polygraphy ``--plugins``)."""
+    """Path of the TensorRT plugin library (for ``IPluginRegistry.load_library``, trtexec ``--dynamicPlugins``)."""
     return require_file(PLUGINS_NAME)
+
+
+def selfreg_library_path() -> Path:
+    """Path of its self-registering companion (for loaders that only dlopen: polygraphy ``--plugins``, trtexec
+    ``--staticPlugins``)."""
+    return require_file(SELFREG_NAME)
 
 
 @functools.lru_cache(maxsize=None)

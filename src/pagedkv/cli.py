@@ -42,7 +42,9 @@ VERBS = (
     Verb("rewrite", "pagedkv.builder.rewrite", "replace each attention block with the pagedkv plugin nodes"),
     Verb("compare", "pagedkv.builder.compare", "run original and rewritten graphs on the same prompts and "
                                                "compare logits and greedy tokens"),
-    Verb("build", "pagedkv.builder.build", "build a TensorRT engine from a rewritten graph"),
+    Verb("build", "pagedkv.builder.build", "build a TensorRT or TensorRT-RTX engine from a rewritten graph"),
+    Verb("inspect", "pagedkv.builder.inspect_engine", "what an engine holds (I/O, profile, plugins, flavour, "
+                                                      "targets), checked against the engine-I/O contract"),
     # the runtime
     Verb("generate", "pagedkv.runtime.generate", "generate text or token ids from a rewritten graph or an engine"),
     Verb("serve", "pagedkv.runtime.serve", "serve a model over an OpenAI-compatible HTTP API (the serve extra)"),

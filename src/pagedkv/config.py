@@ -2,9 +2,12 @@
 
 Each dataclass here is one plugin's attributes as an ONNX node carries them (``to_attributes`` /
 ``from_attributes``) and as the C++ plugin reads them as fields (same names, INT -> kINT32,
-FLOAT -> kFLOAT32, per the TensorRT ONNX parser). The builder writes nodes from them, the references and the
-kernel bindings take them as parameters. ``docs/plugin_io.md`` is the human-readable contract; the C++
-creators list the same names in ``getFieldNames``.
+FLOAT -> kFLOAT32, per the TensorRT ONNX parser). An attribute's ONNX type is its field's *declared* type
+(``attribute_types``): a float field is a FLOAT attribute even when it was given an int (``theta=500000``),
+because the plugin refuses a kINT32 where it expects kFLOAT32. The builder writes nodes from them
+(``to_node_attributes`` adds ``plugin_namespace`` and ``plugin_version``, which the ONNX parser uses to find the
+creator), the references and the kernel bindings take them as parameters. ``docs/plugin_io.md`` is the
+human-readable contract; the C++ creators list the same names and types in ``getFieldNames``.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import dataclasses
 import enum
 import functools
 import math
+import typing
 from dataclasses import dataclass, field
 
 from pagedkv.capabilities import capabilities
@@ -23,6 +27,8 @@ ONNX_DOMAIN = "pagedkv"  # custom domain: the ONNX parser ignores it, ONNX tools
 WRITE_PLUGIN_NAME = "PagedKVQKVWrite"  # never an ONNX/TensorRT op name (built-in importers win)
 ATTENTION_PLUGIN_NAME = "PagedKVAttention"
 PLUGIN_VERSION = "1"
+PLUGIN_NAMESPACE_ATTRIBUTE, PLUGIN_VERSION_ATTRIBUTE = "plugin_namespace", "plugin_version"  # the parser's names
+OUT_DTYPE_LIKE_Q = -1  # AttentionConfig.out_dtype: the output takes q's dtype
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 FLOAT32_MAX = 3.4028234663852886e38
@@ -113,23 +119,49 @@ class RopeConfig:
         return r
 
 
-def _attrs(obj) -> dict:
+FLOAT, INT = "FLOAT", "INT"  # the ONNX attribute types of the plugin fields (kFLOAT32, kINT32)
+
+
+@functools.lru_cache(maxsize=None)
+def _declared(cls) -> tuple[tuple[str, object], ...]:
+    """(field name, declared type) of a config dataclass, annotations resolved."""
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls))
+
+
+def _attribute_value(name: str, declared, value):
+    """``value`` as its field's declared ONNX type: float fields -> float (FLOAT), every other -> int (INT:
+    ints, bools, enums). A non-integral number for an int field is an error naming it."""
+    if declared is float:
+        return float(value)
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError(f"{name}: an integer attribute, got {value!r}")
+    return int(value)
+
+
+def _attrs(obj, prefix: str = "") -> dict:
+    """``obj``'s own attributes (a RopeConfig member expanded as ``rope_*``; the pool is added by the caller)."""
     out = {}
-    for f in dataclasses.fields(obj):
-        v = getattr(obj, f.name)
-        if isinstance(v, RopeConfig):
-            for rf in dataclasses.fields(v):
-                rv = getattr(v, rf.name)
-                out[f"rope_{rf.name}"] = float(rv) if isinstance(rv, float) else int(rv)
-        elif isinstance(v, bool):
-            out[f.name] = int(v)
-        elif isinstance(v, enum.IntEnum):
-            out[f.name] = int(v)
-        elif isinstance(v, float):
-            out[f.name] = float(v)
-        elif isinstance(v, int):
-            out[f.name] = int(v)
+    for name, declared in _declared(type(obj)):
+        value = getattr(obj, name)
+        if declared is RopeConfig:
+            out.update(_attrs(value, "rope_"))
+        elif declared is not PoolConfig:
+            out[prefix + name] = _attribute_value(prefix + name, declared, value)
     return out
+
+
+def attribute_types(cls) -> dict[str, str]:
+    """Attribute name -> ``FLOAT`` or ``INT`` of a plugin config class (``WriteConfig``, ``AttentionConfig``),
+    in ``to_attributes`` order: what the C++ creator's ``getFieldNames`` lists as kFLOAT32 / kINT32."""
+    def walk(c, prefix=""):
+        for name, declared in _declared(c):
+            if declared is RopeConfig:
+                yield from walk(declared, "rope_")
+            elif declared is not PoolConfig:
+                yield prefix + name, FLOAT if declared is float else INT
+
+    return {**dict(walk(cls)), **dict(walk(PoolConfig))}
 
 
 @dataclass(frozen=True)
@@ -177,9 +209,17 @@ class _PluginAttributes:
     """ONNX node attributes <-> config, for both plugins: the plugin's own fields, then its pool's."""
 
     def to_attributes(self) -> dict:
+        """The plugin fields: name -> int (INT attribute, kINT32 field) or float (FLOAT, kFLOAT32)."""
         attrs = _attrs(self)
         attrs.update(_attrs(self.pool))
         return attrs
+
+    def to_node_attributes(self) -> dict:
+        """The plugin node's ONNX attributes: the fields, and ``plugin_namespace`` / ``plugin_version`` (STRING),
+        which TensorRT's ONNX parser reads to find the creator (TensorRT 10.1's parser looks in namespace ""
+        without them)."""
+        return {**self.to_attributes(), PLUGIN_NAMESPACE_ATTRIBUTE: PLUGIN_NAMESPACE,
+                PLUGIN_VERSION_ATTRIBUTE: PLUGIN_VERSION}
 
     @classmethod
     def from_attributes(cls, attrs: dict):
@@ -218,10 +258,24 @@ class AttentionConfig(_PluginAttributes):
     logit_softcap: float = 0.0  # > 0: cap * tanh(logits / cap)
     q_fp8: bool = False
     q_scale: float = 1.0
+    # The output's dtype, an IODType value (pagedkv.kernels.write: 0 fp16, 1 bf16), or OUT_DTYPE_LIKE_Q. An fp8
+    # query does not say what the model computes in, so a plugin node with q_fp8 needs it (the graph's dtype).
+    out_dtype: int = OUT_DTYPE_LIKE_Q
 
     def __post_init__(self):
         _check_common(self.num_q_heads, self.pool)
+        accepted = (OUT_DTYPE_LIKE_Q, *capabilities().io_dtypes)
+        if self.out_dtype not in accepted:
+            raise ValueError(f"out_dtype: expected one of {accepted} (-1 like q, 0 fp16, 1 bf16), got {self.out_dtype}")
         check_attribute_values(self.to_attributes())
+
+    def to_node_attributes(self) -> dict:
+        # The kernels take the output dtype as a launch argument; a plugin node must carry it (the plugin
+        # refuses q_fp8 without it).
+        if self.q_fp8 and self.out_dtype == OUT_DTYPE_LIKE_Q:
+            raise ValueError("out_dtype: a PagedKVAttention node with q_fp8 needs the output dtype (0 fp16, "
+                             "1 bf16), got -1 (like q)")
+        return super().to_node_attributes()
 
     @property
     def resolved_softmax_scale(self) -> float:
@@ -241,8 +295,13 @@ def _split_pool(cls, attrs: dict):
     kwargs = {}
     rope_kwargs = {}
     known = {f.name for f in dataclasses.fields(cls)}
+    identity = {PLUGIN_NAMESPACE_ATTRIBUTE: PLUGIN_NAMESPACE, PLUGIN_VERSION_ATTRIBUTE: PLUGIN_VERSION}
     for key, value in rest.items():
-        if key in ("plugin_version", "plugin_namespace"):
+        if key in identity:
+            text = value.decode() if isinstance(value, bytes) else value
+            if text != identity[key]:
+                raise ValueError(f"{cls.__name__}: attribute {key}={text!r}, expected {identity[key]!r} (the "
+                                 "plugins this library registers)")
             continue
         if key.startswith("rope_") and "rope" in known:
             rope_kwargs[key[len("rope_"):]] = value

@@ -58,6 +58,17 @@ def why_no_gpu() -> str | None:
     return None
 
 
+def device_properties(device: int = 0):
+    """``cudaDeviceProp`` of ``device`` (name, major, minor, multiProcessorCount, totalGlobalMem, ...)."""
+    return check(_rt().cudaGetDeviceProperties(device), "cudaGetDeviceProperties")
+
+
+def compute_capability(device: int = 0) -> str:
+    """"9.0" for an H200."""
+    props = device_properties(device)
+    return f"{props.major}.{props.minor}"
+
+
 def mem_get_info() -> tuple[int, int]:
     """(free, total) bytes of the current device."""
     free, total = check(_rt().cudaMemGetInfo(), "cudaMemGetInfo")

@@ -1,11 +1,11 @@
-"""``pagedkv doctor``: what this machine has — CUDA device and driver, the plugin library and the creators it
-exports, whether TensorRT is importable, where the TensorRT headers came from, the cuda-python version."""
+"""``pagedkv doctor``: what this machine has — CUDA device and driver, the plugin libraries and the creators they
+export, which TensorRT flavours are installed (TensorRT, TensorRT-RTX) and whether engines build and run here, where
+the TensorRT headers came from, the cuda-python version."""
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import importlib.util
 import json
 import subprocess
 import sys
@@ -34,18 +34,19 @@ def doctor_report() -> dict:
         rt = cuda._rt()
         gpu["driver_version"] = cuda.check(rt.cudaDriverGetVersion(), "cudaDriverGetVersion")
         gpu["runtime_version"] = cuda.check(rt.cudaRuntimeGetVersion(), "cudaRuntimeGetVersion")
-        props = cuda.check(rt.cudaGetDeviceProperties(0), "cudaGetDeviceProperties")
+        props = cuda.device_properties(0)
         name = props.name.decode() if isinstance(props.name, bytes) else str(props.name)
         gpu["device"] = name.rstrip("\x00")
-        gpu["compute_capability"] = f"{props.major}.{props.minor}"
+        gpu["compute_capability"] = cuda.compute_capability(0)
         gpu["multiprocessors"] = props.multiProcessorCount
         gpu["memory_gib"] = round(props.totalGlobalMem / 2**30, 1)
     report["cuda"] = gpu
 
     # Libraries
     libs: dict = {}
-    for key, name in (("capi", _lib.CAPI_NAME), ("plugins", _lib.PLUGINS_NAME), ("testhost", _lib.TESTHOST_NAME),
-                      ("runtime", _lib.RUNTIME_NAME), ("runtime_check", _lib.RUNTIME_CHECK_NAME)):
+    for key, name in (("capi", _lib.CAPI_NAME), ("plugins", _lib.PLUGINS_NAME), ("plugins_selfreg", _lib.SELFREG_NAME),
+                      ("testhost", _lib.TESTHOST_NAME), ("runtime", _lib.RUNTIME_NAME),
+                      ("runtime_check", _lib.RUNTIME_CHECK_NAME)):
         path = _lib.find_file(name)
         libs[key] = str(path) if path else None
     try:
@@ -55,18 +56,19 @@ def doctor_report() -> dict:
     libs["creators"] = _list_creators(libs.get("testhost"), libs.get("plugins"))
     report["libraries"] = libs
 
-    # TensorRT
-    trt: dict = {"python_module": importlib.util.find_spec("tensorrt") is not None}
-    if trt["python_module"]:
-        try:
-            import tensorrt
+    # TensorRT: both flavours (pagedkv.trt_library); neither is imported here
+    from pagedkv import trt_library
+    from pagedkv.runtime.trt import why_no_engine_runtime
 
-            trt["version"] = tensorrt.__version__
-        except Exception as exc:
-            trt["error"] = str(exc)
-    else:
-        trt["note"] = "TensorRT is not installed: engines cannot be built here; the plugin library is still " \
-                      "checked through the C++ test host and the rewritten graph runs in ONNX Runtime"
+    trt: dict = {}
+    for f in trt_library.FLAVOURS.values():
+        reason = trt_library.why_unavailable(f)
+        dist = _version(f.name) or _version(f"{f.name}_cu13") or _version(f"{f.name}_cu12")
+        trt[f.name] = {"installed": reason is None, "version": dist} if reason is None else {"installed": False,
+                                                                                            "reason": reason}
+    trt["builds_here"] = [f.name for f in trt_library.installed()
+                          if f.builds_without_gpu or cuda.why_no_gpu() is None]
+    trt["runs_engines_here"] = why_no_engine_runtime() or "yes"
     report["tensorrt"] = trt
     for dist in ("onnx", "onnxruntime", "onnx-graphsurgeon", "polygraphy", "onnxruntime-extensions"):
         report.setdefault("python_packages", {})[dist] = _version(dist)

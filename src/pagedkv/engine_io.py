@@ -1,9 +1,9 @@
 """The rewritten graph's engine inputs and outputs: names, dtypes, shapes, roles, in one place.
 
 The rewrite (``pagedkv.builder.rewrite``) emits these tensors; the reference runtime (``pagedkv.runtime.graph``,
-``pagedkv.runtime.session``), the TensorRT session (``pagedkv.runtime.trt``) and the build profiles
-(``pagedkv.builder.build.ProfileSpec``) read them from here. For the C++ side the same description is
-generated as ``plugins/include/pagedkv/engine_io.h`` (``python -m pagedkv.engine_io --header``; the test
+``pagedkv.runtime.session``), the TensorRT session (``pagedkv.runtime.trt``), the build profiles
+(``pagedkv.builder.build.BuildLimits``) and the engine check (``check_engine_io``, ``pagedkv inspect``) read them
+from here. For the C++ side the same description is generated as ``plugins/include/pagedkv/engine_io.h`` (``python -m pagedkv.engine_io --header``; the test
 ``tests/test_engine_io.py`` regenerates it and fails on any difference) and as JSON (``--json``,
 ``describe()``). ``docs/engine_io.md`` is the human-readable contract; its table is ``--markdown``.
 
@@ -209,6 +209,94 @@ def engine_outputs(num_layers: int, sampling: bool = True) -> list[tuple[str, Te
 def resolve_shape(spec: TensorSpec, dims: dict[str, int]) -> tuple[int | str, ...]:
     """The spec's shape with each symbolic dim found in ``dims`` replaced by its value (the others stay)."""
     return tuple(dims.get(d, d) if isinstance(d, str) else d for d in spec.shape)
+
+
+def spec_of(name: str) -> tuple[TensorSpec, int | None] | None:
+    """(spec, index) of an engine tensor name: ``block_table_3`` -> (BLOCK_TABLE's spec, 3); None when the name is
+    not in the contract."""
+    if name in SPECS and SPECS[name].per == Per.ENGINE:
+        return SPECS[name], None
+    for spec in TENSORS:
+        if spec.per != Per.ENGINE and name.startswith(spec.prefix) and name[len(spec.prefix):].isdigit():
+            return spec, int(name[len(spec.prefix):])
+    return None
+
+
+MODEL_DTYPES = ("float16", "bfloat16", "float32")  # what MODEL_DTYPE may be
+
+
+def check_engine_io(tensors, profile: dict | None = None) -> list[str]:
+    """Problems of an engine's I/O against this contract, each a line naming the tensor; [] when it holds.
+
+    ``tensors``: (name, is_input, dtype name, shape with -1 for dynamic dims) of every engine tensor; ``profile``:
+    input name -> (min, opt, max) shapes of one optimization profile. Checked: every tensor is in the contract, in
+    the right direction, of its dtype (the MODEL_DTYPE tensors of one float dtype), rank and static dims; the
+    required tensors are there (a block table per ``kv_pools`` row, a status per layer, numbered from 0); and each
+    profile shape binds every symbolic dim to one value (T, B = batch_plus_1 - 1, MB, G) within min <= opt <= max.
+    """
+    problems, found, model_dtypes = [], {}, set()
+    for name, is_input, dtype, shape in tensors:
+        hit = spec_of(name)
+        if hit is None:
+            problems.append(f"{name}: not an engine tensor of the contract (pagedkv.engine_io)")
+            continue
+        spec, index = hit
+        found.setdefault(spec.name, set()).add(index)
+        where = f"{name} ({'input' if is_input else 'output'})"
+        if is_input != spec.is_input:
+            problems.append(f"{where}: the contract has it as an {'input' if spec.is_input else 'output'}")
+        if spec.dtype is None:
+            model_dtypes.add(dtype)
+            if dtype not in MODEL_DTYPES:
+                problems.append(f"{where}: dtype {dtype}, expected the model's float dtype ({'/'.join(MODEL_DTYPES)})")
+        elif dtype != spec.dtype.name:
+            problems.append(f"{where}: dtype {dtype}, expected {spec.dtype.name}")
+        if len(shape) != len(spec.shape):
+            problems.append(f"{where}: rank {len(shape)} {list(shape)}, expected {list(spec.shape)}")
+            continue
+        for axis, (got, want) in enumerate(zip(shape, spec.shape)):
+            if isinstance(want, int) and got != want:
+                problems.append(f"{where}: dim {axis} is {got}, expected {want}")
+    if len(model_dtypes) > 1:
+        problems.append(f"model-dtype tensors disagree: {sorted(model_dtypes)}")
+    for spec in TENSORS:
+        got = found.get(spec.name)
+        if spec.per == Per.ENGINE:
+            if got is None and spec.presence == Presence.ALWAYS:
+                problems.append(f"{spec.name}: missing ({'input' if spec.is_input else 'output'} of every engine)")
+        elif got is None or sorted(got) != list(range(len(got))):
+            problems.append(f"{spec.name}: the engine has indices {sorted(got or [])}, expected 0..N-1 (N >= 1)")
+    groups = {shape[0] for name, _, _, shape in tensors if name == KV_POOLS and shape}
+    tables = len(found.get(BLOCK_TABLE, ()))
+    if groups and groups != {tables}:
+        problems.append(f"{KV_POOLS}: {groups.pop()} pool-group rows but {tables} block tables")
+    if profile:
+        problems += _check_profile(profile, {n for n, is_input, _, _ in tensors if is_input})
+    return problems
+
+
+def _check_profile(profile: dict, inputs: set[str]) -> list[str]:
+    problems = []
+    for name in sorted(inputs - set(profile)):
+        problems.append(f"{name}: no optimization-profile shapes")
+    for k, which in enumerate(("min", "opt", "max")):
+        bound: dict[str, set[tuple[int, str]]] = {}
+        for name, shapes in profile.items():
+            hit = spec_of(name)
+            if hit is None or len(shapes[k]) != len(hit[0].shape):
+                continue
+            for dim, value in zip(hit[0].shape, shapes[k]):
+                if isinstance(dim, str):
+                    symbol, value = (BATCH, value - 1) if dim == BATCH_PLUS_1 else (dim, value)
+                    bound.setdefault(symbol, set()).add((int(value), name))
+        for symbol, uses in bound.items():
+            if len({v for v, _ in uses}) > 1:
+                problems.append(f"profile {which}: {symbol} is bound to different values: "
+                                + ", ".join(f"{n}={v}" for v, n in sorted(uses)))
+    for name, (lo, opt, hi) in profile.items():
+        if not all(a <= b <= c for a, b, c in zip(lo, opt, hi)) or not all(a >= 0 for a in lo):
+            problems.append(f"{name}: profile {list(lo)} / {list(opt)} / {list(hi)} is not min <= opt <= max")
+    return problems
 
 
 # ---- for the C++ side and the docs ---------------------------------------------------------------------------

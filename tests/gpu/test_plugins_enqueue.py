@@ -26,6 +26,7 @@ from conftest import TOLERANCES
 from pagedkv import _lib
 from pagedkv.config import (ATTENTION_PLUGIN_NAME, WRITE_PLUGIN_NAME, AttentionConfig, PoolConfig, RopeConfig,
                             RopeScaling, RopeStyle, WriteConfig)
+from pagedkv.kernels.write import IODType
 from pagedkv.layout import INVALID_BLOCK, CacheDType, PageLayout
 from pagedkv.reference import apply_rope, dense_attention, dequantize, paged_attention, qkv_write, quantize
 from pagedkv.step import (POOL_DESC_FIELDS, STATUS_FIELDS, STATUS_INVALID_BLOCK, KVWriteError, StepMetadata,
@@ -471,6 +472,8 @@ CHAIN_CASES = [
     ("bf16-gqa4-d128", wcfg(num_q_heads=8, head_dim=128, page_size=32, cache_dtype=CacheDType.BF16), "bf16", False),
     ("fp16-fp8q-fp8cache", wcfg(cache_dtype=CacheDType.FP8_E4M3, k_scale=0.05, v_scale=0.05, q_out_fp8=True,
                                 q_scale=0.03), "fp16", True),
+    ("bf16-fp8q-fp8cache", wcfg(cache_dtype=CacheDType.FP8_E4M3, k_scale=0.05, v_scale=0.05, q_out_fp8=True,
+                                q_scale=0.03), "bf16", True),
     ("fp16-d80-phi2", wcfg(num_q_heads=4, num_kv_heads=4, head_dim=80, has_bias=True, cache_dtype=CacheDType.FP16,
                            rope=RopeConfig(rotary_dim=32)), "fp16", False),
     ("bf16-d96-phi3", wcfg(num_q_heads=6, num_kv_heads=2, head_dim=96, page_size=32, cache_dtype=CacheDType.BF16),
@@ -486,7 +489,8 @@ def test_write_then_attention_equals_dense_attention(host, tmp_path, case_id, wr
     attention). The attention output equals dense attention over K/V built with no paging at all."""
     rng = np.random.default_rng(zlib.crc32(case_id.encode()))
     io = IO_DTYPES[io_name]
-    attn = acfg(write, q_fp8=fp8_q, q_scale=write.q_scale)
+    # an fp8 q says nothing about the model's dtype: the node names the output's (the activations')
+    attn = acfg(write, q_fp8=fp8_q, q_scale=write.q_scale, out_dtype=int(IODType.from_numpy(io)) if fp8_q else -1)
     first, second = Batch((0,) * 4, (0, 37, 16, 5)), MIXED
     final = [p + n for p, n in zip(second.past, second.new)]
     table, num_blocks = block_table_for(write.pool, final, rng)
@@ -529,6 +533,76 @@ def test_write_then_attention_equals_dense_attention(host, tmp_path, case_id, wr
         # the paged reference over the pool the write plugin produced (checked on its own above).
         got_pool = pool_from_dump(dumped, plan, write.pool, pool)
         expected = paged_attention(dumped["s2_q"], meta2, got_pool, attn)
+    assert dumped["out"].dtype == io, "the output has the activations' dtype (out_dtype with an fp8 q)"
     out = dumped["out"].astype(np.float64).reshape(expected.shape)
     atol, rtol = TOLERANCES[np.dtype(dumped["out"].dtype).name]
     np.testing.assert_allclose(out, expected, atol=atol, rtol=rtol)
+
+
+# ================================================================================================ build phase
+BUILD_PHASE_METADATA = ["random", "all_ff", "real_pool"]
+
+
+def build_phase_plan(tmp_path, metadata: str, rng):
+    """Both plugins on one step whose metadata is what TensorRT's tactic timing may hand over: random bytes,
+    all 0xFF, or (real_pool) a real pool address with a valid block table. Every buffer but the pool is poisoned."""
+    cfg = wcfg(has_bias=True, cache_dtype=CacheDType.FP16)
+    attn = acfg(cfg)
+    step = MIXED
+    final = [p + n for p, n in zip(step.past, step.new)]
+    table, num_blocks = block_table_for(cfg.pool, final, rng)
+    pool = (0.1 * rng.standard_normal(cfg.pool.layout().pool_shape(num_blocks))).astype(np.float16)
+    meta = meta_for(step, table)
+    qkv, bias = random_qkv(cfg, meta.num_tokens, np.float16, rng)
+    plan = Plan(tmp_path)
+    if metadata == "real_pool":
+        add_pools(plan, cfg.pool, pool)
+        plan.tensor("block_table", table)
+    else:
+        plan.buffer("pool0", bytes([GUARD_BYTE]) * GUARD_BYTES + pool.tobytes() + bytes([GUARD_BYTE]) * GUARD_BYTES)
+        if metadata == "random":
+            descs = rng.integers(-2 ** 62, 2 ** 62, (1, POOL_DESC_FIELDS), dtype=np.int64)
+            garbage = rng.integers(-2 ** 31, 2 ** 31, table.shape, dtype=np.int64).astype(np.int32)
+        else:
+            descs = np.full((1, POOL_DESC_FIELDS), -1, np.int64)
+            garbage = np.full(table.shape, -1, np.int32)
+        plan.tensor("kv_pools", descs)
+        plan.tensor("block_table", garbage)
+    inputs = write_step_tensors(plan, "", cfg, meta, qkv, bias)
+    if metadata != "real_pool":  # the lengths as arbitrary as the rest (same shapes: the same step extents)
+        for name, n in (("cu_q_lens", meta.cu_q_lens.size), ("past_lens", meta.past_lens.size)):
+            plan.tensor(name, rng.integers(-2 ** 31, 2 ** 31, n, dtype=np.int64).astype(np.int32)
+                        if metadata == "random" else np.full(n, -1, np.int32))
+    plan.step(WRITE_PLUGIN_NAME, cfg, inputs, ["q", "status"])
+    plan.tensor("status_in", np.full(STATUS_FIELDS, -1, np.int32))
+    plan.step(ATTENTION_PLUGIN_NAME, attn, ["q", "kv_pools", "block_table", "cu_q_lens", "past_lens", "status_in"],
+              ["out"])
+    return plan, cfg
+
+
+@pytest.mark.parametrize("metadata", BUILD_PHASE_METADATA)
+def test_build_phase_enqueue_reads_and_writes_nothing(host, tmp_path, metadata):
+    """TensorRT times tactics by enqueueing the build-phase instance with arbitrary inputs: it must launch nothing
+    that could follow kv_pools' addresses or the block table. Outputs keep their poison, the pool and its guards
+    their bytes; under compute-sanitizer memcheck (.ci/gpu-run.sh, sanitize stage) no access is reported."""
+    plan, cfg = build_phase_plan(tmp_path, metadata, np.random.default_rng(BUILD_PHASE_METADATA.index(metadata)))
+    for step in plan.steps:
+        step["enqueue_phase"] = "build"
+    report, dumped = plan.run(host)
+    assert_steps_ok(report)
+    assert [s["enqueue_phase"] for s in report["steps"]] == ["build", "build"]
+    for name in ("q", "status", "out"):
+        assert np.all(dumped[name].view(np.uint8) == 0xFF), f"{name} was written by a build-phase enqueue"
+    before = np.frombuffer((plan.dir / "buf_pool0.bin").read_bytes(), dtype=np.uint8)
+    assert np.array_equal(dumped["pool0"], before), "the pool was touched by a build-phase enqueue"
+
+
+def test_runtime_phase_enqueue_of_the_same_plan_writes(host, tmp_path):
+    """The control: the engine's (runtime-phase) instances on the real_pool plan do write q, the status and the
+    pool, so the build-phase test above can see a write when there is one."""
+    plan, cfg = build_phase_plan(tmp_path, "real_pool", np.random.default_rng(2))
+    report, dumped = plan.run(host)
+    assert_steps_ok(report)
+    assert dumped["status"].tolist() == [0] * STATUS_FIELDS and not np.isnan(dumped["q"].astype(np.float32)).any()
+    before = np.frombuffer((plan.dir / "buf_pool0.bin").read_bytes(), dtype=np.uint8)
+    assert not np.array_equal(dumped["pool0"], before)

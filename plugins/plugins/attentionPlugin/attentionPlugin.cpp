@@ -7,6 +7,7 @@
 #include "common/pluginErrors.h"
 #include "common/stepInputs.h"
 #include "common/tensorChecks.h"
+#include "pagedkv/capabilities.h"
 #include "pagedkv/step_metadata.h"
 
 namespace pagedkv {
@@ -23,6 +24,14 @@ using nvinfer1::TensorFormat;
 namespace {
 constexpr int64_t kInt32Min = std::numeric_limits<int32_t>::min();
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+constexpr int32_t kOutDTypeLikeQ = -1;
+
+// out_dtype's accepted values: -1 (like q), then the capability table's activation dtypes.
+std::vector<int32_t> outDTypeValues() {
+    std::vector<int32_t> values{kOutDTypeLikeQ};
+    for (IODType io : kSupportedIODTypes) values.push_back(static_cast<int32_t>(io));
+    return values;
+}
 }  // namespace
 
 std::vector<FieldSpec> const& attentionFieldSpecs() {
@@ -34,6 +43,7 @@ std::vector<FieldSpec> const& attentionFieldSpecs() {
         FieldSpec::nonNegativeFloat("logit_softcap", 0.f),
         FieldSpec::flag("q_fp8", false),
         FieldSpec::positiveFloat("q_scale", 1.f),
+        FieldSpec::intOneOf("out_dtype", kOutDTypeLikeQ, outDTypeValues(), "-1 like q, 0 fp16, 1 bf16"),
     });
     return specs;
 }
@@ -49,20 +59,32 @@ AttentionAttributes readAttentionAttributes(FieldValues const& values) {
     a.logitSoftcap = values.getFloat("logit_softcap");
     a.qFP8 = values.getFlag("q_fp8");
     a.qScale = values.getFloat("q_scale");
+    a.outDType = values.getInt("out_dtype");
+    if (a.qFP8 && a.outDType == kOutDTypeLikeQ) {
+        // An fp8 query says nothing about the model's dtype: the graph must name it.
+        throw PluginError("field 'out_dtype'=-1: q_fp8=1 needs the output dtype, expected 0 (fp16) or 1 (bf16)");
+    }
     return a;
 }
 
 // ======================================================================================= AttentionPlugin
 
-AttentionPlugin::AttentionPlugin(FieldValues values)
-    : PluginV3(std::move(values)), mAttrs(readAttentionAttributes(fieldValues())) {}
+AttentionPlugin::AttentionPlugin(FieldValues values, nvinfer1::TensorRTPhase phase)
+    : PluginV3(std::move(values), phase), mAttrs(readAttentionAttributes(fieldValues())) {}
 
 // ---- IPluginV3OneBuild ---------------------------------------------------------------------------------------
 
 int32_t AttentionPlugin::getNbOutputs() const noexcept { return AttentionIO::kNumOutputs; }
 
-// No attribute names the output dtype yet, so an fp8 q produces fp16 (README "Known gaps").
-DataType AttentionPlugin::outputType(DataType qType) const { return mAttrs.qFP8 ? DataType::kHALF : qType; }
+DataType AttentionPlugin::outputType(DataType qType) const {
+    return mAttrs.outDType == kOutDTypeLikeQ ? qType : dataTypeOf(static_cast<IODType>(mAttrs.outDType));
+}
+
+bool AttentionPlugin::acceptsQType(DataType qType) const {
+    if (mAttrs.qFP8) return qType == DataType::kFP8;
+    if (qType != DataType::kHALF && qType != DataType::kBF16) return false;
+    return mAttrs.outDType == kOutDTypeLikeQ || qType == outputType(qType);  // 16-bit q and out share a type
+}
 
 int32_t AttentionPlugin::maxKVLenFor(int64_t maxBlocks) const {
     return checkedInt32(maxBlocks * mAttrs.pool.pageSize, "cache positions MB * page_size");
@@ -101,9 +123,7 @@ bool AttentionPlugin::supportsFormatCombination(int32_t pos, DynamicPluginTensor
         nvinfer1::PluginTensorDesc const& desc = inOut[pos].desc;
         if (desc.format != TensorFormat::kLINEAR) return false;
         switch (pos) {
-            case AttentionIO::kQ:
-                return mAttrs.qFP8 ? desc.type == DataType::kFP8
-                                   : (desc.type == DataType::kHALF || desc.type == DataType::kBF16);
+            case AttentionIO::kQ: return acceptsQType(desc.type);
             case AttentionIO::kKVPools: return desc.type == DataType::kINT64;
             case AttentionIO::kBlockTable:
             case AttentionIO::kCuQLens:
@@ -138,6 +158,8 @@ void AttentionPlugin::checkConfiguration(std::vector<Dims> const& inputDims, std
     DataType const qType = inputTypes[AttentionIO::kQ];
     if (mAttrs.qFP8) {
         expectType("q (q_fp8=1)", qType, {DataType::kFP8});
+    } else if (mAttrs.outDType != kOutDTypeLikeQ) {
+        expectType("q (out_dtype set)", qType, {outputType(qType)});
     } else {
         expectType("q", qType, {DataType::kHALF, DataType::kBF16});
     }
@@ -172,6 +194,7 @@ int32_t AttentionPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensor
                                  void const* const* inputs, void* const* outputs, void* workspace,
                                  cudaStream_t stream) noexcept {
     return guarded(kPluginName, "enqueue", -1, [&] {
+        if (isBuildPhase()) return 0;  // tactic timing: q, kv_pools and the block table hold arbitrary data
         // Host-side values come from dimensions only: T (q rows), B, MB. No device-to-host sync.
         StepExtents const extents = stepExtentsOf(inputDesc);
         if (extents.numTokens == 0) return 0;  // an empty step reads nothing

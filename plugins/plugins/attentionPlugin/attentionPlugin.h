@@ -31,7 +31,7 @@ struct AttentionIO {
         kNumInputs = 6,
     };
     enum Output : int32_t {
-        kOut = 0,  // [T, H * D] fp16|bf16 like q (fp16 when q_fp8: see README "Known gaps")
+        kOut = 0,  // [T, H * D] fp16|bf16: out_dtype, or q's type when out_dtype = -1
         kNumOutputs = 1,
     };
 };
@@ -45,6 +45,7 @@ struct AttentionAttributes {
     float logitSoftcap;      // > 0: cap * tanh(logits / cap)
     bool qFP8;
     float qScale;
+    int32_t outDType;  // -1: like q (only without q_fp8); else an IODType value
 
     int32_t qWidth() const { return numQHeads * pool.headDim; }
 };
@@ -56,8 +57,8 @@ class AttentionPlugin final : public PluginV3<AttentionPlugin> {
 public:
     static constexpr char const* kPluginName = kAttentionPluginName;
 
-    // Validates every field (throws PluginError).
-    explicit AttentionPlugin(FieldValues values);
+    // Validates every field (throws PluginError); `phase` as createPlugin got it.
+    AttentionPlugin(FieldValues values, nvinfer1::TensorRTPhase phase);
 
     // ---- IPluginV3OneBuild: the plugin's own methods (the shared ones are PluginV3Base's)
     int32_t getNbOutputs() const noexcept override;
@@ -81,7 +82,10 @@ private:
     void checkConfiguration(std::vector<nvinfer1::Dims> const& inputDims, std::vector<nvinfer1::DataType> const& inputTypes,
                             std::vector<nvinfer1::Dims> const& outputDims,
                             std::vector<nvinfer1::DataType> const& outputTypes) const override;
+    // The output's type: out_dtype's, or q's when out_dtype = -1.
     nvinfer1::DataType outputType(nvinfer1::DataType qType) const;
+    // Does q's type fit the attributes: fp8 with q_fp8, else fp16|bf16 and, with out_dtype set, that type.
+    bool acceptsQType(nvinfer1::DataType qType) const;
     // Cache positions a step with block-table width `maxBlocks` can read: MB * P (int32-checked).
     int32_t maxKVLenFor(int64_t maxBlocks) const;
 

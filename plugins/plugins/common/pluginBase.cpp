@@ -12,8 +12,8 @@ using nvinfer1::IPluginCapability;
 using nvinfer1::IPluginV3;
 using nvinfer1::PluginCapabilityType;
 
-PluginV3Base::PluginV3Base(char const* pluginName, FieldValues values)
-    : mPluginName(pluginName), mValues(std::move(values)), mSerialized(mValues) {}
+PluginV3Base::PluginV3Base(char const* pluginName, FieldValues values, nvinfer1::TensorRTPhase phase)
+    : mPluginName(pluginName), mValues(std::move(values)), mPhase(phase), mSerialized(mValues) {}
 
 IPluginCapability* PluginV3Base::getCapabilityInterface(PluginCapabilityType type) noexcept {
     return guarded<IPluginCapability*>(mPluginName, "getCapabilityInterface", nullptr, [&]() -> IPluginCapability* {
@@ -50,10 +50,14 @@ IPluginV3* PluginV3Base::attachToContext(nvinfer1::IPluginResourceContext* /*con
 
 IPluginV3* createFromFields(char const* pluginName, std::vector<FieldSpec> const& specs, char const* layerName,
                             nvinfer1::PluginFieldCollection const* fc, nvinfer1::TensorRTPhase phase,
-                            IPluginV3* (*make)(FieldValues)) noexcept {
+                            IPluginV3* (*make)(FieldValues, nvinfer1::TensorRTPhase)) noexcept {
     return guarded<IPluginV3*>(pluginName, "createPlugin", nullptr, [&] {
         try {
-            return make(parseFields(specs, fc, phase, pluginName));
+            if (phase != nvinfer1::TensorRTPhase::kBUILD && phase != nvinfer1::TensorRTPhase::kRUNTIME) {
+                throw PluginError("TensorRTPhase " + std::to_string(static_cast<int32_t>(phase)) +
+                                  ": expected kBUILD (0) or kRUNTIME (1)");
+            }
+            return make(parseFields(specs, fc, phase, pluginName), phase);
         } catch (PluginError const& e) {
             throw PluginError(std::string("layer '") + (layerName ? layerName : "") + "' (" + phaseName(phase) +
                               " phase): " + e.what());

@@ -7,8 +7,14 @@
 //   PluginCreator<Plugin, fieldSpecs>  the IPluginCreatorV3One of a plugin and its attribute table
 //
 // A plugin derives from PluginV3<Itself>, names itself with `static constexpr char const* kPluginName`, takes
-// its validated FieldValues in a public constructor (throwing PluginError on a bad value) and implements the
-// remaining IPluginV3OneBuild / IPluginV3OneRuntime methods plus checkConfiguration.
+// its validated FieldValues and the phase it was created for in a public constructor (throwing PluginError on a
+// bad value) and implements the remaining IPluginV3OneBuild / IPluginV3OneRuntime methods plus
+// checkConfiguration.
+//
+// The phase matters in enqueue: TensorRT's builder times a plugin by calling enqueue on the build-phase instance
+// with arbitrary input contents (NVIDIA/TensorRT#2552), so kv_pools holds no pool addresses there and the block
+// table no blocks. A build-phase instance's enqueue returns at once (enqueueWhileBuilding): it reads no input
+// and writes nothing, so nothing is ever reached through a fake address.
 #pragma once
 
 #include <NvInferRuntime.h>
@@ -50,10 +56,13 @@ public:
     nvinfer1::PluginFieldCollection const* getFieldsToSerialize() noexcept final { return mSerialized.get(); }
 
 protected:
-    // `pluginName` is a string literal (pluginNames.h).
-    PluginV3Base(char const* pluginName, FieldValues values);
+    // `pluginName` is a string literal (pluginNames.h); `phase` is createPlugin's (a clone keeps it).
+    PluginV3Base(char const* pluginName, FieldValues values, nvinfer1::TensorRTPhase phase);
 
     FieldValues const& fieldValues() const { return mValues; }
+    nvinfer1::TensorRTPhase phase() const { return mPhase; }
+    // Created with kBUILD (or a clone of one): enqueue returns before it reads an input.
+    bool isBuildPhase() const { return mPhase == nvinfer1::TensorRTPhase::kBUILD; }
 
     // Shapes and types of a configuration (build: -1 dims skipped; run time: all known). Throws PluginError
     // naming the tensor and the value.
@@ -70,6 +79,7 @@ private:
 
     char const* mPluginName;
     FieldValues mValues;
+    nvinfer1::TensorRTPhase mPhase;
     FieldCollection mSerialized;
 };
 
@@ -78,11 +88,12 @@ class PluginV3 : public PluginV3Base {
 public:
     nvinfer1::IPluginV3* clone() noexcept final {
         return guarded<nvinfer1::IPluginV3*>(Derived::kPluginName, "clone", nullptr,
-                                             [&] { return new Derived(fieldValues()); });
+                                             [&] { return new Derived(fieldValues(), phase()); });
     }
 
 protected:
-    explicit PluginV3(FieldValues values) : PluginV3Base(Derived::kPluginName, std::move(values)) {}
+    PluginV3(FieldValues values, nvinfer1::TensorRTPhase phase)
+        : PluginV3Base(Derived::kPluginName, std::move(values), phase) {}
 };
 
 // createPlugin's body: parses `fc` against `specs` and makes the plugin with `make`. An invalid field is logged
@@ -90,7 +101,7 @@ protected:
 nvinfer1::IPluginV3* createFromFields(char const* pluginName, std::vector<FieldSpec> const& specs,
                                       char const* layerName, nvinfer1::PluginFieldCollection const* fc,
                                       nvinfer1::TensorRTPhase phase,
-                                      nvinfer1::IPluginV3* (*make)(FieldValues)) noexcept;
+                                      nvinfer1::IPluginV3* (*make)(FieldValues, nvinfer1::TensorRTPhase)) noexcept;
 
 template <typename Plugin, std::vector<FieldSpec> const& (*fieldSpecs)()>
 class PluginCreator final : public nvinfer1::IPluginCreatorV3One {
@@ -107,7 +118,9 @@ public:
     char const* getPluginNamespace() const noexcept override { return kPluginNamespace; }
 
 private:
-    static nvinfer1::IPluginV3* make(FieldValues values) { return new Plugin(std::move(values)); }
+    static nvinfer1::IPluginV3* make(FieldValues values, nvinfer1::TensorRTPhase phase) {
+        return new Plugin(std::move(values), phase);
+    }
 
     FieldCollection mFieldNames;
 };

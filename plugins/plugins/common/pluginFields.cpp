@@ -1,6 +1,7 @@
 #include "common/pluginFields.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <sstream>
@@ -30,7 +31,24 @@ std::string formatValue(double value, FieldKind kind) {
     return os.str();
 }
 
-std::string quoted(std::string const& name) { return "'" + name + "'"; }
+// A field name in quotes, fit for a log line: a name from corrupt plugin data can hold any bytes, so non-printable
+// ones are escaped (\xNN) and a long one is cut.
+std::string quoted(std::string const& name) {
+    constexpr size_t kMaxShown = 64;
+    std::string out = "'";
+    for (size_t i = 0; i < name.size() && i < kMaxShown; ++i) {
+        auto const c = static_cast<unsigned char>(name[i]);
+        if (c >= 0x20 && c < 0x7f && c != '\\') {
+            out.push_back(static_cast<char>(c));
+        } else {
+            char escaped[5];
+            std::snprintf(escaped, sizeof(escaped), "\\x%02x", c);
+            out += escaped;
+        }
+    }
+    if (name.size() > kMaxShown) out += "...";
+    return out + "'";
+}
 
 // Reads the single value of `field` as the kind the spec wants, or throws naming the field. The type is checked
 // first (the most telling mismatch), then the length, then the data pointer; nothing is read before all three hold.
@@ -63,7 +81,9 @@ double readValue(PluginField const& field, FieldSpec const& spec) {
             if (std::isfinite(v) && std::fabs(v) > kFloatMax) {
                 throw PluginError(where + "=" + formatValue(v, FieldKind::kFloat) + " (kFLOAT64): overflows float32");
             }
-            return v;
+            // The plugin computes with (and serializes) the float32 value: that is the one to check, so that a
+            // tiny positive double that rounds to 0 is refused here rather than after a serialization round trip.
+            return static_cast<double>(static_cast<float>(v));
         }
     }
 }

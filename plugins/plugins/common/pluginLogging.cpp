@@ -2,6 +2,9 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstring>
+#include <deque>
+#include <mutex>
 
 namespace pagedkv {
 namespace plugin {
@@ -10,6 +13,17 @@ namespace {
 // An atomic pointer rather than a mutex: log calls come from enqueue on TensorRT's threads and must not
 // contend. The finder outlives the library's use (TensorRT owns it), so reading it without a lock is safe.
 std::atomic<nvinfer1::ILoggerFinder*> gLoggerFinder{nullptr};
+
+// The kept warnings and errors (rare: one mutex is no contention). Constructed on first use: a static
+// initializer elsewhere (the self-registration) may log before this file's globals exist.
+struct KeptMessages {
+    std::mutex mutex;
+    std::deque<std::string> messages;
+};
+KeptMessages& kept() {
+    static KeptMessages* store = new KeptMessages();  // never destroyed: logging may run during unload
+    return *store;
+}
 
 char const* severityName(Severity severity) {
     switch (severity) {
@@ -34,6 +48,12 @@ void logMessage(Severity severity, std::string const& message) noexcept {
             logger = finder->findLogger();
         }
         std::string const text = "[pagedkv] " + message;
+        if (severity <= Severity::kWARNING) {
+            KeptMessages& store = kept();
+            std::lock_guard<std::mutex> lock(store.mutex);
+            store.messages.push_back(std::string(severityName(severity)) + ": " + text);
+            if (store.messages.size() > kMaxKeptMessages) store.messages.pop_front();
+        }
         if (logger != nullptr) {
             logger->log(severity, text.c_str());
         } else if (severity <= Severity::kWARNING) {
@@ -41,6 +61,24 @@ void logMessage(Severity severity, std::string const& message) noexcept {
         }
     } catch (...) {
         // Logging is best effort: an allocation failure here must not escape a noexcept TensorRT callback.
+    }
+}
+
+size_t keptMessages(char* buffer, size_t capacity, bool clear) noexcept {
+    try {
+        KeptMessages& store = kept();
+        std::lock_guard<std::mutex> lock(store.mutex);
+        std::string text;
+        for (std::string const& m : store.messages) text += m + "\n";
+        if (clear) store.messages.clear();
+        if (buffer != nullptr && capacity > 0) {
+            size_t const n = text.size() < capacity - 1 ? text.size() : capacity - 1;
+            std::memcpy(buffer, text.data(), n);
+            buffer[n] = '\0';
+        }
+        return text.size();
+    } catch (...) {
+        return 0;
     }
 }
 

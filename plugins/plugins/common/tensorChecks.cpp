@@ -115,5 +115,9 @@ IODType ioDTypeOf(char const* tensor, nvinfer1::DataType type) {
     throw PluginError(std::string(tensor) + ": type " + dataTypeName(type) + ", expected kHALF|kBF16");
 }
 
+nvinfer1::DataType dataTypeOf(IODType io) {
+    return io == IODType::kBF16 ? nvinfer1::DataType::kBF16 : nvinfer1::DataType::kHALF;
+}
+
 }  // namespace plugin
 }  // namespace pagedkv

@@ -61,6 +61,8 @@ void expectFormatPosition(int32_t pos, int32_t nbInputs, int32_t nbOutputs, int3
 
 // The launchers' IODType of a 16-bit activation tensor; anything else throws naming `tensor`.
 IODType ioDTypeOf(char const* tensor, nvinfer1::DataType type);
+// ...and back: the TensorRT type of an IODType (kHALF, kBF16).
+nvinfer1::DataType dataTypeOf(IODType io);
 
 }  // namespace plugin
 }  // namespace pagedkv

@@ -83,8 +83,8 @@ QKVWriteAttributes readQKVWriteAttributes(FieldValues const& values) {
 
 // ======================================================================================== QKVWritePlugin
 
-QKVWritePlugin::QKVWritePlugin(FieldValues values)
-    : PluginV3(std::move(values)), mAttrs(readQKVWriteAttributes(fieldValues())), mRope{} {
+QKVWritePlugin::QKVWritePlugin(FieldValues values, nvinfer1::TensorRTPhase phase)
+    : PluginV3(std::move(values), phase), mAttrs(readQKVWriteAttributes(fieldValues())), mRope{} {
     // The one RopeConfig -> RopeParams conversion (kernels/rope_params.cpp); the kernel sees only its table.
     if (!computeRopeParams(mAttrs.rope, mAttrs.pool.headDim, mRope)) {
         throw PluginError(std::string("rope_* fields: computeRopeParams: ") + lastErrorMessage());
@@ -203,6 +203,7 @@ int32_t QKVWritePlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorD
                                 void const* const* inputs, void* const* outputs, void* /*workspace*/,
                                 cudaStream_t stream) noexcept {
     return guarded(kPluginName, "enqueue", -1, [&] {
+        if (isBuildPhase()) return 0;  // tactic timing: kv_pools and the block table hold arbitrary data
         // Everything the host needs comes from dimensions (T, B, MB, NP): no device-to-host sync.
         StepExtents const extents = stepExtentsOf(inputDesc);
         auto* status = static_cast<int32_t*>(outputs[QKVWriteIO::kKVWriteStatus]);

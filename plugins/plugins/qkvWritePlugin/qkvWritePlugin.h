@@ -63,8 +63,8 @@ class QKVWritePlugin final : public PluginV3<QKVWritePlugin> {
 public:
     static constexpr char const* kPluginName = kQKVWritePluginName;
 
-    // Validates every field (throws PluginError) and precomputes the RoPE table.
-    explicit QKVWritePlugin(FieldValues values);
+    // Validates every field (throws PluginError) and precomputes the RoPE table; `phase` as createPlugin got it.
+    QKVWritePlugin(FieldValues values, nvinfer1::TensorRTPhase phase);
 
     // ---- IPluginV3OneBuild: the plugin's own methods (the shared ones are PluginV3Base's)
     int32_t getNbOutputs() const noexcept override;

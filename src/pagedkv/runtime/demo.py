@@ -154,7 +154,7 @@ def choose_backend(requested: str = "auto") -> tuple[str, str]:
     from pagedkv.runtime import trt
 
     no_gpu = cuda.why_no_gpu()
-    no_trt = trt.why_no_tensorrt() or no_gpu
+    no_trt = trt.why_no_engine_runtime()  # a flavour installed that runs engines on this GPU
     if requested == "trt" and no_trt:
         raise UsageError(f"--backend trt: {no_trt}")
     if requested == "cuda" and no_gpu:
@@ -162,7 +162,7 @@ def choose_backend(requested: str = "auto") -> tuple[str, str]:
     if requested == "reference":
         return "reference", "ONNX Runtime, plugin ops = the float64 references (asked for)"
     if requested == "trt" or (requested == "auto" and not no_trt):
-        return "trt", "a TensorRT engine with the pagedkv plugins (TensorRT and a GPU are present)"
+        return "trt", "a TensorRT engine with the pagedkv plugins (a TensorRT that runs engines on this GPU is present)"
     if requested == "cuda" or not no_gpu:
         return "cuda", (f"ONNX Runtime, plugin ops = the CUDA kernels on the GPU"
                         f"{'' if requested == 'cuda' else f' (no engine: {no_trt})'}")
@@ -208,11 +208,11 @@ def make_model(out_dir: Path, *, backend: str, source: str = "auto", family: str
     onnx_io.save(result.model, rewritten, inputs=[original])  # model.paged.onnx + its .data, atomically
     made = DemoModel(what, original, rewritten, blocks_rewritten=len(result.report.layers))
     if backend == "trt":
-        from pagedkv.builder.build import ProfileSpec, build_engine
+        from pagedkv.builder.build import BuildLimits, build_engine
 
         made.engine = build_engine(rewritten, out_dir / "model.engine",
-                                   profile=ProfileSpec(max_tokens=512, opt_tokens=64, max_seqs=8, opt_seqs=4,
-                                                       max_blocks=32, opt_blocks=8, max_penalty_tokens=64))
+                                   limits=BuildLimits(max_batch=8, max_tokens=512, max_context=32 * CHUNK,
+                                                      opt_batch=4, opt_tokens=64)).engine
     return made
 
 

@@ -32,7 +32,7 @@ from pagedkv.pool_group import PoolGroup
 from pagedkv.runtime.request import ContextLengthError, FinishReason, RequestState
 from pagedkv.runtime.sampling import SamplingParams
 from pagedkv.runtime.scheduler import PREEMPTION_MODES, SchedulerConfig
-from pagedkv.runtime.trt import TensorRTUnavailable
+from pagedkv.trt_library import TensorRTUnavailable
 
 _i32, _i64, _u64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint64
 _STRUCTS = {"ModelInfo": "pagedkv_rt_model_info", "EngineConfig": "pagedkv_rt_engine_config",

@@ -16,81 +16,72 @@ state after a shape change), is captured (``cudaStreamBeginCapture`` / ``cudaStr
 instantiated; later steps of that bucket only upload their inputs and ``cudaGraphLaunch`` it. Prefill and mixed
 steps run eagerly. The plugins launch kernels only (no allocation, no synchronization), so they capture.
 
-The plugin library is registered with ``IPluginRegistry.load_library`` (``load_plugin_library``: TensorRT calls
-the library's ``getCreators``); the builder (``pagedkv.builder.build``) uses the same function before it parses
-a graph. TensorRT is not installable in this workplace: everything here imports it lazily and says "TensorRT
-not available" with the reason when it is missing; the ``trt`` tests run it on a machine that has it.
+Host views of the tensors take their numpy dtype from ``pagedkv.trt_library.numpy_dtype`` (bfloat16 and fp8
+included, which ``trt.nptype`` lacks). A loaded engine's I/O and profile are checked against the engine-I/O
+contract (``pagedkv.engine_io.check_engine_io``, as ``pagedkv inspect`` does) and against the rewritten graph's
+tensors. The engine's own optimization profile bounds every step: each input's shape
+is checked against the profile's (min, max) before anything is copied, and a too-large step fails naming the
+input, the dim and the ``pagedkv build`` limit to raise.
+
+The flavour that runs the engine is the one its build record names (``pagedkv.builder.engine_record``), else
+TensorRT when installed, else TensorRT-RTX; the plugin library is registered with
+``pagedkv.trt_library.load_plugin_library`` (``IPluginRegistry.load_library``: TensorRT calls the library's
+``getCreators``), as the builder does. TensorRT-RTX runs engines only on the compute capabilities it supports,
+not 9.0 (measured on an H200: "TensorRT-RTX does not support this compute capability"); ``why_no_engine_runtime``
+says so before anything is built. Everything here imports TensorRT lazily; the ``trt`` tests run it on a machine
+that can.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 
-from pagedkv import engine_io
+from pagedkv import engine_io, trt_library
 from pagedkv.runtime.backends import BackendUnavailable
 from pagedkv.runtime.executor import Executor, StepInputs, StepOutputs, pad_decode_step
 
 ALIGN = 256  # bytes between tensors of an arena
 
 
-class TensorRTUnavailable(BackendUnavailable):
-    pass
+def why_no_engine_runtime(flavour: trt_library.Flavour | None = None) -> str | None:
+    """None when an engine can run here (a flavour installed, a GPU it supports), else the reason."""
+    from pagedkv import cuda
 
-
-def why_no_tensorrt() -> str | None:
-    if importlib.util.find_spec("tensorrt") is None:
-        return "TensorRT not available: the `tensorrt` Python package is not installed"
+    try:
+        f = flavour or trt_library.flavour("auto")
+    except trt_library.TensorRTUnavailable as exc:
+        return str(exc)
+    reason = trt_library.why_unavailable(f)
+    if reason:
+        return reason
+    no_gpu = cuda.why_no_gpu()
+    if no_gpu:
+        return f"{f.title} runs engines on a GPU: {no_gpu}"
+    cc = cuda.compute_capability()
+    runs_on = [f"{c // 10}.{c % 10}" for c in trt_library.RTX_COMPUTE_CAPABILITIES]
+    if f is trt_library.TENSORRT_RTX and cc not in runs_on:
+        return (f"TensorRT-RTX does not run engines on compute capability {cc} (it runs on {', '.join(runs_on)}); "
+                "TensorRT (pip install tensorrt) does")
     return None
 
 
-def import_tensorrt():
-    """The ``tensorrt`` module, or ``TensorRTUnavailable`` saying why not."""
-    reason = why_no_tensorrt()
-    if reason:
-        raise TensorRTUnavailable(reason)
-    import tensorrt
-
-    return tensorrt
-
-
-def check_available() -> None:
+def check_available(flavour: trt_library.Flavour | None = None) -> None:
     """Raise ``BackendUnavailable`` (``TensorRTUnavailable`` without TensorRT) when an engine cannot run here."""
-    from pagedkv import cuda
-
-    import_tensorrt()
-    reason = cuda.why_no_gpu()
+    reason = why_no_engine_runtime(flavour)
     if reason:
+        if flavour is None and not trt_library.installed():
+            raise trt_library.TensorRTUnavailable(reason)
         raise BackendUnavailable(f"trt backend unavailable: {reason}")
 
 
-def load_plugin_library(trt, library: str | Path | None = None) -> Path:
-    """Register our creators with TensorRT's plugin registry (idempotent per process and path)."""
-    from pagedkv import _lib
+def _engine_flavour(data: bytes) -> trt_library.Flavour | None:
+    from pagedkv.builder.engine_record import read_record
 
-    path = Path(library) if library else _lib.plugin_library_path()
-    key = str(path.resolve())
-    if key not in _loaded_libraries:
-        handle = trt.get_plugin_registry().load_library(key)
-        if handle is None:
-            raise RuntimeError(f"IPluginRegistry.load_library({key}) failed (see the TensorRT log above)")
-        _loaded_libraries[key] = handle
-    return path
-
-
-_loaded_libraries: dict[str, object] = {}
-
-
-def _numpy_dtype(trt, dtype) -> np.dtype:
-    """numpy dtype of a TensorRT tensor dtype (``trt.nptype`` has no bfloat16)."""
-    if dtype == trt.DataType.BF16:
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(trt.nptype(dtype))
+    record = read_record(data).record
+    return trt_library.FLAVOURS.get(record["builder"]["flavour"]) if record else None
 
 
 def _bucket(n: int, cap: int) -> int:
@@ -167,24 +158,32 @@ class TrtExecutor(Executor):
         self._graph_key = None  # the bucket of the step being run (None: eager)
         self._in, self._out, self._logits = _Arena(), _Arena(), None
         self.stream = self.context = self.engine = None
-        check_available()
-        trt = import_tensorrt()
+        data = Path(engine).read_bytes()
+        flavour = _engine_flavour(data)
+        check_available(flavour)
+        trt = trt_library.import_flavour(flavour or trt_library.flavour("auto"))
         self._trt = trt
         self.graph = RewrittenGraph.load(rewritten)
-        load_plugin_library(trt, plugin_library)
+        trt_library.load_plugin_library(trt, plugin_library)
         self._logger = trt.Logger(trt.Logger.WARNING)
         self._runtime = trt.Runtime(self._logger)
-        self.engine = self._runtime.deserialize_cuda_engine(Path(engine).read_bytes())
+        self.engine = self._runtime.deserialize_cuda_engine(data)
         if self.engine is None:
-            raise RuntimeError(f"TensorRT could not deserialize {engine}")
-        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+            raise RuntimeError(f"{trt_library.flavour_of(trt).title} could not deserialize {engine}"
+                               + trt_library.with_plugin_messages(plugin_library))
+        tensors, self.profile = trt_library.engine_tensors(trt, self.engine)
+        problems = engine_io.check_engine_io(tensors, self.profile)
+        if problems:
+            raise GraphError(f"engine {engine}: its I/O breaks the engine-I/O contract (pagedkv.engine_io): "
+                             + "; ".join(problems))
+        names = [name for name, _, _, _ in tensors]
         expected = set(self.graph.input_names) | set(self.graph.output_names)
         if set(names) != expected:
             raise GraphError(f"engine {engine}: its tensors {sorted(set(names) ^ expected)} differ from the rewritten "
                              "graph's (was it built from this graph?)")
         self.context = self.engine.create_execution_context()
-        self._inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
-        self._dtype = {n: _numpy_dtype(trt, self.engine.get_tensor_dtype(n)) for n in names}
+        self._inputs = [name for name, is_input, _, _ in tensors if is_input]
+        self._dtype = {n: trt_library.numpy_dtype(trt, self.engine.get_tensor_dtype(n)) for n in names}
         self.cuda_graphs, self.max_graphs = bool(cuda_graphs), int(max_graphs)
         self.manager = KVCacheManager(self.graph.groups, num_blocks, storage="device", **(manager_kwargs or {}))
         try:
@@ -222,7 +221,23 @@ class TrtExecutor(Executor):
         shape = tuple(self.engine.get_tensor_shape(name))
         if all(d >= 0 for d in shape):
             return shape
-        return tuple(self.engine.get_tensor_profile_shape(name, 0)[2])
+        return self.profile[name][2]
+
+    def _check_profile(self, name: str, shape: tuple) -> None:
+        """A ValueError naming the input, the dim and the ``pagedkv build`` limit that bounds it when ``shape`` is
+        outside the engine's profile (TensorRT would only log that ``set_input_shape`` failed)."""
+        from pagedkv.builder.build import DIM_LIMITS
+
+        lo, _, hi = self.profile[name]
+        if len(shape) == len(lo) and all(a <= d <= b for d, a, b in zip(shape, lo, hi)):
+            return
+        spec = engine_io.spec_of(name)
+        dims = spec[0].shape if spec is not None and len(spec[0].shape) == len(shape) == len(lo) else ()
+        dim = next((d for d, n, a, b in zip(dims, shape, lo, hi) if not a <= n <= b), None)
+        fix = (f" (dim {dim}): rebuild the engine with a larger {DIM_LIMITS[dim]}" if dim in DIM_LIMITS
+               else ": the graph fixes it")
+        raise ValueError(f"{name}: this step's shape {list(shape)} is outside the engine's profile "
+                         f"{list(lo)}..{list(hi)}{fix}")
 
     # ---- steps -----------------------------------------------------------------------------------------
     def execute(self, inputs: StepInputs) -> StepOutputs:
@@ -260,6 +275,7 @@ class TrtExecutor(Executor):
             if name == engine_io.KV_POOLS:
                 continue
             array = np.asarray(array, dtype=self._dtype[name])
+            self._check_profile(name, array.shape)
             extent = max(extent, self._in.put(name, array))
             ctx.set_input_shape(name, array.shape)
         cuda.check(rt.cudaMemcpyAsync(self._in.device.ptr, self._in.pinned.ptr, extent,
@@ -273,7 +289,8 @@ class TrtExecutor(Executor):
             cuda.check(rt.cudaGraphLaunch(self._graphs[key][1], self.stream.raw), "cudaGraphLaunch")
         else:
             if not ctx.execute_async_v3(self.stream.handle):
-                raise RuntimeError("TensorRT execute_async_v3 failed (see the TensorRT log)")
+                raise RuntimeError(f"{trt_library.flavour_of(self._trt).title} execute_async_v3 failed (see its log)"
+                                   + trt_library.with_plugin_messages())
             if key is not None:
                 self._capture(key)
         cuda.check(rt.cudaMemcpyAsync(self._out.pinned.ptr, self._out.device.ptr, self._out.size,
