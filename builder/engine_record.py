@@ -30,13 +30,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pagedkv.config import ATTENTION_PLUGIN_NAME, WRITE_PLUGIN_NAME, AttentionConfig, WriteConfig, attribute_types
+from pagedkv.config import (ATTENTION_PLUGIN_NAME, FLOATS, WRITE_PLUGIN_NAME, AttentionConfig, WriteConfig,
+                            attribute_types)
 
 RECORD_KEY = "pagedkv_engine"
 RECORD_VERSION = 1
 RECORD_OPENING = ('{"' + RECORD_KEY + '":').encode()
 MAX_LAYER_METADATA = 4095  # TensorRT: at most 4096 bytes including the terminator
 _PLUGIN_CLASSES = {WRITE_PLUGIN_NAME: WriteConfig, ATTENTION_PLUGIN_NAME: AttentionConfig}
+# FLOATS fields (LongRoPE's factor lists): serialized as kFLOAT32 of their length, and left out when empty
+_ARRAY_FIELDS = frozenset(n for c in _PLUGIN_CLASSES.values() for n, t in attribute_types(c).items() if t == FLOATS)
 
 
 # ---- 1. the build record -----------------------------------------------------------------------------------
@@ -163,23 +166,29 @@ def _decode_record(data: bytes, start: int) -> dict | None:
             if not name_len or name[-1:] != b"\x00":
                 return None
             at += 4 + name_len
+            key = name[:-1].decode("ascii")
             ftype, length = struct.unpack_from("<II", data, at)
             at += 8
-            if ftype not in _FIELD_TYPES or length != 1:
+            is_array = key in _ARRAY_FIELDS and ftype == 1
+            if ftype not in _FIELD_TYPES or not (length == 1 or is_array and 0 < length <= 256):
                 return None
             _, fmt, size = _FIELD_TYPES[ftype]
-            (value,) = struct.unpack_from(fmt, data, at)
-            at += size
-            fields[name[:-1].decode("ascii")] = float(np.float32(value)) if ftype == 1 else int(value)
+            values = struct.unpack_from(f"<{length}{fmt[1:]}", data, at)
+            at += size * length
+            if is_array:
+                fields[key] = [float(np.float32(v)) for v in values]  # a list, as the JSON build record holds it
+            else:
+                fields[key] = float(np.float32(values[0])) if ftype == 1 else int(values[0])
         return fields
     except (struct.error, UnicodeDecodeError):
         return None
 
 
 def plugin_of_fields(names) -> str | None:
-    """Which plugin has exactly these field names (config.py's attribute sets), or None."""
+    """Which plugin has these field names (config.py's attribute sets; FLOATS fields may be absent), or None."""
     for plugin, cls in _PLUGIN_CLASSES.items():
-        if set(names) == set(attribute_types(cls)):
+        every = set(attribute_types(cls))
+        if every - _ARRAY_FIELDS <= set(names) <= every:
             return plugin
     return None
 
@@ -192,7 +201,7 @@ def read_plugin_fields(data: bytes) -> list[tuple[str, dict]]:
         fields = _decode_record(data, at - 4 - _RESERVED)
         plugin = plugin_of_fields(fields) if fields else None
         if plugin is not None:
-            key = (plugin, tuple(sorted(fields.items())))
+            key = (plugin, tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in fields.items())))
             if key not in seen:
                 seen.add(key)
                 out.append((plugin, fields))

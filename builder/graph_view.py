@@ -366,7 +366,8 @@ INPUT_ROLES = ("input_ids", "attention_mask", "position_ids", "past_key", "past_
 @dataclass
 class ProbeStep:
     """Concrete graph inputs for an evaluation: ``batch`` sequences with ``past`` cached tokens and ``seq``
-    new ones at positions past..past+seq-1, no padding. Past tensors are only ever fed as shapes."""
+    new ones at positions past..past+seq-1 (or at ``positions``, one per new token), no padding. Past tensors
+    are only ever fed as shapes."""
 
     roles: dict[str, str]  # graph input -> role (INPUT_ROLES)
     past_shape: dict[str, tuple[int, int]]  # past input -> (kv_heads, head_dim)
@@ -374,6 +375,7 @@ class ProbeStep:
     past: int = 0
     seq: int = 1
     int_types: dict[str, np.dtype] = field(default_factory=dict)
+    positions: tuple[int, ...] | None = None  # position_ids of the new tokens (None: past..past+seq-1)
 
     def has_shape(self, name: str) -> bool:
         return name in self.roles
@@ -396,10 +398,14 @@ class ProbeStep:
         if role == "attention_mask":
             return np.ones(self.shape(name), dtype=dtype)
         if role == "position_ids":
-            return np.broadcast_to(np.arange(self.past, self.past + self.seq), self.shape(name)).astype(dtype)
+            positions = np.arange(self.past, self.past + self.seq) if self.positions is None else self.positions
+            return np.broadcast_to(np.asarray(positions), self.shape(name)).astype(dtype)
         if role == "input_ids":
             return np.zeros(self.shape(name), dtype=dtype)
         return np.zeros(self.shape(name), dtype=np.float32)
 
-    def at(self, batch: int, past: int, seq: int) -> "ProbeStep":
-        return ProbeStep(self.roles, self.past_shape, batch, past, seq, self.int_types)
+    def at(self, batch: int, past: int, seq: int, positions=None) -> "ProbeStep":
+        if positions is not None and len(positions) != seq:
+            raise ValueError(f"positions: expected {seq} (one per new token), got {len(positions)}")
+        return ProbeStep(self.roles, self.past_shape, batch, past, seq, self.int_types,
+                         None if positions is None else tuple(int(p) for p in positions))

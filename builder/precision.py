@@ -23,9 +23,10 @@ Conversion (``convert_float_dtype``; docs/builder.md, "dtypes"). Every float val
 
 Constants take the dtype of the op that reads them (converted in place, a renamed copy for a second dtype):
 one-element constants (eps, exponents, scales) as PyTorch treats Python scalars, weights as the model reads them.
-A constant read by data (an embedding ``Gather`` by token ids) is a model value. ``Cast(to=FLOAT16|BFLOAT16)``
-(the model's own 16-bit dtype) becomes ``Cast(to=D)``; the plugin nodes' activations (qkv, bias, q, attention
-output) are D.
+A constant read by data (an embedding ``Gather`` by token ids) is a model value, except a ``Where`` choosing
+between constant tables (LongRoPE's short or long inverse frequencies by the step's length): exact.
+``Cast(to=FLOAT16|BFLOAT16)`` (the model's own 16-bit dtype) becomes ``Cast(to=D)``; the plugin nodes'
+activations (qkv, bias, q, attention output) are D.
 
 **Kept float32** (``float32_prefixes``): nodes whose names start with one of the prefixes compute in float32 as
 written (their constants stay float32, their inputs of another dtype are cast to it), and a float graph input that
@@ -296,6 +297,24 @@ class _Converter:
     def _is_scalar_constant(self, name: str) -> bool:
         return name in self.constants and int(np.prod(self.constants[name].dims)) == 1
 
+    def _selects_tables(self, node, group: _Group) -> bool:
+        """A Where choosing between constants by a data-dependent condition (LongRoPE's short or long inverse
+        frequencies by the step's length): exact, like the position math it feeds, unless a constant holds a value
+        beyond the target's range (a mask's 'minus infinity': only a converted constant clamps it) or the target
+        is wider than the constants (a 16-bit graph back to float32: converting them loses nothing)."""
+        if node.op_type != "Where" or not group.inputs:
+            return False
+        names = [node.input[i] for i in group.inputs]
+        if not all(n in self.constants for n in names):
+            return False
+        import ml_dtypes
+
+        target = onnx.helper.tensor_dtype_to_np_dtype(self.target)
+        top = float(ml_dtypes.finfo(target).max)
+        tables = [numpy_helper.to_array(self.constants[n]) for n in names]
+        return all(t.dtype.itemsize >= target.itemsize and np.all(np.abs(t.astype(np.float64)) <= top)
+                   for t in tables)
+
     def _decide(self, node, group: _Group, forced: bool) -> tuple[int, str]:
         """(element type, kind) of a type group (module docstring, rules 1-5)."""
         if node.domain == ONNX_DOMAIN:
@@ -309,7 +328,8 @@ class _Converter:
             dtype, kind = self.target, MODEL
         elif ISLAND in kinds:
             dtype, kind = TensorProto.FLOAT, ISLAND
-        elif any(i in self.value_dependent for i in node.input if self.types.get(i) not in FLOAT_TYPES):
+        elif any(i in self.value_dependent for i in node.input if self.types.get(i) not in FLOAT_TYPES) \
+                and not self._selects_tables(node, group):
             dtype, kind = self.target, MODEL  # constants read by data (an embedding Gather): the model's weights
         else:  # constants and integers only: as the source computes it
             members = [node.input[i] for i in group.inputs] + [node.output[j] for j in group.outputs]

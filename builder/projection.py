@@ -1,5 +1,9 @@
-"""Projection tracing: from an attention input (q, k or v) back to its projection MatMul, through layout ops,
-the bias, constant scales, RoPE and per-head norms, tracking which projection column lands at (head, dim).
+"""Projection tracing: from an attention input (q, k or v) back to its projection, through layout ops, the bias,
+constant scales, RoPE and per-head norms, tracking which projection column lands at (head, dim).
+
+A projection is a MatMul with a constant 2-D weight on [batch, seq, hidden], or (GPT-2's Conv1D, ``addmm``) a
+Gemm on the tokens flattened to [batch * seq, hidden] whose output is reshaped back to [batch, seq, N], its bias
+Gemm's C and its weight transposed when transB=1.
 
 ``trace_projection`` records the chain (``ProjectionChain``), ``layout_chain`` propagates the projection's
 column map along it (``Layout``), ``heads_colmap`` reads the [heads, head_dim] columns at the chain's end and
@@ -120,11 +124,30 @@ def apply_layout(view: GraphView, node: onnx.NodeProto, layout: Layout, output: 
         while token_prefix < rank and labels[token_prefix] in "BS":
             token_prefix += 1
         if any(l != "F" for l in labels[token_prefix:]):
+            if op == "Reshape" and _keeps_every_axis(view, node, output, labels, colmap):
+                return layout.copy()
             raise RewriteError(f"{describe(node)}: expected the batch and sequence axes to lead its input, got "
                                f"axes {labels}")
         out_shape = _reshape_target(view, node, output, labels, colmap, token_prefix)
         return Layout(labels[:token_prefix] + ["F"] * len(out_shape), colmap.reshape(out_shape))
     raise RewriteError(f"{describe(node)}: not a layout op")
+
+
+def _keeps_every_axis(view: GraphView, node: onnx.NodeProto, output: str, labels, colmap) -> bool:
+    """A Reshape to the shape it already has (the legacy exporter's SDPA leaves one on [batch, heads, seq, D],
+    target [Shape(x)[0], -1, Shape(q)[2], D]): every feature axis keeps its extent or is the one -1, the batch and
+    sequence axes stay runtime dims read off shapes."""
+    target = view.partial_value(node.input[1]) if len(node.input) > 1 else None
+    if target is None or len(target) != len(labels) or target.count(-1) > 1:
+        return False
+    extents = iter(colmap.shape)
+    for label, value in zip(labels, target):
+        if label == "F":
+            if value not in (next(extents), 0, -1):
+                return False
+        elif value is not None and value != 0:
+            return False
+    return True
 
 
 def _unsqueezed_shape(shape, new_labels, axes):
@@ -165,7 +188,8 @@ class Region:
     input: str
     output: str
     nodes: list[onnx.NodeProto]
-    layout: Layout | None = None  # at ``input`` (same at ``output``)
+    layout: Layout | None = None  # at ``input``
+    output_layout: Layout | None = None  # at ``output``: the same, or its axes moved by Transposes inside the region
 
 
 @dataclass
@@ -173,13 +197,20 @@ class ProjectionChain:
     """An attention input (q, k or v) traced back to its projection."""
 
     end: str
-    matmul: onnx.NodeProto
-    hidden: str  # the projection's data input
-    weight: str  # its constant [hidden, N] weight
-    bias: str | None  # a constant [features] added after the MatMul (directly or after layout ops)
+    matmul: onnx.NodeProto  # the projection: MatMul or Gemm
+    hidden: str  # the projection's data input, [batch, seq, hidden]
+    weight: str  # its constant weight: [hidden, N], or [N, hidden] when transposed_weight
+    bias: str | None  # a constant [features] added after the MatMul (directly, after layout ops, or Gemm's C)
     steps: list  # source -> end: ("layout", node, out) | ("bias", node) | ("scale", node, factor) | ("region", Region)
     end_layout: Layout | None = None
+    output: str = ""  # the projection's columns as [batch, seq, N] (MatMul: its output; Gemm: reshaped back)
+    transposed_weight: bool = False  # Gemm with transB=1
     bias_columns: np.ndarray | None = None  # the projection column each bias entry is added to (layout_chain)
+
+    def weight_matrix(self, view: GraphView) -> np.ndarray:
+        """The weight as [hidden, N] (the orientation of ``hidden @ weight``)."""
+        weight = view.constant(self.weight)
+        return weight.T if self.transposed_weight else weight
 
     def bias_values(self, view: GraphView, width: int) -> np.ndarray:
         """The bias per projection column ([width]; zeros where none is added)."""
@@ -213,14 +244,35 @@ HEAD_NORM_OPS = {"Pow", "Mul", "ReduceMean", "Add", "Sqrt", "Div", "Reciprocal",
 
 
 def _projection_weight(view: GraphView, node: onnx.NodeProto) -> str | None:
-    if node.op_type != "MatMul" or len(node.input) != 2:
+    if node.op_type == "Gemm":
+        if (len(node.input) < 2 or view.attr(node, "transA", 0) != 0 or view.attr(node, "alpha", 1.0) != 1.0
+                or view.attr(node, "beta", 1.0) != 1.0):
+            return None
+    elif node.op_type != "MatMul" or len(node.input) != 2:
         return None
     weight = view.constant(node.input[1])
-    return node.input[1] if weight is not None and weight.ndim == 2 and weight.shape[0] > 1 else None
+    return node.input[1] if weight is not None and weight.ndim == 2 and min(weight.shape) > 1 else None
+
+
+def _gemm_tokens(view: GraphView, gemm: onnx.NodeProto) -> tuple[str, str]:
+    """A Gemm projection on flattened tokens: (its [batch, seq, hidden] input before the flattening Reshape, its
+    output reshaped back to [batch, seq, N])."""
+    flat = view.producer.get(gemm.input[0])
+    hidden = flat.input[0] if flat is not None and flat.op_type in ("Reshape", "Flatten") else None
+    users = [n for n in view.consumers.get(gemm.output[0], []) if n.op_type not in SHAPE_OPS]
+    width = view.constant(gemm.input[1]).shape[0 if view.attr(gemm, "transB", 0) else 1]
+    target = view.partial_value(users[0].input[1]) if len(users) == 1 and users[0].op_type == "Reshape" else None
+    hidden_rank = len(view.static_shape(hidden) or []) if hidden else 0
+    if hidden_rank != 3 or target is None or len(target) != 3 or target[2] != width:
+        raise RewriteError(f"{describe(gemm)}: expected a projection on flattened tokens: Reshape([batch, seq, hidden] "
+                           f"-> [-1, hidden]) -> Gemm -> Reshape(-> [batch, seq, {width}]), found input "
+                           f"{gemm.input[0]!r} from {describe(flat) if flat is not None else 'a graph input'} and "
+                           f"output consumers {[describe(u) for u in users]}")
+    return hidden, users[0].output[0]
 
 
 def find_projection(view: GraphView, end: str) -> onnx.NodeProto:
-    """The nearest MatMul with a constant 2-D weight above ``end`` (data edges only)."""
+    """The nearest MatMul (or Gemm) with a constant 2-D weight above ``end`` (data edges only)."""
     seen, todo = set(), deque([end])
     while todo:
         t = todo.popleft()
@@ -233,7 +285,7 @@ def find_projection(view: GraphView, end: str) -> onnx.NodeProto:
         todo.extend(view.data_inputs(node))
     consumer = view.consumers.get(end, [None])[0]
     raise RewriteError(f"tensor {end!r}{' (input of ' + describe(consumer) + ')' if consumer else ''}: expected a "
-                       "projection MatMul with a constant weight above it, found none")
+                       "projection MatMul (or Gemm) with a constant weight above it, found none")
 
 
 def _dominator(view: GraphView, source: str, target: str, region_set: set[str]) -> str:
@@ -261,9 +313,17 @@ def _dominator(view: GraphView, source: str, target: str, region_set: set[str]) 
 def trace_projection(view: GraphView, end: str) -> ProjectionChain:
     """Walk from ``end`` back to its projection; record layout ops, bias, scales and regions."""
     matmul = find_projection(view, end)
-    source = matmul.output[0]
+    hidden, source, bias, transposed = matmul.input[0], matmul.output[0], None, False
+    if matmul.op_type == "Gemm":
+        hidden, source = _gemm_tokens(view, matmul)
+        transposed = bool(view.attr(matmul, "transB", 0))
+        if len(matmul.input) > 2 and matmul.input[2]:
+            bias = matmul.input[2]
+            if view.constant(bias) is None or view.constant(bias).size != view.constant(matmul.input[1]).shape[
+                    0 if transposed else 1]:
+                raise RewriteError(f"{describe(matmul)}: expected a constant bias of one value per output column")
     data = view.descendants(source) & view.ancestors([end], stop={source})
-    steps, bias, t = [], None, end
+    steps, t = [], end
     while t != source:
         node = view.producer[t]
         inputs = [i for i in view.data_inputs(node) if i in data]
@@ -298,7 +358,8 @@ def trace_projection(view: GraphView, end: str) -> ProjectionChain:
             steps.append(("region", Region(kind, x, t, nodes)))
             t = x
     steps.reverse()
-    return ProjectionChain(end, matmul, matmul.input[0], matmul.input[1], bias, steps)
+    return ProjectionChain(end, matmul, hidden, matmul.input[1], bias, steps, output=source,
+                           transposed_weight=transposed)
 
 
 def _check_head_norm(view: GraphView, nodes) -> None:
@@ -316,9 +377,10 @@ def _check_head_norm(view: GraphView, nodes) -> None:
 
 def layout_chain(view: GraphView, chain: ProjectionChain) -> Layout:
     """Propagate the projection's column map to ``chain.end``; stores each region's layout on the way."""
-    width = view.constant(chain.weight).shape[1]
+    width = chain.weight_matrix(view).shape[1]
     layout = Layout(["B", "S", "F"], np.arange(width))
-    out_rank = len(view.static_shape(chain.matmul.output[0]) or [3])
+    chain.bias_columns = layout.colmap  # Gemm's C is added to the projection's own columns; a bias step moves it
+    out_rank = len(view.static_shape(chain.output) or [3])
     if out_rank != 3 and out_rank >= 2:  # (shape inference past unknown ops can leave a bogus rank < 2)
         raise RewriteError(f"{describe(chain.matmul)}: expected a [batch, seq, features] projection, "
                            f"got rank {out_rank}")
@@ -327,6 +389,7 @@ def layout_chain(view: GraphView, chain: ProjectionChain) -> Layout:
             layout = apply_layout(view, s[1], layout, s[2])
         elif s[0] == "region":
             s[1].layout = layout.copy()
+            layout = s[1].output_layout = _region_output_layout(view, s[1])
         elif s[0] == "bias":
             size = view.constant(chain.bias).size
             if layout.labels[-1] != "F" or layout.colmap.shape[-1] != size:
@@ -335,6 +398,37 @@ def layout_chain(view: GraphView, chain: ProjectionChain) -> Layout:
             chain.bias_columns = layout.colmap
     chain.end_layout = layout
     return layout
+
+
+def _region_output_layout(view: GraphView, region: Region) -> Layout:
+    """The layout at a region's output. Elementwise regions keep their input's; ORT's transpose optimizer can
+    leave Transposes inside one (RoPE applied in [B, H, S, D] to an input in [B, S, H, D]): their perms are
+    composed along every data path from the input to the output (which must agree), and the result moves the
+    input's axes like a Transpose of the whole region."""
+    layout = region.layout
+    if not any(n.op_type == "Transpose" for n in region.nodes):
+        return layout.copy()
+    rank = len(layout.labels)
+    perms = {region.input: list(range(rank))}  # tensor -> output axis i holds input axis perm[i]
+    for node in region.nodes:  # in graph order
+        found = [perms[i] for i in view.data_inputs(node) if i in perms]
+        if not found:
+            continue
+        if any(p != found[0] for p in found):
+            raise RewriteError(f"{describe(node)}: the {region.kind} region from {region.input!r} reaches it with "
+                               f"its axes in different orders {found}")
+        perm = found[0]
+        if node.op_type == "Transpose":
+            perm = [perm[a] for a in (view.attr(node, "perm") or list(reversed(range(rank))))]
+        elif node.op_type in ("Reshape", "Unsqueeze", "Squeeze", "Flatten") and perm != list(range(rank)):
+            raise RewriteError(f"{describe(node)}: expected no reshape after a Transpose inside the {region.kind} "
+                               f"region from {region.input!r}")
+        for out in node.output:
+            perms[out] = perm
+    perm = perms[region.output]
+    feature_pos = {axis: k for k, axis in enumerate(layout.feature_axes)}
+    return Layout([layout.labels[p] for p in perm],
+                  layout.colmap.transpose([feature_pos[p] for p in perm if layout.labels[p] == "F"]))
 
 
 def heads_colmap(chain: ProjectionChain, heads: int, head_dim: int, where: onnx.NodeProto,
@@ -372,8 +466,9 @@ def follow_output(view: GraphView, tensor: str, labels: list[str], heads: int, h
                   where: onnx.NodeProto) -> tuple[str, list[str]]:
     """From an attention output with axes ``labels`` ([B, H, S, D] or [B, S, H*D]...), follow layout ops and
     guards (``guard_condition``: elementwise, the layout stays) to the last tensor that holds it as
-    [batch, seq, heads * head_dim] in (head, dim) order: the o_proj input. -> (that tensor, the conditions of the
-    guards passed on the way: the rewrite measures them false, ``measure.measure_guard``)."""
+    [batch, seq, heads * head_dim] in (head, dim) order: the o_proj input; or as [batch * seq, heads * head_dim]
+    when the exporter flattens the tokens straight into a Gemm o_proj (dynamo's GPT-2 Conv1D). -> (that tensor,
+    the conditions of the guards passed on the way: the rewrite measures them false, ``measure.measure_guard``)."""
     layout = Layout(list(labels), np.arange(heads * head_dim).reshape(
         [heads, head_dim] if labels.count("F") == 2 else [heads * head_dim]))
     found, guards, passed = None, [], []
@@ -381,6 +476,11 @@ def follow_output(view: GraphView, tensor: str, labels: list[str], heads: int, h
         if layout.labels == ["B", "S", "F"] and np.array_equal(layout.colmap, np.arange(heads * head_dim)):
             found, guards = tensor, list(passed)
         users = [n for n in view.consumers.get(tensor, []) if n.op_type not in SHAPE_OPS]
+        if (layout.labels[:2] == ["B", "S"] and set(layout.labels[2:]) == {"F"} and len(users) == 1
+                and users[0].op_type == "Reshape" and users[0].input[0] == tensor
+                and np.array_equal(layout.colmap.ravel(), np.arange(heads * head_dim))
+                and view.partial_value(users[0].input[1]) == [-1, heads * head_dim]):
+            return users[0].output[0], list(passed)  # the tokens flattened: [batch * seq, heads * head_dim]
         condition = guard_condition(view, users[0], tensor) if len(users) == 1 else None
         if condition is not None:
             passed.append(condition)

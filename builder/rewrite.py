@@ -48,8 +48,8 @@ from pagedkv.builder.measure import (CACHE_PROBE, _np_dtype, fit_rope_config, me
 from pagedkv.builder.precision import check_types, convert_float_dtype, dtype_name, parse_dtype
 from pagedkv.builder.projection import find_projection, heads_colmap, layout_chain, trace_projection
 from pagedkv.config import (ATTENTION_PLUGIN_NAME, ATTRIBUTE_RANGES, INT32_MAX, ONNX_DOMAIN, PLUGIN_VERSION,
-                            SUPPORTED_IO_DTYPES, WRITE_PLUGIN_NAME, AttentionConfig, RopeConfig, RopeStyle,
-                            WriteConfig, check_attribute_values)
+                            SUPPORTED_IO_DTYPES, WRITE_PLUGIN_NAME, AttentionConfig, RopeConfig, RopeScaling,
+                            RopeStyle, WriteConfig, check_attribute_values)
 from pagedkv.engine_io import CU_Q_LENS, KV_POOLS, NUM_TOKENS, PAST_LENS, POSITION_IDS
 from pagedkv.layout import CacheDType, KVLayout
 from pagedkv.pool_group import PoolGroup
@@ -74,7 +74,10 @@ class RewriteOptions:
     max_blocks: int | None = None  # static block-table width (None: dynamic "max_blocks")
     pool_grouping: str = "auto"  # auto: one group per (kv heads, head dim, window); single; per_layer
     explicit_positions: bool | None = None  # None: only when nodes outside attention still read position_ids
-    require_rope: bool = True  # attention without RoPE is an error (every supported family has RoPE)
+    # Attention without RoPE: None accepts it when the positions reach the hidden state otherwise (a learned
+    # absolute position embedding, GPT-2), and refuses it when nothing would tell positions apart; True always
+    # refuses, False always accepts.
+    require_rope: bool | None = None
     zero_v_tail: bool = True
     sampling: bool = True  # append the sampling head (logits_head); False: logits only
     sampling_candidates: int = 1024  # K of top-k / top-p (TensorRT's TopK allows <= 3840)
@@ -159,10 +162,7 @@ class RewriteReport:
                  + (f", scales {self.scales}" if self.scales else ""),
                  f"  activations: {self.dtype}" + (f" ({self.conversion})" if self.conversion else "")]
         for r in self.layers:
-            rope = r.rope
-            rope_text = ("none" if rope.style == RopeStyle.NONE else
-                         f"{rope.style.name.lower()} dim={rope.rotary_dim or r.head_dim} theta={rope.theta:g}"
-                         + (f" {rope.scaling.name.lower()} x{rope.factor:g}" if rope.scaling else ""))
+            rope_text = _rope_text(r.rope, r.head_dim)
             scales = (f" k_scale={r.write.pool.k_scale:.6g} v_scale={r.write.pool.v_scale:.6g}"
                       if self.scales and r.write is not None else "")
             lines.append(
@@ -177,6 +177,23 @@ class RewriteReport:
         lines.append(f"  removed outputs: {', '.join(self.removed_outputs)}")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+def _rope_text(rope: RopeConfig, head_dim: int) -> str:
+    from pagedkv.reference.rope import attention_factor
+
+    if rope.style == RopeStyle.NONE:
+        return "none"
+    text = f"{rope.style.name.lower()} dim={rope.rotary_dim or head_dim} theta={rope.theta:g}"
+    if rope.scaling == RopeScaling.LONGROPE:
+        text += f" longrope long past kv {rope.original_max_positions}"
+    elif rope.scaling == RopeScaling.YARN:
+        text += (f" yarn x{rope.factor:g} original={rope.original_max_positions} beta={rope.beta_fast:g}/"
+                 f"{rope.beta_slow:g}{'' if rope.truncate else ' untruncated'}")
+    elif rope.scaling:
+        text += f" {rope.scaling.name.lower()} x{rope.factor:g}"
+    factor = attention_factor(rope)
+    return text + (f" attention_factor={factor:.6g}" if factor != 1.0 else "")
 
 
 @dataclass
@@ -196,11 +213,15 @@ def _input_roles(view: GraphView, matches) -> tuple[dict[str, str], dict, dict]:
     int_types = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
     ints = [n for n in view.graph_inputs if n not in roles and view.elem_type(n) in int_types
             and len(view.static_shape(n) or []) == 2]
-    ids = [n for n in ints if any(c.op_type == "Gather" and c.input[1] == n and view.constant(c.input[0]) is not None
-                                  and view.constant(c.input[0]).ndim == 2 for c in view.consumers.get(n, []))]
+    tables = {n: _gathered_tables(view, n) for n in ints}
+    ids = [n for n in ints if tables[n]]
     if len(ids) > 1:  # a sin/cos table is gathered by position too: the token ids are what the layers read
         hidden = view.ancestors([find_projection(view, matches[0].q_end).input[0]])
         ids = [n for n in ids if n in hidden] if len([n for n in ids if n in hidden]) == 1 else ids
+    if len(ids) > 1:  # and so is a learned position embedding (GPT-2's wpe): the token table has a row per logit
+        vocab = {shape[-1] for o in view.graph_outputs if len(shape := view.static_shape(o) or []) == 3 and shape[-1]}
+        by_vocab = [n for n in ids if set(tables[n]) & vocab]
+        ids = by_vocab if len(by_vocab) == 1 else ids
     if len(ids) != 1:
         raise RewriteError(f"expected exactly one integer [batch, seq] graph input that indexes the embedding "
                            f"table (input_ids), found {ids}")
@@ -222,6 +243,22 @@ def _input_roles(view: GraphView, matches) -> tuple[dict[str, str], dict, dict]:
     return roles, past_shape, types
 
 
+def _gathered_tables(view: GraphView, name: str) -> list[int]:
+    """Rows of the constant 2-D tables that ``name`` indexes (a Gather's indices), directly or through reshapes
+    and casts (GPT-2 views input_ids as [-1, seq] first)."""
+    rows, todo = [], [name]
+    while todo:
+        t = todo.pop()
+        for c in view.consumers.get(t, []):
+            if c.op_type == "Gather" and c.input[1] == t:
+                table = view.constant(c.input[0])
+                if table is not None and table.ndim == 2:
+                    rows.append(int(table.shape[0]))
+            elif c.op_type in ("Reshape", "Cast", "Identity", "Squeeze", "Unsqueeze", "Flatten") and c.input[0] == t:
+                todo.append(c.output[0])
+    return rows
+
+
 @dataclass
 class _LayerPlan:
     match: patterns.AttentionMatch
@@ -231,7 +268,8 @@ class _LayerPlan:
 
 
 def _analyze(view: GraphView, m: patterns.AttentionMatch, step: ProbeStep, index: int,
-             options: RewriteOptions) -> _LayerPlan:
+             options: RewriteOptions, positions: list[str]) -> _LayerPlan:
+    """One layer's plan. ``positions``: the graph inputs in the position_ids role."""
     chains, colmaps = {}, {}
     offsets = {"q": 0, "k": m.num_heads * m.head_dim, "v": (m.num_heads + m.num_kv_heads) * m.head_dim}
     width = (m.num_heads + 2 * m.num_kv_heads) * m.head_dim
@@ -255,9 +293,12 @@ def _analyze(view: GraphView, m: patterns.AttentionMatch, step: ProbeStep, index
         cos, sin, style = m.rope_tables
         rope = fit_rope_config(rope_from_tables(cos, sin, style), m.head_dim, describe(m.anchor))
     elif ropes["q"] is None and ropes["k"] is None:
-        if options.require_rope:
+        absolute = bool(set(positions) & view.ancestors([chains["q"].hidden]))  # position embeddings in the input
+        if options.require_rope or (options.require_rope is None and not absolute):
             raise RewriteError(f"{describe(m.anchor)}: expected RoPE on q and k between the projections "
-                               f"({chains['k'].matmul.name!r}) and attention, found none")
+                               f"({chains['k'].matmul.name!r}) and attention, found none"
+                               + ("" if absolute else " (and no position_ids reach the layer's input either: "
+                                  "nothing would tell positions apart; --allow-no-rope accepts it)"))
         rope = RopeConfig(style=RopeStyle.NONE)
     elif ropes["q"] is None or ropes["k"] is None:
         missing = "q" if ropes["q"] is None else "k"
@@ -275,8 +316,8 @@ def _analyze(view: GraphView, m: patterns.AttentionMatch, step: ProbeStep, index
             raise RewriteError(f"{describe(m.anchor)}: q and k use different RoPE: {found['q']} vs {found['k']}")
         rope = found["q"]
     rope = dataclasses.replace(rope, **{f.name: _as_attribute(getattr(rope, f.name)) for f in dataclasses.fields(rope)
-                                        if isinstance(getattr(rope, f.name), float)})
-    hidden = {chains["q"].hidden: np.zeros((1, CACHE_PROBE[1], view.constant(chains["q"].weight).shape[0]),
+                                        if isinstance(getattr(rope, f.name), (float, tuple))})
+    hidden = {chains["q"].hidden: np.zeros((1, CACHE_PROBE[1], chains["q"].weight_matrix(view).shape[0]),
                                            _np_dtype(view.elem_type(chains["q"].hidden)))}
     for path in (m.k_path, m.v_path):
         if path is not None:
@@ -303,8 +344,10 @@ def _analyze(view: GraphView, m: patterns.AttentionMatch, step: ProbeStep, index
     return _LayerPlan(m, chains, colmaps, report)
 
 
-def _as_attribute(value: float) -> float:
-    """The value an ONNX FLOAT attribute (float32) carries: what the plugin will see, and what the report says."""
+def _as_attribute(value):
+    """The value an ONNX FLOAT (FLOATS) attribute carries, float32: what the plugin will see and the report says."""
+    if isinstance(value, tuple):
+        return tuple(float(v) for v in np.float32(value))
     return float(np.float32(value))
 
 
@@ -403,9 +446,9 @@ class _Emitter:
         m, chains, colmaps = plan.match, plan.chains, plan.colmaps
         width = (m.num_heads + 2 * m.num_kv_heads) * m.head_dim
         if plan.report.projection == "packed":
-            weights = {n: self.view.constant(chains[n].weight) for n in chains}
+            weights = {n: chains[n].weight_matrix(self.view) for n in chains}  # [hidden, N]
             columns = [colmaps[n].ravel() for n in ("q", "k", "v")]
-            same = len({chains[n].weight for n in chains}) == 1
+            same = len({chains[n].weight for n in chains}) == 1 and not chains["q"].transposed_weight
             if same and np.array_equal(np.concatenate(columns), np.arange(weights["q"].shape[1])):
                 weight = self.tensors[chains["q"].weight]  # already [q | k | v]: reuse the initializer
             else:
@@ -475,15 +518,18 @@ class _Emitter:
         out = self.var(f"{prefix}/attn_out", self.dtype, [NUM_TOKENS, q_width])
         self.node(ATTENTION_PLUGIN_NAME, [q, *inputs[1:5], status], [out], f"{prefix}/{ATTENTION_PLUGIN_NAME}",
                   domain=ONNX_DOMAIN, **attention.to_node_attributes())
-        # The o_proj input keeps its name, dtype and consumers: only its producer changes.
+        # The o_proj input keeps its name, dtype and consumers: only its producer changes. It is [batch, seq, H*D],
+        # or [batch * seq, H*D] when the tokens were flattened for a Gemm o_proj.
         merged = self.tensors[m.out]
         merged.inputs.clear()
         out_type = self.view.elem_type(m.out)
         merged_dtype = onnx.helper.tensor_dtype_to_np_dtype(out_type) if out_type else self.dtype
-        reshaped = merged if merged_dtype == self.dtype else self.var(f"{prefix}/attn_out/3d", self.dtype, None)
-        merged.dtype, merged.shape = merged_dtype, [1, NUM_TOKENS, q_width]
+        reshaped = merged if merged_dtype == self.dtype else self.var(f"{prefix}/attn_out/merged", self.dtype, None)
+        flat = len(self.view.static_shape(m.out) or [1, 1, 1]) == 2
+        merged.dtype, merged.shape = merged_dtype, [NUM_TOKENS, q_width] if flat else [1, NUM_TOKENS, q_width]
         reshaped.shape = merged.shape
-        self.node("Reshape", [out, self.const(f"{prefix}/attn_out.shape", np.asarray([1, -1, q_width], np.int64))],
+        shape = [-1, q_width] if flat else [1, -1, q_width]
+        self.node("Reshape", [out, self.const(f"{prefix}/attn_out.shape", np.asarray(shape, np.int64))],
                   [reshaped], f"{prefix}/attn_out/Reshape")
         if reshaped is not merged:
             self.node("Cast", [reshaped], [merged], f"{prefix}/attn_out/Cast", to=out_type)
@@ -649,7 +695,8 @@ def rewrite_model(model: onnx.ModelProto | str | Path, options: RewriteOptions |
     matches.sort(key=lambda m: order[m.present_key])
     roles, past_shape, int_types = _input_roles(view, matches)
     step = ProbeStep(roles, past_shape, int_types=int_types)
-    plans = [_analyze(view, m, step, i, options) for i, m in enumerate(matches)]
+    positions = [n for n, role in roles.items() if role == "position_ids"]
+    plans = [_analyze(view, m, step, i, options, positions) for i, m in enumerate(matches)]
     calibration = options.calibration
     if isinstance(calibration, CalibrationPlan):  # after the analysis: structural errors come first
         calibration = calibration.run(model, quiet=quiet)
@@ -720,7 +767,9 @@ def add_rewrite_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
                         help="auto: one pool per (kv heads, head dim, window); single; per_layer")
     parser.add_argument("--explicit-positions", action=argparse.BooleanOptionalAction, default=None,
                         help="add a position_ids engine input (default: only when needed)")
-    parser.add_argument("--allow-no-rope", action="store_true", help="accept attention without RoPE")
+    parser.add_argument("--allow-no-rope", action="store_true",
+                        help="accept attention without RoPE even when no position_ids reach the layers (default: "
+                             "only with absolute position embeddings)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--no-sampling", action="store_true",
                         help="no sampling head: the graph gives logits only (the runtime then samples on the host)")
@@ -753,9 +802,9 @@ def options_from_args(args: argparse.Namespace) -> RewriteOptions:
     return RewriteOptions(page_size=args.page_size, cache_dtype=args.cache_dtype, k_scale=args.k_scale,
                           v_scale=args.v_scale, calibration=_calibration_from_args(args), dtype=args.dtype,
                           window=args.window, max_blocks=args.max_blocks, pool_grouping=args.pool_grouping,
-                          explicit_positions=args.explicit_positions, require_rope=not args.allow_no_rope,
-                          sampling=not args.no_sampling, sampling_candidates=args.sampling_candidates,
-                          top_logprobs=args.top_logprobs)
+                          explicit_positions=args.explicit_positions,
+                          require_rope=False if args.allow_no_rope else None, sampling=not args.no_sampling,
+                          sampling_candidates=args.sampling_candidates, top_logprobs=args.top_logprobs)
 
 
 def run_rewrite(args: argparse.Namespace) -> int:

@@ -231,7 +231,7 @@ def export_model(model, path: str | os.PathLike, *, exporter: str = "legacy", op
 def _export_to(model, path: Path, tmp: Path, exporter: str, opset: int, verify: bool, source: str) -> ExportResult:
     """Export into ``tmp`` (in a private folder: the exporter's own file layout) and verify it there."""
     torch, _ = require_export_deps()
-    from pagedkv.onnx_export._hf_wrapper import DecoderWithPast
+    from pagedkv.onnx_export._hf_wrapper import DecoderWithPast, traceable_rope
 
     num_layers, kv_heads, head_dim = _geometry(model)
     wrapper = DecoderWithPast(model, num_layers).eval()
@@ -242,7 +242,7 @@ def _export_to(model, path: Path, tmp: Path, exporter: str, opset: int, verify: 
 
     start = time.perf_counter()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), traceable_rope(model):
             if exporter == "legacy":
                 dyn = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "total"},
                        "position_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}}

@@ -3,7 +3,9 @@
 It writes the structures real exporters produce, so that the rewrite (``pagedkv.builder.rewrite``) can be
 tested without torch: MHA / GQA / MQA, QKV bias, fused or separate projections, rotate-half (NeoX) or
 interleaved (GPT-J) RoPE from an in-graph outer product or a position-indexed sin/cos table, partial rotary,
-RoPE scaling, a sliding window built into the in-graph mask, head dims 32..256, Qwen3's q/k RMSNorm, the
+RoPE scaling (YaRN's attention factor on cos and sin; LongRoPE's two tables switched on max(position_ids) + 1,
+as transformers' longrope update does, in the decomposed form from the outer product), a sliding window built
+into the in-graph mask, head dims 32..256, Qwen3's q/k RMSNorm, the
 softmax scale as one Mul on the scores or sqrt(scale) on both Q and K, and the GQA repeat after the past/present
 Concat. ``attention_form`` picks how attention itself is written:
 
@@ -36,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from pagedkv.config import RopeConfig, RopeStyle
+from pagedkv.config import RopeConfig, RopeScaling, RopeStyle
 from pagedkv.onnx_export._synthetic_graph import BOOL, FLOAT, INT32, INT64, MS_DOMAIN, GraphBuilder
 
 ATTENTION_FORMS = ("decomposed", "contrib_rotary", "contrib_gqa", "onnx23")
@@ -63,6 +65,7 @@ class SyntheticConfig:
     rope_source: str = "outer"
     sliding_window: int = 0  # 0: full causal
     softmax_scale: float = 0.0  # 0 -> 1/sqrt(head_dim)
+    logit_softcap: float = 0.0  # > 0: Gemma-2's cap * tanh(scores / cap) before the mask
     scale_mode: str = "scores"
     attention_form: str = "decomposed"
     max_positions: int = 4096  # rows of the sin/cos tables
@@ -84,8 +87,15 @@ class SyntheticConfig:
                                  f"{self.attention_form!r}")
         else:
             self.rope.resolved_rotary_dim(self.head_dim)
+        if self.rope.scaling == RopeScaling.LONGROPE and (self.attention_form, self.rope_source) != ("decomposed",
+                                                                                                 "outer"):
+            raise ValueError(f"rope.scaling: LONGROPE switches tables by the step's length, which only the decomposed "
+                             f"form from the outer product writes (got {self.attention_form!r}, {self.rope_source!r}: "
+                             "a sin/cos table has one frequency set)")
         if self.sliding_window < 0:
             raise ValueError(f"sliding_window: must be >= 0, got {self.sliding_window}")
+        if not (math.isfinite(self.logit_softcap) and self.logit_softcap >= 0):
+            raise ValueError(f"logit_softcap: must be finite and >= 0, got {self.logit_softcap}")
 
     @property
     def rotary_dim(self) -> int:
@@ -113,6 +123,8 @@ class SyntheticConfig:
             parts.append(f"w{self.sliding_window}")
         if self.softmax_scale:
             parts.append(f"s{self.softmax_scale:g}")
+        if self.logit_softcap:
+            parts.append(f"cap{self.logit_softcap:g}")
         return "-".join(parts)
 
     def replace(self, **changes) -> "SyntheticConfig":
@@ -150,11 +162,12 @@ def make_weights(cfg: SyntheticConfig) -> dict[str, np.ndarray]:
 
 
 def rope_tables(cfg: SyntheticConfig) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin float32 [max_positions, R/2]: row p holds the angles p * inv_freq."""
-    from pagedkv.reference.rope import rope_inv_freq
+    """cos, sin float32 [max_positions, R/2]: row p holds the angles p * inv_freq, times the attention factor."""
+    from pagedkv.reference.rope import attention_factor, rope_inv_freq
 
     angles = np.arange(cfg.max_positions, dtype=np.float64)[:, None] * rope_inv_freq(cfg.head_dim, cfg.rope)[None]
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    m = attention_factor(cfg.rope)
+    return (m * np.cos(angles)).astype(np.float32), (m * np.sin(angles)).astype(np.float32)
 
 
 # ---- graph ----------------------------------------------------------------------------------------------
@@ -204,15 +217,25 @@ class _Decoder:
         g, c = self.g.scope("/model/rotary"), self.cfg
         half = c.rotary_dim // 2
         if c.rope_source == "outer":  # transformers' LlamaRotaryEmbedding: inv_freq[:, None] @ positions[None, :]
-            from pagedkv.reference.rope import rope_inv_freq
+            from pagedkv.reference.rope import attention_factor, long_table_above, rope_inv_freq
 
-            inv_freq = g.const(rope_inv_freq(c.head_dim, c.rope).astype(np.float32).reshape(1, half, 1),
-                               name="model.rotary_emb.inv_freq")
+            def table(long: bool) -> str:
+                values = rope_inv_freq(c.head_dim, c.rope, long=long).astype(np.float32).reshape(1, half, 1)
+                return g.const(values, name=f"model.rotary_emb.{'long_' if long else ''}inv_freq")
+
+            inv_freq = table(long=False)
+            if long_table_above(c.rope):  # transformers' longrope update: where(max(position_ids) + 1 > N, long, short)
+                seq_len = g.op("Add", [g.op("ReduceMax", [self.position_ids], keepdims=0), g.i64(1)])
+                longer = g.op("Greater", [seq_len, g.i64(long_table_above(c.rope))])
+                inv_freq = g.op("Where", [longer, table(long=True), inv_freq])
             batch = g.dim(self.position_ids, 0)
             inv_freq = g.op("Expand", [inv_freq, g.op("Concat", [batch, g.i64([1, 1])], axis=0)])  # [batch, R/2, 1]
             positions = g.unsqueeze(g.op("Cast", [self.position_ids], to=FLOAT), [1])  # [batch, 1, seq]
             freqs = g.op("Transpose", [g.op("MatMul", [inv_freq, positions])], perm=[0, 2, 1])  # [batch, seq, R/2]
             cos_half, sin_half = g.op("Cos", [freqs]), g.op("Sin", [freqs])
+            m = attention_factor(c.rope)
+            if m != 1.0:  # transformers: cos() * attention_scaling
+                cos_half, sin_half = (g.op("Mul", [t, g.f32(m)]) for t in (cos_half, sin_half))
         else:  # GPT-J's embed_positions: one [max_positions, R] table of (sin | cos), gathered by position
             cos_t, sin_t = rope_tables(c)
             table = g.const(np.concatenate([sin_t, cos_t], axis=1), name="model.rotary_emb.embed_positions")
@@ -319,6 +342,9 @@ class _Decoder:
         scores = g.op("MatMul", [q, k_t])
         if c.scale_mode == "scores":
             scores = g.op("Mul", [scores, g.f32(scale)])
+        if c.logit_softcap:  # transformers' Gemma-2: scores / cap, tanh, * cap, then the mask
+            cap = g.f32(c.logit_softcap)
+            scores = g.op("Mul", [g.op("Tanh", [g.op("Div", [scores, cap])]), cap])
         probs = g.op("Softmax", [g.op("Add", [scores, mask])], axis=-1)
         out = g.op("MatMul", [probs, v_rep])  # [B, H, S, D]
         out = g.op("Transpose", [out], **to_bhsd)
@@ -343,7 +369,7 @@ class _Decoder:
         past_k, past_v = self.past[i]
         out = g.op("GroupQueryAttention", [q, k, v, past_k, past_v, seqlens_k, total_len, *caches], domain=MS_DOMAIN,
                    outputs=[f"/model/layers.{i}/attn/GroupQueryAttention_out", f"present.{i}.key", f"present.{i}.value"],
-                   num_heads=H, kv_num_heads=KVH, scale=c.resolved_softmax_scale, do_rotary=1,
+                   num_heads=H, kv_num_heads=KVH, scale=c.resolved_softmax_scale, softcap=c.logit_softcap, do_rotary=1,
                    rotary_interleaved=int(c.rope.style == RopeStyle.GPTJ),
                    local_window_size=gqa_local_window_size(c.sliding_window))
         return out[0]
@@ -362,7 +388,7 @@ class _Decoder:
         past_k, past_v = self.past[i]
         out = g.op("Attention", [q, k, v, mask, past_k, past_v],
                    outputs=[f"/model/layers.{i}/attn/Attention_out", f"present.{i}.key", f"present.{i}.value"],
-                   scale=c.resolved_softmax_scale)[0]
+                   scale=c.resolved_softmax_scale, softcap=c.logit_softcap)[0]
         out = g.op("Transpose", [out], perm=[0, 2, 1, 3])
         return g.op("Reshape", [out, g.i64([0, 0, H * D])])
 
@@ -434,9 +460,11 @@ def export_synthetic(cfg: SyntheticConfig, path: str | Path) -> Path:
 def structure_matrix() -> list[SyntheticConfig]:
     """The structures the rewrite must recognize, each in every attention form that can express it:
     a small, fast set (2 layers, hidden 128, vocab 128) for CPU tests, with readable ``cfg.id`` values."""
-    from pagedkv.config import RopeScaling
-
     gptj = RopeConfig(style=RopeStyle.GPTJ)
+    yarn = RopeConfig(theta=1e6, scaling=RopeScaling.YARN, factor=4.0, original_max_positions=32768)
+    longrope = RopeConfig(scaling=RopeScaling.LONGROPE, rotary_dim=48, original_max_positions=10, factor=32.0,
+                          short_factors=tuple(1.0 + 0.02 * i for i in range(24)),
+                          long_factors=tuple(1.0 + 1.5 * i for i in range(24)))
     structures = [
         SyntheticConfig(),                                                     # Llama: GQA, rotate-half
         SyntheticConfig(num_kv_heads=4, qkv_bias=True, rope=RopeConfig(theta=1e6)),  # Qwen2: MHA, QKV bias
@@ -452,11 +480,17 @@ def structure_matrix() -> list[SyntheticConfig]:
         SyntheticConfig(num_heads=2, num_kv_heads=1, head_dim=256,
                         rope=RopeConfig(scaling=RopeScaling.LLAMA3, factor=8.0, theta=500000.0)),  # Gemma/Llama3
         SyntheticConfig(rope=gptj, qk_norm=True, sliding_window=3, fused_qkv=True),
+        SyntheticConfig(head_dim=128, num_heads=2, num_kv_heads=1, qkv_bias=True, rope=yarn),  # Qwen2.5 YaRN
+        SyntheticConfig(num_kv_heads=4, fused_qkv=True, rope=longrope),  # Phi-3-like LongRoPE, partial rotary
+        SyntheticConfig(num_heads=2, num_kv_heads=1, head_dim=256, logit_softcap=2.5, softmax_scale=1 / 12,
+                        sliding_window=4),  # Gemma-2: soft-cap, query_pre_attn_scalar, a window
     ]
     out = []
     for cfg in structures:
         for form in ATTENTION_FORMS:
             if form != "decomposed" and cfg.rope_source == "table":
                 continue  # the fused forms always read a table: the structure is the decomposed one
+            if form != "decomposed" and cfg.rope.scaling == RopeScaling.LONGROPE:
+                continue  # the fused forms read one sin/cos table: no step-dependent switch
             out.append(cfg.replace(attention_form=form))
     return out

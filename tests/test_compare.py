@@ -40,7 +40,25 @@ CASES = {
     "contrib-rotary": BASE.replace(attention_form="contrib_rotary"),
     "contrib-gqa": BASE.replace(attention_form="contrib_gqa"),
     "onnx23": BASE.replace(attention_form="onnx23"),
+    "d128-yarn-bias": BASE.replace(head_dim=128, qkv_bias=True, rope=RopeConfig(
+        scaling=RopeScaling.YARN, factor=4.0, original_max_positions=64, beta_fast=16.0)),
+    "onnx23-yarn-given-factor": BASE.replace(attention_form="onnx23", rope=RopeConfig(
+        scaling=RopeScaling.YARN, factor=8.0, original_max_positions=256, attention_factor=1.5)),
+    "d80-yarn-gptj": BASE.replace(head_dim=80, num_heads=2, num_kv_heads=1, rope=RopeConfig(
+        style=RopeStyle.GPTJ, scaling=RopeScaling.YARN, factor=4.0, original_max_positions=64)),
 }
+# LongRoPE switching past kv length 12: the prompts (5, 17, 33) start on both sides of it, and the 5-token one
+# crosses it while decoding.
+def _longrope(rotary_dim: int) -> RopeConfig:
+    pairs = rotary_dim // 2
+    return RopeConfig(scaling=RopeScaling.LONGROPE, rotary_dim=rotary_dim, original_max_positions=12, factor=16.0,
+                      short_factors=tuple(1.0 + 0.03 * i for i in range(pairs)),
+                      long_factors=tuple(1.2 + 0.8 * i for i in range(pairs)))
+
+
+LONGROPE = BASE.replace(num_kv_heads=1, fused_qkv=True, rope=_longrope(48))
+# and at Phi-3-mini's head dim 96 with 40 of 96 dims rotating (R / 2 = 20: the write kernel's shared-memory partners)
+LONGROPE_D96 = LONGROPE.replace(head_dim=96, num_heads=2, rope=_longrope(40))
 
 
 def _run(original, rewritten, **kw):
@@ -72,6 +90,27 @@ def test_synthetic_structures_match(name):
     assert {"prefill", "decode"} in kinds
     # both schedules feed the original's greedy tokens; the model is the same, so the tokens are too
     assert whole.greedy_tokens == chunked.greedy_tokens
+
+
+@pytest.mark.parametrize("cfg", [LONGROPE, LONGROPE_D96], ids=["d64-r48", "d96-r40"])
+def test_longrope_switches_per_sequence_like_the_original(cfg):
+    """Each step of each sequence takes the table of its kv length (the original graph runs one sequence per step
+    with its dense past, as transformers' longrope update does): whole and chunked prefill both match. (Chunking
+    changes which steps are long, so unlike the other structures their greedy tokens may differ.)"""
+    model = make_synthetic_model(cfg)
+    result = rewrite_model(model, RewriteOptions())
+    rope = result.report.layers[0].rope
+    assert (rope.scaling, rope.original_max_positions, rope.rotary_dim) == \
+        (RopeScaling.LONGROPE, 12, cfg.rope.rotary_dim)
+    for chunk in (0, 8):
+        report = _run(model, result.model, chunk_size=chunk)
+        _assert_passed(report)
+    # the switch is load-bearing: one kv length later, compare fails
+    for node in result.model.graph.node:
+        for attr in node.attribute:
+            if attr.name == "rope_original_max_positions":
+                attr.i = 13
+    assert not _run(model, result.model, chunk_size=8).logits_passed
 
 
 def test_windowed_pool_releases_pages_and_still_matches():

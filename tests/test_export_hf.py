@@ -1,16 +1,19 @@
 """Hugging Face export (tiny configs, random weights, offline) -> rewrite -> compare: every family, both PyTorch
 exporters (legacy opset 17, dynamo opset 20 and 23), both of transformers' attention implementations (sdpa, the
-default, and eager).
+default, and eager) where the family has them.
 
 Each cell: ``export_hf`` (which itself checks ONNX Runtime against eager PyTorch on four shapes other than the
 traced one), then ``conftest.rewrite_and_compare``: a ragged batch (5, 17, 33 tokens) in 8-token prefill chunks (so
 steps mix prefill chunks and decodes) and 8 greedy decode steps: logits within the fp16-cache tolerance on the
 logits' scale, identical greedy tokens, paged K/V equal to the present K/V.
 
-Also: the legacy export run through ONNX Runtime's transformer optimizer before the rewrite. Cells whose graph the
-rewrite does not recognize go into REWRITE_GAPS: strict xfails that must raise RewriteError, so a cell that starts
-to pass (or fails differently) turns red until the entry is removed. Skipped as a whole only when torch /
-transformers are not installed (the ``export`` extra). The other exporters' matrix is tests/test_exporters.py.
+Also: the legacy export run through ONNX Runtime's transformer optimizer before the rewrite, and per-family checks
+that read the rewrite's report of the families that exercise a RoPE scaling, the soft-cap or absolute positions
+(gpt2, phi3, qwen2_yarn, gemma2). Cells whose graph the rewrite does not recognize go into REWRITE_GAPS: strict
+xfails that must raise RewriteError, so a cell that starts to pass (or fails differently) turns red until the entry
+is removed. Cells that cannot exist are in NOT_APPLICABLE, each with a test that the reason still holds. Skipped as
+a whole only when torch / transformers are not installed (the ``export`` extra). The other exporters' matrix is
+tests/test_exporters.py.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import sys
 import numpy as np
 import onnx
 import pytest
-from conftest import MATRIX_PROMPTS, rewrite_and_compare
+from conftest import MATRIX_PROMPTS, NOT_APPLICABLE, TOLERANCES, rewrite_and_compare
 from conftest import hf_export as _export
 
 from pagedkv.onnx_export import hf
@@ -34,6 +37,7 @@ needs_export = pytest.mark.skipif(NO_EXPORT is not None, reason=f"export extra m
 # op (fed by the Concat'ed, repeated caches) and RoPE as RotaryEmbedding; below 23 it decomposes SDPA.
 EXPORTS = (("legacy", 17), ("dynamo", 20), ("dynamo", 23))
 ATTENTION_PATTERN = {("dynamo", 23, "sdpa"): "onnx_attention"}  # else "decomposed"
+WINDOWS = {"mistral": {8}, "gemma2": {8, 0}}  # the sliding windows of the tiny configs (gemma2: every other layer)
 
 # (family, exporter, opset, attention) -> what the rewrite reports today. Empty: every cell passes. Example:
 #   ("qwen3", "dynamo", 20, "sdpa"): "past_value still read outside attention by a Shape node",
@@ -50,6 +54,8 @@ def _cells():
     for exporter, opset in EXPORTS:
         for attention in hf.ATTENTION_IMPLEMENTATIONS:
             for family in FAMILIES:
+                if (family, attention) in NOT_APPLICABLE:
+                    continue
                 marks = [needs_export]
                 gap = REWRITE_GAPS.get((family, exporter, opset, attention))
                 if gap:
@@ -71,8 +77,91 @@ def test_export_rewrite_compare(family, exporter, opset, attention, tmp_path_fac
     want = ATTENTION_PATTERN.get((exporter, opset, attention), "decomposed")
     assert [r.pattern for r in rewritten.report.layers] == [want] * result.num_layers
     assert not {n.op_type for n in rewritten.model.graph.node} & {"Attention", "RotaryEmbedding", "Softmax"}
-    window = 8 if family == "mistral" else 0
-    assert {r.window for r in rewritten.report.layers} == {window}
+    assert {r.window for r in rewritten.report.layers} == WINDOWS.get(family, {0})
+
+
+@needs_export
+@pytest.mark.parametrize("family,attn", list(NOT_APPLICABLE))
+def test_not_applicable_cells_still_are(family, attn):
+    """The excluded cells are excluded for the stated reason: when transformers starts accepting one, this fails
+    and the cell joins the matrix."""
+    with pytest.raises(ValueError, match="does not support an attention implementation"):
+        hf.load_model(family, attn_implementation=attn)
+
+
+# ---- what the rewrite reads off the new families (legacy export, eager) -------------------------------------
+def _report(family, tmp_path_factory):
+    from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
+
+    result = _export(family, "legacy", tmp_path_factory, attention="eager")
+    return result, rewrite_model(str(result.path), RewriteOptions())
+
+
+@needs_export
+def test_gpt2_learned_positions_gemm_projection_no_rope(tmp_path_factory):
+    _, rewritten = _report("gpt2", tmp_path_factory)
+    report = rewritten.report
+    assert report.explicit_positions  # the position-embedding Gather reads position_ids outside attention
+    for layer in report.layers:
+        assert layer.rope.style.name == "NONE" and layer.qkv_bias and layer.fused_qkv and layer.projection == "packed"
+        assert layer.softmax_scale == pytest.approx(64 ** -0.5)
+    wpe = [n for n in rewritten.model.graph.node if n.op_type == "Gather" and "wpe" in n.input[0]]
+    assert len(wpe) == 1  # kept, now fed by the engine's position_ids
+
+
+@needs_export
+def test_phi3_longrope_tables_and_switch_are_read_off_the_graph(tmp_path_factory):
+    from pagedkv.builder.compare import compare
+    from pagedkv.onnx_export._hf_families import PHI3_ORIGINAL_MAX_POSITIONS, tiny_config
+    from pagedkv.reference.rope import attention_factor
+
+    result, rewritten = _report("phi3", tmp_path_factory)
+    params = tiny_config("phi3").rope_parameters
+    for layer in rewritten.report.layers:
+        rope = layer.rope
+        assert rope.scaling.name == "LONGROPE" and rope.original_max_positions == PHI3_ORIGINAL_MAX_POSITIONS
+        np.testing.assert_allclose(rope.short_factors, params["short_factor"], rtol=2e-6)
+        np.testing.assert_allclose(rope.long_factors, params["long_factor"], rtol=2e-6)
+        factor = tiny_config("phi3").max_position_embeddings / PHI3_ORIGINAL_MAX_POSITIONS
+        assert attention_factor(rope) == pytest.approx(
+            np.sqrt(1 + np.log(factor) / np.log(PHI3_ORIGINAL_MAX_POSITIONS)), rel=1e-6)
+        assert layer.fused_qkv and layer.num_kv_heads == 1
+    # the prompts (5, 17, 33) start on both sides of the switch at 12; one kv length later, compare fails
+    assert min(MATRIX_PROMPTS) < PHI3_ORIGINAL_MAX_POSITIONS < max(MATRIX_PROMPTS)
+    for node in rewritten.model.graph.node:
+        for attr in node.attribute:
+            if attr.name == "rope_original_max_positions":
+                attr.i = PHI3_ORIGINAL_MAX_POSITIONS + 1
+    report = compare(str(result.path), rewritten.model, prompt_lens=MATRIX_PROMPTS, decode_steps=8, chunk_size=8,
+                     atol=TOLERANCES["float16"][0], rtol=TOLERANCES["float16"][1])
+    assert not report.logits_passed
+
+
+@needs_export
+def test_qwen2_yarn_parameters_are_read_off_the_graph(tmp_path_factory):
+    from pagedkv.config import RopeConfig, RopeScaling
+    from pagedkv.onnx_export._hf_families import tiny_config
+
+    _, rewritten = _report("qwen2_yarn", tmp_path_factory)
+    params = tiny_config("qwen2_yarn").rope_parameters
+    want = RopeConfig(theta=params["rope_theta"], scaling=RopeScaling.YARN, factor=params["factor"],
+                      original_max_positions=params["original_max_position_embeddings"],
+                      beta_fast=params["beta_fast"], beta_slow=params["beta_slow"])
+    assert [layer.rope for layer in rewritten.report.layers] == [want] * 2  # attention factor: the default
+
+
+@needs_export
+def test_gemma2_softcap_and_alternating_windows(tmp_path_factory):
+    from pagedkv.onnx_export._hf_families import tiny_config
+
+    _, rewritten = _report("gemma2", tmp_path_factory)
+    config = tiny_config("gemma2")
+    layers = rewritten.report.layers
+    assert [layer.window for layer in layers] == [config.sliding_window, 0]  # layer_types: sliding, full
+    assert [layer.pool_group for layer in layers] == [0, 1] and len(rewritten.pool_groups) == 2
+    for layer in layers:
+        assert layer.logit_softcap == config.attn_logit_softcapping
+        assert layer.softmax_scale == pytest.approx(config.query_pre_attn_scalar ** -0.5, rel=1e-6)
 
 
 # ONNX Runtime's transformer optimizer on the legacy export, before the rewrite. In onnxruntime 1.32 there is no
@@ -214,6 +303,7 @@ def test_rewrite_dtype_every_family(family, dtype, tmp_path_factory):
 
 # fp8 / int8 caches with per-layer scales calibrated on the float32 original (random-token prompts), compared
 # with the CLI's default tolerance (compare.default_tolerance).
+FP8_BEYOND_DEFAULT_TOLERANCE = {("phi3", "fp8"): 0.5, ("qwen2_yarn", "fp8"): 0.3}  # worst scaled logits error
 @needs_export
 @pytest.mark.parametrize("cache", ["fp8", "int8"])
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -228,8 +318,15 @@ def test_calibrated_quantized_cache_every_family(family, cache, tmp_path_factory
     atol, rtol = default_tolerance(rewritten, str(exported.path))
     report = compare(str(exported.path), rewritten, prompt_lens=MATRIX_PROMPTS, decode_steps=8, chunk_size=8,
                      atol=atol, rtol=rtol)
-    print(f"{family} {cache}: logits {max(s.max_scaled for s in report.steps):.2e} of the scale (bound {atol:g})")
-    assert report.passed, str(report)
+    worst = max(s.max_scaled for s in report.steps)
+    print(f"{family} {cache}: logits {worst:.2e} of the scale (bound {atol:g})")
+    if (family, cache) in FP8_BEYOND_DEFAULT_TOLERANCE:
+        # Known, measured (0.39 / 0.17 of the logits' scale): e4m3's 3 mantissa bits on K, with the tiny configs'
+        # attention factor (1.58 / 1.14) multiplying q and k, move the attention logits beyond the CLI default. The
+        # int8 cache passes it; docs/builder.md says so. Held here below a bound, so that it cannot get worse.
+        assert not report.passed and worst < FP8_BEYOND_DEFAULT_TOLERANCE[family, cache], str(report)
+    else:
+        assert report.passed, str(report)
 
 
 # export --dtype float16|bfloat16: verified against the float32 model with the same weights, then the rewrite of

@@ -26,6 +26,11 @@ from conftest import rewrite_and_compare
 from pagedkv.onnx_export import hf
 from pagedkv.onnx_export._hf_families import FAMILIES
 
+# The families these exporters' cells run: the first eight. gpt2, phi3, qwen2_yarn and gemma2 (YaRN / LongRoPE,
+# learned positions, the soft-cap) arrived with the last merge of main and have not been run through these
+# exporters yet: they are in tests/test_export_hf.py's PyTorch matrix only.
+EXPORTER_FAMILIES = tuple(f for f in FAMILIES if f not in ("gpt2", "phi3", "qwen2_yarn", "gemma2"))
+
 NO_EXPORT = hf.why_export_unavailable()
 needs_export = pytest.mark.skipif(NO_EXPORT is not None, reason=f"export extra missing: {NO_EXPORT}")
 
@@ -76,7 +81,7 @@ def _transformers_cells():
     reason = _why_no_transformers_exporter()
     for fusions in ("none", "cpu"):
         for attention in hf.ATTENTION_IMPLEMENTATIONS:
-            for family in FAMILIES:
+            for family in EXPORTER_FAMILIES:
                 variant = f"{attention}-{fusions}"
                 yield pytest.param(family, attention, fusions, marks=_marks(("transformers", family, variant), reason),
                                    id=f"{family}-{variant}")
@@ -123,7 +128,7 @@ def test_genai_model_builder(family, variant, tmp_path):
 
 def _optimum_cells():
     reason = _why_no_optimum()
-    for family in FAMILIES:
+    for family in EXPORTER_FAMILIES:
         yield pytest.param(family, marks=_marks(("optimum", family, "sdpa"), reason), id=family)
 
 

@@ -24,8 +24,8 @@ import pytest
 
 from pagedkv import _lib
 from pagedkv.capabilities import capabilities
-from pagedkv.config import (ATTENTION_PLUGIN_NAME, FLOAT, WRITE_PLUGIN_NAME, AttentionConfig, PoolConfig, RopeConfig,
-                            RopeScaling, RopeStyle, WriteConfig, attribute_types)
+from pagedkv.config import (ATTENTION_PLUGIN_NAME, FLOAT, FLOATS, WRITE_PLUGIN_NAME, AttentionConfig, PoolConfig,
+                            RopeConfig, RopeScaling, RopeStyle, WriteConfig, attribute_types)
 
 NUM_CASES = 10_000
 NUM_BASES = 64  # valid configurations the mutations start from (half per plugin)
@@ -73,8 +73,9 @@ def random_config(rng: np.random.Generator, plugin: str):
 
 
 def raw(attrs: dict, types: dict) -> dict:
-    """Attributes as the raw fields an application would pass: kINT32 / kFLOAT32 single values."""
-    return {name: {"raw_type": "kFLOAT32" if types[name] == FLOAT else "kINT32", "values": [value]}
+    """Attributes as the raw fields an application would pass: kINT32 / kFLOAT32 values (one, or a FLOATS list)."""
+    return {name: {"raw_type": "kFLOAT32" if types[name] in (FLOAT, FLOATS) else "kINT32",
+                   "values": list(value) if types[name] == FLOATS else [value]}
             for name, value in attrs.items()}
 
 

@@ -25,7 +25,7 @@ import pytest
 
 from pagedkv import _lib
 from pagedkv.capabilities import capabilities
-from pagedkv.config import (ATTENTION_PLUGIN_NAME, FLOAT, PLUGIN_NAMESPACE, PLUGIN_VERSION, WRITE_PLUGIN_NAME,
+from pagedkv.config import (ATTENTION_PLUGIN_NAME, FLOAT, FLOATS, PLUGIN_NAMESPACE, PLUGIN_VERSION, WRITE_PLUGIN_NAME,
                             AttentionConfig, PoolConfig, RopeConfig, RopeScaling, RopeStyle, WriteConfig,
                             attribute_types)
 from pagedkv.layout import CacheDType, PageLayout
@@ -83,6 +83,14 @@ def attn_cfg(num_q_heads=4, pool_kw=None, **kw) -> AttentionConfig:
     return AttentionConfig(num_q_heads=num_q_heads, pool=pool(**(pool_kw or {})), **kw)
 
 
+# LongRoPE on head_dim 64 (32 pairs): both factor lists, an explicit attention factor, a short switch.
+LONGROPE = RopeConfig(scaling=RopeScaling.LONGROPE, original_max_positions=12, factor=8.0, attention_factor=1.25,
+                      short_factors=tuple(1.0 + 0.03 * i for i in range(32)),
+                      long_factors=tuple(2.0 + 0.25 * i for i in range(32)))
+YARN = RopeConfig(scaling=RopeScaling.YARN, theta=1e6, factor=4.0, original_max_positions=64, beta_fast=24.0,
+                  beta_slow=2.0, truncate=False)
+
+
 def tensor(name, dtype, dims):
     return {"name": name, "type": dtype, "dims": list(dims)}
 
@@ -117,10 +125,16 @@ def spec_for(plugin, cfg, inputs, bindings=None, **extra):
 
 
 def assert_fields_equal(reported: dict, attrs: dict):
-    """Serialized fields == the attribute dict: same names, INT -> kINT32, FLOAT -> kFLOAT32, same values."""
+    """Serialized fields == the attribute dict: same names, INT -> kINT32, FLOAT -> kFLOAT32, FLOATS -> kFLOAT32
+    of that length, same values (empty FLOATS are absent on both sides)."""
     assert set(reported) == set(attrs), f"fields {sorted(set(reported) ^ set(attrs))} differ"
     for name, value in attrs.items():
         field = reported[name]
+        if isinstance(value, list):
+            assert field["type"] == "kFLOAT32" and field["length"] == len(value), (name, field)
+            got = field["value"] if len(value) > 1 else [field["value"]]
+            np.testing.assert_array_equal(np.float32(got), np.float32(value), err_msg=name)
+            continue
         assert field["length"] == 1, name
         if isinstance(value, float):
             assert field["type"] == "kFLOAT32", name
@@ -153,15 +167,19 @@ def test_creators_identity_and_field_names(host, tmp_path):
     assert status == 0
     creators = {c["name"]: c for c in report["creators"]}
     assert set(creators) == {WRITE_PLUGIN_NAME, ATTENTION_PLUGIN_NAME}
-    expected = {WRITE_PLUGIN_NAME: write_cfg().to_attributes(), ATTENTION_PLUGIN_NAME: attn_cfg().to_attributes()}
+    # configs that carry every attribute (LongRoPE's FLOATS included), for the types
+    expected = {WRITE_PLUGIN_NAME: (WriteConfig, write_cfg(rope=LONGROPE).to_attributes()),
+                ATTENTION_PLUGIN_NAME: (AttentionConfig, attn_cfg().to_attributes())}
     for name, creator in creators.items():
         assert creator["interface"] == "PLUGIN CREATOR_V3ONE 1.0"
         assert creator["version"] == PLUGIN_VERSION
         assert creator["namespace"] == PLUGIN_NAMESPACE
         fields = {f["name"]: f for f in creator["fields"]}
-        assert list(fields) == list(expected[name]), "getFieldNames lists config.py's attributes in its order"
-        for attr, value in expected[name].items():
-            assert fields[attr]["type"] == ("kFLOAT32" if isinstance(value, float) else "kINT32"), attr
+        config_class, attrs = expected[name]
+        assert list(fields) == list(attribute_types(config_class)), "getFieldNames lists config.py's attributes in order"
+        assert set(attrs) == set(fields)
+        for attr, value in attrs.items():
+            assert fields[attr]["type"] == ("kFLOAT32" if isinstance(value, (float, list)) else "kINT32"), attr
     assert report["messages"] == []
 
 
@@ -310,6 +328,12 @@ WRITE_CASES = [
                                         scaling=RopeScaling.LLAMA3, factor=8.0))),
     WriteCase("fp16-norope-odd-page", write_cfg(pool_kw=dict(page_size=13, cache_dtype=CacheDType.FP8_E4M3),
                                                 rope=RopeConfig(style=RopeStyle.NONE), zero_v_tail=False)),
+    WriteCase("bf16-yarn-untruncated", write_cfg(rope=YARN, has_bias=True), io="kBF16"),
+    WriteCase("fp16-longrope-positions", write_cfg(rope=LONGROPE, explicit_positions=True)),
+    WriteCase("fp16-longrope-partial-default-factor",
+              write_cfg(pool_kw=dict(head_dim=128), rope=RopeConfig(
+                  scaling=RopeScaling.LONGROPE, rotary_dim=96, original_max_positions=4096, factor=32.0,
+                  short_factors=(1.0,) * 48, long_factors=tuple(1.0 + i for i in range(48))))),
 ]
 
 
@@ -539,6 +563,28 @@ BUILD_REJECTIONS = [
     ("pool-index-negative", WRITE_PLUGIN_NAME, dict(write_cfg().to_attributes(), pool_index=-1),
      ["'pool_index'=-1"]),
     ("page-size-zero", ATTENTION_PLUGIN_NAME, dict(attn_cfg().to_attributes(), page_size=0), ["'page_size'=0"]),
+    ("yarn-beta-fast-zero", WRITE_PLUGIN_NAME, dict(write_cfg(rope=YARN).to_attributes(), rope_beta_fast=0.0),
+     ["'rope_beta_fast'=0"]),
+    ("attention-factor-negative", WRITE_PLUGIN_NAME,
+     dict(write_cfg(rope=YARN).to_attributes(), rope_attention_factor=-1.0), ["'rope_attention_factor'=-1"]),
+    ("longrope-without-factors", WRITE_PLUGIN_NAME,
+     without(write_cfg(rope=LONGROPE).to_attributes(), "rope_short_factors", "rope_long_factors"),
+     ["rope_short_factors=0 values", "rope_rotary_dim / 2 = 32"]),
+    ("longrope-factor-count", WRITE_PLUGIN_NAME,
+     dict(write_cfg(rope=LONGROPE).to_attributes(), rope_short_factors=[1.5] * 31, rope_long_factors=[2.5] * 31),
+     ["rope_short_factors=31 values", "rope_rotary_dim / 2 = 32"]),
+    ("longrope-lengths-differ", WRITE_PLUGIN_NAME,
+     dict(write_cfg(rope=LONGROPE).to_attributes(), rope_long_factors=[2.5] * 31),
+     ["'rope_short_factors' (32 values)", "'rope_long_factors' (31 values)", "same length"]),
+    ("longrope-factor-zero", WRITE_PLUGIN_NAME,
+     dict(write_cfg(rope=LONGROPE).to_attributes(), rope_long_factors=[2.5] * 5 + [0.0] + [2.5] * 26),
+     ["'rope_long_factors'[5]=0", "> 0"]),
+    ("longrope-too-many-factors", WRITE_PLUGIN_NAME,
+     dict(write_cfg(rope=LONGROPE).to_attributes(), rope_short_factors=[1.5] * 129, rope_long_factors=[2.5] * 129),
+     ["'rope_short_factors'", "at most 128 values", "length 129"]),
+    ("longrope-factors-as-ints", WRITE_PLUGIN_NAME,
+     dict(write_cfg(rope=LONGROPE).to_attributes(), rope_short_factors=[1] * 32),
+     ["'rope_short_factors'", "expected a float array", "kINT32"]),
     # ONNX type rules: a FLOAT attribute written as INT arrives as kINT32 and the reverse as kFLOAT32.
     ("float-field-as-int", WRITE_PLUGIN_NAME, dict(write_cfg().to_attributes(), rope_theta=10000),
      ["'rope_theta'", "expected a float field", "kINT32"]),
@@ -607,7 +653,8 @@ def test_defaults_fill_optional_attributes(host, tmp_path):
 # Integral values a user or a model config gives for float fields (Llama 3's rope_theta=500000, factor 8, ...);
 # rope_high_freq_factor > rope_low_freq_factor holds with the defaults.
 INTEGRAL_FLOATS = {"rope_theta": 500000, "rope_factor": 8, "rope_low_freq_factor": 1, "rope_high_freq_factor": 4,
-                   "q_scale": 2, "k_scale": 2, "v_scale": 3, "softmax_scale": 1, "logit_softcap": 30}
+                   "rope_beta_fast": 32, "rope_beta_slow": 1, "rope_attention_factor": 2, "q_scale": 2, "k_scale": 2,
+                   "v_scale": 3, "softmax_scale": 1, "logit_softcap": 30}
 
 
 def _with_field(plugin: str, name: str, value):
@@ -629,7 +676,8 @@ def test_every_float_field_is_a_float_attribute_even_for_an_integral_value(host,
     assert set(floats) <= set(INTEGRAL_FLOATS), "a new float field needs an integral test value here"
     _, info, _ = run_host(host, "info", tmp_path)
     creator_types = {f["name"]: f["type"] for c in info["creators"] if c["name"] == plugin for f in c["fields"]}
-    assert {n for n, t in creator_types.items() if t == "kFLOAT32"} == set(floats)
+    arrays = {name for name, kind in attribute_types(cls).items() if kind == FLOATS}  # kFLOAT32 of their length
+    assert {n for n, t in creator_types.items() if t == "kFLOAT32"} == set(floats) | arrays
     for name in floats:
         attrs = _with_field(plugin, name, INTEGRAL_FLOATS[name]).to_attributes()
         assert type(attrs[name]) is float and attrs[name] == INTEGRAL_FLOATS[name], name
@@ -672,10 +720,12 @@ def serialized(host, tmp_path_factory):
     """What getFieldsToSerialize gives for one write and one attention plugin, as raw field specs."""
     tmp = tmp_path_factory.mktemp("serialized")
     out = {}
-    for plugin, cfg in ((WRITE_PLUGIN_NAME, write_cfg(has_bias=True)), (ATTENTION_PLUGIN_NAME, attn_cfg(window=64))):
+    for plugin, cfg in ((WRITE_PLUGIN_NAME, write_cfg(has_bias=True, rope=LONGROPE)),
+                        (ATTENTION_PLUGIN_NAME, attn_cfg(window=64))):
         report = create(host, tmp, plugin, cfg.to_attributes())
         assert report["created"]
-        out[plugin] = {name: {"raw_type": f["type"], "values": [f["value"]]} for name, f in report["fields"].items()}
+        out[plugin] = {name: {"raw_type": f["type"], "values": f["value"] if f["length"] > 1 else [f["value"]]}
+                       for name, f in report["fields"].items()}
     return out
 
 
@@ -723,6 +773,15 @@ CORRUPTIONS = [
      ["'q_scale'=nan"]),
     ("float64-overflows-float32", WRITE_PLUGIN_NAME,
      lambda f: dict(f, rope_theta={"raw_type": "kFLOAT64", "values": [1e300]}), ["'rope_theta'", "overflows"]),
+    ("factors-claim-more", WRITE_PLUGIN_NAME,
+     lambda f: dict(f, rope_short_factors={"raw_type": "kFLOAT32", "values": [1.0], "length": 1000}),
+     ["'rope_short_factors'", "at most 128 values", "length 1000"]),
+    ("factors-null-data", WRITE_PLUGIN_NAME,
+     lambda f: dict(f, rope_long_factors={"raw_type": "kFLOAT32", "values": [2.0] * 32, "null_data": True}),
+     ["'rope_long_factors'", "null"]),
+    ("factors-nan", WRITE_PLUGIN_NAME,
+     lambda f: dict(f, rope_short_factors={"raw_type": "kFLOAT32", "values": [1.0] * 31 + [math.nan]}),
+     ["'rope_short_factors'[31]=nan"]),
     # positive as a double, 0 as the float32 the plugin computes with: refused, not zero after a round trip
     ("float64-underflows-to-zero", ATTENTION_PLUGIN_NAME,
      lambda f: dict(f, k_scale={"raw_type": "kFLOAT64", "values": [1e-46]}), ["'k_scale'=0", "> 0"]),
@@ -791,18 +850,22 @@ def test_docs_attribute_tables_match_the_plugins(host, tmp_path):
            ATTENTION_PLUGIN_NAME: readme_attribute_table("attentionPlugin")}
     _, info, _ = run_host(host, "info", tmp_path)
     fields = {c["name"]: {f["name"]: f["type"] for f in c["fields"]} for c in info["creators"]}
-    for plugin, cfg in ((WRITE_PLUGIN_NAME, write_cfg()), (ATTENTION_PLUGIN_NAME, attn_cfg())):
+    for plugin, cfg, full in ((WRITE_PLUGIN_NAME, write_cfg(), write_cfg(rope=LONGROPE)),
+                              (ATTENTION_PLUGIN_NAME, attn_cfg(), attn_cfg())):
         assert not set(shared) & set(own[plugin]), "an attribute is in two tables"
         rows = {**shared, **own[plugin]}
-        attrs = cfg.to_attributes()
-        assert set(rows) == set(attrs), sorted(set(rows) ^ set(attrs))
+        defaults, types = cfg.to_attributes(), full.to_attributes()  # defaults (empty FLOATS absent); every type
+        assert set(rows) == set(attribute_types(type(cfg))) == set(types), sorted(set(rows) ^ set(types))
         for name, (onnx, field, default, *_rest) in rows.items():
-            assert onnx == ("FLOAT" if isinstance(attrs[name], float) else "INT"), name
+            kind = "FLOATS" if isinstance(types[name], list) else "FLOAT" if isinstance(types[name], float) else "INT"
+            assert onnx == kind, name
             assert field == fields[plugin][name], name
             if name in REQUIRED:
                 assert default == "required", name
+            elif kind == "FLOATS":
+                assert default == "empty" and name not in defaults, (name, default)
             else:
-                assert float(default) == attrs[name], (name, default, attrs[name])
+                assert float(default) == defaults[name], (name, default, defaults[name])
     # The tables state today's capability sets and name the table they come from.
     caps = capabilities()
     assert "kSupportedHeadDims" in shared["head_dim"][3]

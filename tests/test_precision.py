@@ -31,7 +31,7 @@ from pagedkv.builder.precision import (DTypeError, check_types, convert_float_dt
                                        emulate_in_float32)
 from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
 from pagedkv.config import (ATTENTION_PLUGIN_NAME, ONNX_DOMAIN, SUPPORTED_IO_DTYPES, WRITE_PLUGIN_NAME, RopeConfig,
-                            RopeStyle)
+                            RopeScaling, RopeStyle)
 from pagedkv.onnx_export.synthetic import SyntheticConfig, make_synthetic_model, structure_matrix
 from pagedkv.tolerances import MODEL_TOLERANCES
 
@@ -126,6 +126,42 @@ def test_16bit_originals_rewrite_and_match(name, dtype):
     assert result.report.dtype == DTYPES[dtype] and not result.report.conversion
     assert [layer.rope for layer in result.report.layers] == [layer.rope for layer in
                                                               rewrite_model(model).report.layers]
+    atol, rtol = MODEL_TOLERANCES[DTYPES[dtype]]
+    for reference in (model, narrow):
+        _assert_passed(compare(reference, result.model, prompt_lens=PROMPTS, decode_steps=8, chunk_size=8,
+                               atol=atol, rtol=rtol))
+
+
+LONGROPE = BASE.replace(num_kv_heads=4, fused_qkv=True, rope=next(
+    c.rope for c in structure_matrix() if c.rope.scaling == RopeScaling.LONGROPE))
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_16bit_longrope_original_keeps_its_tables_exact(dtype):
+    """LongRoPE's Where(max(position_ids) + 1 > N, long, short) between two inverse-frequency constants: exact
+    like the position math (float32, unrounded), so the rewrite of the 16-bit graph reads the tables it had (up to
+    the 16-bit probes' rounding of the measured factors) and matches both originals."""
+    model = original(LONGROPE)
+    narrow, _ = convert_float_dtype(model, dtype)
+    check_types(narrow)
+    tables = {t.name: t for t in narrow.graph.initializer} | \
+        {n.output[0]: n.attribute[0].t for n in narrow.graph.node if n.op_type == "Constant"}
+    before = {t.name: t for t in model.graph.initializer} | \
+        {n.output[0]: n.attribute[0].t for n in model.graph.node if n.op_type == "Constant"}
+    for name in ("model.rotary_emb.inv_freq", "model.rotary_emb.long_inv_freq"):
+        key = next(k for k in tables if k.endswith(name))
+        assert tables[key].data_type == TensorProto.FLOAT, key
+        np.testing.assert_array_equal(numpy_helper.to_array(tables[key]), numpy_helper.to_array(before[key]))
+    result = rewrite_model(narrow)
+    want = rewrite_model(model).report.layers[0].rope
+    eps = float(ml_dtypes.finfo(np.dtype(DTYPES[dtype])).eps)
+    for layer in result.report.layers:
+        got = layer.rope
+        assert (got.scaling, got.style, got.rotary_dim, got.original_max_positions) == \
+            (want.scaling, want.style, want.rotary_dim, want.original_max_positions)
+        for field in ("short_factors", "long_factors"):
+            np.testing.assert_allclose(getattr(got, field), getattr(want, field), rtol=eps, err_msg=field)
+        assert got.attention_factor == pytest.approx(want.attention_factor, rel=eps)
     atol, rtol = MODEL_TOLERANCES[DTYPES[dtype]]
     for reference in (model, narrow):
         _assert_passed(compare(reference, result.model, prompt_lens=PROMPTS, decode_steps=8, chunk_size=8,

@@ -1,9 +1,11 @@
 """pagedkv.reference.rope against independent formulations: the rotate-half formula (NEOX), complex
-multiplication on interleaved pairs (GPTJ), Meta's published Llama 3.1 loop, and the positions the write
-reference takes (past_len + i vs explicit position_ids)."""
+multiplication on interleaved pairs (GPTJ), Meta's published Llama 3.1 loop, Hugging Face's own rotary embeddings
+for YaRN (Qwen2.5, DeepSeek, untruncated) and LongRoPE (Phi-3, on both sides of its switch), and the positions
+the write reference takes (past_len + i vs explicit position_ids)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -12,6 +14,7 @@ import pytest
 from pagedkv.config import PoolConfig, RopeConfig, RopeScaling, RopeStyle, WriteConfig
 from pagedkv.layout import CacheDType
 from pagedkv.reference import apply_rope, qkv_write, rope_inv_freq
+from pagedkv.reference.rope import attention_factor, yarn_ramp_bounds
 from pagedkv.step import StepMetadata
 
 EXACT_FLOAT64 = dict(rtol=1e-12, atol=1e-12)  # two float64 formulations of the same formula
@@ -199,11 +202,189 @@ def test_config_errors_name_the_field():
         apply_rope(np.zeros((3, 1, 64)), np.arange(3), 128, RopeConfig())
 
 
-def test_unimplemented_scaling_names_the_value():
-    with pytest.raises(NotImplementedError, match="rope_scaling: 3"):
-        rope_inv_freq(64, RopeConfig(scaling=3))  # the next enum value (YaRN would go there)
-    with pytest.raises(NotImplementedError, match="rope_scaling"):
-        apply_rope(np.ones((1, 1, 64)), np.array([1]), 64, RopeConfig(scaling=3))
+def test_unknown_scaling_names_the_value():
+    with pytest.raises(ValueError, match="rope_scaling: expected one of .*LONGROPE=4.*, got 9"):
+        rope_inv_freq(64, RopeConfig(scaling=9))
+    with pytest.raises(ValueError, match="rope_scaling"):
+        apply_rope(np.ones((1, 1, 64)), np.array([1]), 64, RopeConfig(scaling=9))
+
+
+# ---- YaRN and LongRoPE against Hugging Face's own rotary embeddings -----------------------------------------
+# transformers (the export extra) computes its tables in float32 with several roundings, ours in float64 rounded
+# once: a few float32 steps apart. Its cos/sin come from a float32 product position * inv_freq.
+HF_INV_FREQ = dict(rtol=1e-6, atol=0.0)
+NO_TRANSFORMERS = None
+try:
+    import transformers  # noqa: F401
+except ImportError as exc:  # pragma: no cover - the export extra is installed in CI
+    NO_TRANSFORMERS = f"transformers not installed ({exc}): pip install '.[export]'"
+needs_transformers = pytest.mark.skipif(NO_TRANSFORMERS is not None, reason=str(NO_TRANSFORMERS))
+
+
+def hf_rope_config(params: dict, max_positions: int) -> RopeConfig:
+    """Our RopeConfig of a transformers ``rope_parameters`` dict (yarn / longrope), as a model's config holds it."""
+    kind = params["rope_type"]
+    original = params["original_max_position_embeddings"]
+    factor = params.get("factor") or max_positions / original
+    attention = params.get("attention_factor")
+    if kind == "yarn":
+        if attention is None and params.get("mscale") and params.get("mscale_all_dim"):
+            def get_mscale(m):
+                return 0.1 * m * math.log(factor) + 1.0 if factor > 1 else 1.0
+            attention = get_mscale(params["mscale"]) / get_mscale(params["mscale_all_dim"])
+        return RopeConfig(theta=params["rope_theta"], scaling=RopeScaling.YARN, factor=factor,
+                          original_max_positions=original, beta_fast=params.get("beta_fast") or 32.0,
+                          beta_slow=params.get("beta_slow") or 1.0, truncate=params.get("truncate", True),
+                          attention_factor=attention or 0.0)
+    return RopeConfig(theta=params["rope_theta"], scaling=RopeScaling.LONGROPE, factor=factor,
+                      original_max_positions=original, attention_factor=attention or 0.0,
+                      short_factors=params["short_factor"], long_factors=params["long_factor"])
+
+
+def hf_rotate(cos, sin, x):
+    """transformers' apply_rotary_pos_emb on one tensor [T, heads, D] (rotate-half, cos/sin [T, D])."""
+    half = x.shape[-1] // 2
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+YARN_CASES = {
+    # Qwen2.5-7B-Instruct's long-context recipe: rope_scaling {"type": "yarn", "factor": 4.0, ...}
+    "qwen2.5": (128, 131072, {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+                              "original_max_position_embeddings": 32768}),
+    # DeepSeek-V2/V3: factor 40 on 4096, beta 32/1, mscale / mscale_all_dim (attention factor their ratio)
+    "deepseek": (64, 163840, {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0,
+                              "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1,
+                              "mscale": 0.707, "mscale_all_dim": 1.0}),
+    # gpt-oss: untruncated ramp bounds
+    "untruncated": (64, 131072, {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                                 "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0,
+                                 "truncate": False}),
+    # the test family's: a ramp inside a 64-dim head, explicit attention factor
+    "tiny-explicit-factor": (64, 512, {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                       "original_max_position_embeddings": 64, "attention_factor": 1.3}),
+}
+
+
+@needs_transformers
+@pytest.mark.parametrize("case", list(YARN_CASES))
+def test_yarn_matches_transformers_rotary_embedding(rng, case):
+    import torch
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    head_dim, max_positions, params = YARN_CASES[case]
+    config = LlamaConfig(hidden_size=2 * head_dim, num_attention_heads=2, head_dim=head_dim,
+                         max_position_embeddings=max_positions, rope_parameters=dict(params))
+    hf = LlamaRotaryEmbedding(config)
+    rope = hf_rope_config(params, max_positions)
+    ours = rope_inv_freq(head_dim, rope)
+    np.testing.assert_allclose(ours, hf.inv_freq.double().numpy(), **HF_INV_FREQ)
+    base = rope_inv_freq(head_dim, RopeConfig(theta=params["rope_theta"]))
+    assert np.any(ours == base) and np.any(np.isclose(ours, base / rope.factor, rtol=1e-6, atol=0)), \
+        "the case must reach both ends of the ramp"
+    assert attention_factor(rope) == pytest.approx(hf.attention_scaling, rel=1e-7)
+    assert case != "deepseek" or attention_factor(rope) != 1.0
+
+    positions = np.array([0, 1, 5, 63, 64, 200, 1000, 4095])
+    with torch.no_grad():
+        cos, sin = hf(torch.zeros(1, dtype=torch.float64), torch.as_tensor(positions)[None])
+    x = rng.standard_normal((positions.size, 3, head_dim))
+    want = hf_rotate(cos[0].double().numpy(), sin[0].double().numpy(), x)
+    tol = 1e-5 + 2e-7 * positions.max() * np.abs(x).max()  # float32 angles and frequencies in transformers
+    np.testing.assert_allclose(apply_rope(x, positions, head_dim, rope), want, rtol=0, atol=tol)
+
+
+def test_yarn_hand_checked_ramp():
+    """head_dim 64, theta 10000, N = 64, beta 32/1: d(b) = 64 ln(64 / (2 pi b)) / (2 ln 10000) gives
+    d(32) = -3.98 -> floor -4 -> clamped 0, d(1) = 8.07 -> ceil 9: pair i has ramp i / 9 up to i = 9."""
+    rope = RopeConfig(scaling=RopeScaling.YARN, factor=4.0, original_max_positions=64)
+    low, high = yarn_ramp_bounds(rope, 64)
+    assert (low, high) == (0.0, 9.0)
+    base = rope_inv_freq(64, RopeConfig())
+    got = rope_inv_freq(64, rope)
+    assert got[0] == base[0] == 1.0  # ramp 0: unchanged
+    i = 4
+    assert got[i] == pytest.approx(base[i] * (1 - i / 9) + base[i] / 4 * (i / 9), rel=1e-7)
+    np.testing.assert_allclose(got[9:], base[9:] / 4, rtol=1e-7)
+    assert attention_factor(rope) == pytest.approx(0.1 * math.log(4.0) + 1.0, rel=1e-7)
+    untruncated = dataclasses.replace(rope, truncate=False)
+    assert yarn_ramp_bounds(untruncated, 64) == pytest.approx((0.0, 64 * math.log(64 / (2 * math.pi)) /
+                                                                (2 * math.log(10000.0))))
+
+
+PHI3_PARAMS = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 12,
+               "short_factor": [1.0 + 0.05 * i for i in range(16)], "long_factor": [1.5 + 0.4 * i for i in range(16)]}
+
+
+def _phi3_rotary(params=PHI3_PARAMS, max_positions=512):
+    from transformers import Phi3Config
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+
+    config = Phi3Config(hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
+                        max_position_embeddings=max_positions,
+                        original_max_position_embeddings=params["original_max_position_embeddings"],
+                        rope_parameters=dict(params))
+    return Phi3RotaryEmbedding(config)
+
+
+@needs_transformers
+def test_longrope_switches_where_transformers_does(rng):
+    """Phi3RotaryEmbedding's longrope update: one table per forward call, the long one iff max(position_ids) + 1
+    exceeds original_max_position_embeddings (12 here); a later call below it is short again. Ours per token by
+    the kv length of its sequence: for a call of one sequence at positions past_len + i that is the same rule."""
+    import torch
+
+    hf = _phi3_rotary()
+    rope = hf_rope_config(PHI3_PARAMS, 512)
+    assert attention_factor(rope) == pytest.approx(math.sqrt(1 + math.log(512 / 12) / math.log(12)), rel=1e-7)
+    assert attention_factor(rope) == pytest.approx(hf.attention_scaling, rel=1e-7)
+    # (past, new): a prefill below the switch, the decode that crosses it, a chunk past it, a short one again
+    for past, new in [(0, 7), (11, 1), (7, 5), (12, 1), (3, 10), (40, 1), (0, 12), (0, 33)]:
+        positions = np.arange(past, past + new)
+        with torch.no_grad():
+            cos, sin = hf(torch.zeros(1, dtype=torch.float64), torch.as_tensor(positions)[None])
+        x = rng.standard_normal((new, 2, 32))
+        want = hf_rotate(cos[0].double().numpy(), sin[0].double().numpy(), x)
+        kv_lens = np.full(new, past + new)
+        got = apply_rope(x, positions, 32, rope, kv_lens)
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5, err_msg=f"past={past}, new={new}")
+        other = apply_rope(x, positions, 32, rope, np.full(new, 1 if past + new > 12 else 13))
+        assert not np.allclose(other, want, atol=1e-3), "the other table must give other values"
+    np.testing.assert_allclose(rope_inv_freq(32, rope), hf.original_inv_freq.double().numpy(), **HF_INV_FREQ)
+    np.testing.assert_allclose(rope_inv_freq(32, rope, long=True), hf.long_inv_freq.double().numpy(), **HF_INV_FREQ)
+
+
+def test_longrope_picks_the_table_per_sequence():
+    """Two sequences in one step: the one past the switch rotates with the long factors, the other with the short
+    ones; the cache position does not matter, only the sequence's kv length after the step."""
+    rope = RopeConfig(scaling=RopeScaling.LONGROPE, original_max_positions=12, factor=4.0,
+                      short_factors=(1.0,) * 32, long_factors=(2.0,) * 32)
+    x = np.random.default_rng(3).standard_normal((3, 1, 64))
+    got = apply_rope(x, np.array([5, 5, 5]), 64, rope, np.array([6, 13, 12]))
+    short = apply_rope(x, np.array([5, 5, 5]), 64, dataclasses.replace(rope, long_factors=(1.0,) * 32),
+                       np.array([6, 13, 12]))
+    np.testing.assert_array_equal(got[[0, 2]], short[[0, 2]])
+    assert not np.allclose(got[1], short[1])
+    half = dataclasses.replace(rope, scaling=RopeScaling.LINEAR, factor=2.0)  # long factor 2 == positions / 2
+    np.testing.assert_allclose(got[1] / attention_factor(rope), apply_rope(x[1:2], np.array([5]), 64, half)[0],
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_yarn_and_longrope_errors_name_the_field():
+    longrope = RopeConfig(scaling=RopeScaling.LONGROPE, short_factors=(1.0,) * 32, long_factors=(1.0,) * 32)
+    with pytest.raises(ValueError, match="kv_lens"):
+        apply_rope(np.ones((2, 1, 64)), np.arange(2), 64, longrope)
+    with pytest.raises(ValueError, match=r"rope_short_factors: expected rotary_dim / 2 = 16 values, got 32"):
+        rope_inv_freq(32, longrope)
+    with pytest.raises(ValueError, match=r"rope_long_factors\[3\]: must be finite and > 0"):
+        rope_inv_freq(64, dataclasses.replace(longrope, long_factors=(1.0,) * 3 + (0.0,) + (1.0,) * 28))
+    with pytest.raises(ValueError, match="rope_beta_slow"):
+        rope_inv_freq(64, RopeConfig(scaling=RopeScaling.YARN, factor=4.0, beta_slow=0.0))
+    with pytest.raises(ValueError, match="rope_attention_factor"):
+        attention_factor(RopeConfig(scaling=RopeScaling.YARN, attention_factor=-1.0))
+    with pytest.raises(ValueError, match="only LONGROPE has a long table"):
+        rope_inv_freq(64, RopeConfig(), long=True)
 
 
 # ---- positions of the write reference ----------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import math
 
 import numpy as np
@@ -18,11 +19,12 @@ from conftest import TOLERANCES
 from pagedkv.builder.graph_view import GraphView, ProbeStep
 from pagedkv.builder.rewrite import (RewriteError, RewriteOptions, add_rewrite_arguments, options_from_args,
                                      rewrite_model)
-from pagedkv.config import (ATTENTION_PLUGIN_NAME, ONNX_DOMAIN, WRITE_PLUGIN_NAME, AttentionConfig, RopeConfig,
-                            RopeStyle, WriteConfig, attribute_types)
+from pagedkv.config import (ATTENTION_PLUGIN_NAME, FLOATS, ONNX_DOMAIN, WRITE_PLUGIN_NAME, AttentionConfig, RopeConfig,
+                            RopeScaling, RopeStyle, WriteConfig, attribute_types)
 from pagedkv.layout import CacheDType
 from pagedkv.onnx_export.synthetic import SyntheticConfig, make_synthetic_model, structure_matrix
 from pagedkv.reference.attention import paged_attention
+from pagedkv.reference.rope import attention_factor
 from pagedkv.reference.write import qkv_write
 from pagedkv.runtime.graph import RewrittenGraph
 from pagedkv.step import StepMetadata
@@ -66,15 +68,25 @@ def test_report_matches_the_generator_config(cfg):
         assert layer.index == i
         assert layer.pattern == PATTERN_OF_FORM[cfg.attention_form]
         assert (layer.num_heads, layer.num_kv_heads, layer.head_dim) == (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-        want_rope = RopeConfig(style=cfg.rope.style, rotary_dim=0 if cfg.rotary_dim == cfg.head_dim else cfg.rotary_dim,
-                               theta=cfg.rope.theta, scaling=cfg.rope.scaling, factor=cfg.rope.factor if cfg.rope.scaling else 1.0)
-        assert layer.rope == want_rope
+        rotary_dim = 0 if cfg.rotary_dim == cfg.head_dim else cfg.rotary_dim
+        if cfg.rope.scaling == RopeScaling.YARN:  # every YaRN field read back (attention factor: the default)
+            assert layer.rope == dataclasses.replace(cfg.rope, rotary_dim=rotary_dim)
+        elif cfg.rope.scaling == RopeScaling.LONGROPE:  # both tables and the switch; factors as float32 carries them
+            assert (layer.rope.style, layer.rope.rotary_dim, layer.rope.theta, layer.rope.original_max_positions) == \
+                (cfg.rope.style, rotary_dim, cfg.rope.theta, cfg.rope.original_max_positions)
+            for name in ("short_factors", "long_factors"):
+                np.testing.assert_allclose(getattr(layer.rope, name), getattr(cfg.rope, name), rtol=1e-6)
+            assert attention_factor(layer.rope) == pytest.approx(attention_factor(cfg.rope), rel=1e-6)
+        else:
+            want_rope = RopeConfig(style=cfg.rope.style, rotary_dim=rotary_dim, theta=cfg.rope.theta,
+                                   scaling=cfg.rope.scaling, factor=cfg.rope.factor if cfg.rope.scaling else 1.0)
+            assert layer.rope == want_rope
         assert layer.qkv_bias == cfg.qkv_bias
         assert layer.fused_qkv == cfg.fused_qkv
         assert layer.qk_norm == cfg.qk_norm
         assert layer.window == cfg.sliding_window and layer.attention_sinks == 0
         assert layer.softmax_scale == pytest.approx(cfg.resolved_softmax_scale, rel=1e-6)
-        assert layer.logit_softcap == 0.0
+        assert layer.logit_softcap == pytest.approx(cfg.logit_softcap, rel=1e-7)
         assert layer.projection == ("kept" if cfg.qk_norm else "packed")
     assert not result.report.explicit_positions
     text = str(result.report)
@@ -115,7 +127,9 @@ def test_graph_is_valid_and_follows_the_contract(cfg):
             # the ONNX type of each attribute is its field's declared one (FLOAT for float fields, whatever
             # the value): TensorRT's parser turns it into the field type the creator expects
             attr_types = {a.name: a.type for a in node.attribute}
-            assert attr_types == {**{n: getattr(onnx.AttributeProto, t) for n, t in attribute_types(cls).items()},
+            # (a FLOATS attribute only when its list is not empty)
+            assert attr_types == {**{n: getattr(onnx.AttributeProto, t) for n, t in attribute_types(cls).items()
+                                     if t != FLOATS or n in attr_types},
                              "plugin_namespace": onnx.AttributeProto.STRING,
                              "plugin_version": onnx.AttributeProto.STRING}
         assert WriteConfig.from_attributes(attributes(write)) == report.write
@@ -208,7 +222,10 @@ SCHEDULE = [(6, 3), (1, 5), (1, 1), (4, 0), (1, 2)]
 PAGE_SIZE = 4
 
 
-@pytest.mark.parametrize("cfg", CASES, ids=lambda c: c.id)
+# The original runs each prompt in one pass here; LongRoPE's table follows each step's length, so its chunked
+# schedule differs from that pass by design. Its layers are compared step by step (the original with dense past)
+# by `pagedkv compare` on the phi3 family (tests/test_export_hf.py) and on the synthetic graph below.
+@pytest.mark.parametrize("cfg", [c for c in CASES if c.rope.scaling != RopeScaling.LONGROPE], ids=lambda c: c.id)
 def test_rewritten_layers_compute_the_original_attention(cfg):
     before = original(cfg)
     after = rewritten(cfg, page_size=PAGE_SIZE, cache_dtype="fp16").model
@@ -324,7 +341,8 @@ def _node(model, op: str, scope: str = "/model/layers.0/attn/") -> onnx.NodeProt
 
 def test_attention_without_rope_is_an_error_unless_allowed():
     model = original(SyntheticConfig(rope=RopeConfig(style=RopeStyle.NONE)))
-    with pytest.raises(RewriteError, match=r"MatMul node '/model/layers.0/attn/MatMul_\d+': expected RoPE on q and k"):
+    with pytest.raises(RewriteError, match=r"MatMul node '/model/layers.0/attn/MatMul_\d+': expected RoPE on q and k"
+                                           r".*no position_ids reach the layer's input.*--allow-no-rope"):
         rewrite_model(model)
     result = rewrite_model(model, RewriteOptions(require_rope=False))
     assert {layer.rope.style for layer in result.report.layers} == {RopeStyle.NONE}
@@ -383,6 +401,46 @@ def test_mask_with_a_position_bias_is_an_error():
     model = _edited(SyntheticConfig(), edit)
     with pytest.raises(RewriteError, match=r"MatMul node .*: expected the mask to add 0 \(visible\)"):
         rewrite_model(model)
+
+
+def _insert_after(model, tensor: str, op: str, name: str) -> None:
+    """A one-input ``op`` node on ``tensor``, its consumers rewired to its output."""
+    out = f"{tensor}/{op}_inserted"
+    nodes = list(model.graph.node)
+    at = next(k for k, n in enumerate(nodes) if tensor in n.output) + 1
+    for node in nodes:
+        for k, i in enumerate(node.input):
+            if i == tensor:
+                node.input[k] = out
+    nodes.insert(at, onnx.helper.make_node(op, [tensor], [out], name=name))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+
+
+def test_soft_cap_after_the_mask_or_twice_is_an_error():
+    def after_mask(model):
+        softmax = _node(model, "Softmax")
+        _insert_after(model, softmax.input[0], "Tanh", "tanh_after_mask")
+    with pytest.raises(RewriteError, match="Tanh node 'tanh_after_mask': expected one soft-cap Tanh on the scores "
+                                           "before the mask, found it after the mask"):
+        rewrite_model(_edited(SyntheticConfig(), after_mask))
+
+    def twice(model):
+        tanh = _node(model, "Tanh")
+        _insert_after(model, tanh.output[0], "Tanh", "second_tanh")
+    with pytest.raises(RewriteError, match="Tanh node 'second_tanh': .* found a second Tanh"):
+        rewrite_model(_edited(SyntheticConfig(logit_softcap=2.0), twice))
+
+
+def test_rope_table_that_switches_back_is_an_error():
+    """A LongRoPE-like switch that applies at one kv length only (Equal instead of Greater): not one switch."""
+    cfg = SyntheticConfig(rope=RopeConfig(scaling=RopeScaling.LONGROPE, original_max_positions=5,
+                                          short_factors=(1.0,) * 32, long_factors=(3.0,) * 32))
+
+    def edit(model):
+        _node(model, "Greater", "/model/rotary/").op_type = "Equal"  # long only when max(position_ids) + 1 == 5
+    with pytest.raises(RewriteError, match="the RoPE table changes past kv length 4 and changes back later"):
+        rewrite_model(_edited(cfg, edit))
 
 
 def test_graph_without_past_inputs_is_an_error():

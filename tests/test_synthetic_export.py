@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 from conftest import TOLERANCES
 
-from pagedkv.config import RopeConfig, RopeStyle
+from pagedkv.config import RopeConfig, RopeScaling, RopeStyle
 from pagedkv.onnx_export.synthetic import (SyntheticConfig, export_synthetic, make_synthetic_model, make_weights,
                                            structure_matrix)
 from pagedkv.reference.attention import dense_attention
@@ -62,9 +62,10 @@ def reference_logits(cfg: SyntheticConfig, ids: np.ndarray) -> np.ndarray:
         q, k, v = ((h @ w[p + n] + (w[p + n + "_bias"] if cfg.qkv_bias else 0)).reshape(S, -1, D) for n in "qkv")
         if cfg.qk_norm:
             q, k = rms_norm(q, w[p + "q_norm"], cfg.rms_eps), rms_norm(k, w[p + "k_norm"], cfg.rms_eps)
-        q, k = apply_rope(q, pos, D, cfg.rope), apply_rope(k, pos, D, cfg.rope)
+        kv_lens = np.full(S, S)  # one step of S tokens (LongRoPE picks its table by it)
+        q, k = apply_rope(q, pos, D, cfg.rope, kv_lens), apply_rope(k, pos, D, cfg.rope, kv_lens)
         attn = dense_attention(q, k, v, pos, pos, window=cfg.sliding_window,
-                               softmax_scale=cfg.resolved_softmax_scale)
+                               softmax_scale=cfg.resolved_softmax_scale, logit_softcap=cfg.logit_softcap)
         x = x + attn.reshape(S, H * D) @ w[p + "o"]
         h = rms_norm(x, w[p + "post_norm"], cfg.rms_eps)
         gate = h @ w[p + "gate"]
@@ -81,7 +82,9 @@ def test_matches_float64_reference(cfg):
     assert presents[0][0].shape == (1, cfg.num_kv_heads, 13, cfg.head_dim)
 
 
-@pytest.mark.parametrize("cfg", CASES, ids=lambda c: c.id)
+# LongRoPE picks its table by each step's length (as transformers' own update does), so chunking a prompt that
+# crosses the switch changes the result by design: those configs are left out here.
+@pytest.mark.parametrize("cfg", [c for c in CASES if c.rope.scaling != RopeScaling.LONGROPE], ids=lambda c: c.id)
 def test_prefill_chunks_and_decode_are_self_consistent(cfg):
     """Logits of a full prefill == those of prefill chunks then decode steps with the dense past KV."""
     batch = 1 if cfg.attention_form == "contrib_gqa" else 2  # ORT's GQA: batch 1 when chunking with past
@@ -139,6 +142,8 @@ def test_export_writes_a_valid_model(tmp_path):
     (dict(rope=RopeConfig(rotary_dim=66), head_dim=64, num_kv_heads=2), "rope_rotary_dim"),
     (dict(rope=RopeConfig(style=RopeStyle.NONE), attention_form="onnx23"), "rope.style"),
     (dict(sliding_window=-1), "sliding_window"),
+    (dict(rope=RopeConfig(scaling=RopeScaling.LONGROPE, short_factors=(1.0,) * 32, long_factors=(2.0,) * 32),
+          attention_form="onnx23"), "LONGROPE switches tables"),
 ])
 def test_config_errors_name_the_field(bad, message):
     with pytest.raises(ValueError, match=message):

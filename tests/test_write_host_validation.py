@@ -21,6 +21,7 @@ from pagedkv import _lib
 from pagedkv.config import PoolConfig, RopeConfig, RopeScaling, RopeStyle, WriteConfig
 from pagedkv.kernels import _structs, write
 from pagedkv.layout import CacheDType
+from pagedkv.reference.rope import attention_factor as reference_attention_factor
 from pagedkv.reference.rope import rope_inv_freq as reference_inv_freq
 
 # Fake device addresses: never dereferenced, because every case below fails validation first (or has no GPU).
@@ -178,8 +179,8 @@ def test_write_params_carries_every_attribute():
     got = as_dict(write.write_params(cfg, write.IODType.FP16, qkv=9, q_out=10, status=11, meta=meta, bias=12))
     lay = cfg.pool.layout()  # the Python twin's geometry (tests/test_layout.py checks it against the header)
     inv_freq = write.rope_inv_freq(cfg)
-    assert got.pop("rope") == {"style": 2, "rotaryDim": 32, "mscale": 1.0,
-                               "invFreq": list(inv_freq) + [0.0] * (128 - inv_freq.size)}
+    assert got.pop("rope") == {"style": 2, "rotaryDim": 32, "mscale": 1.0, "longAboveKVLen": 0,
+                               "invFreq": list(inv_freq) + [0.0] * (128 - inv_freq.size), "longInvFreq": [0.0] * 128}
     assert got == {
         "numQHeads": 16, "numKVHeads": 4, "headDim": 64, "ioDType": 0, "qkv": 9, "bias": 12, "positionIds": 8,
         "meta": {"poolDescs": 1, "poolIndex": 1, "blockTable": 2, "maxBlocks": 7, "cuQLens": 3, "pastLens": 4,
@@ -203,6 +204,18 @@ BAD_ROPE = [
     ({"scaling": int(RopeScaling.LINEAR), "factor": 0.0}, "rope_factor=0"),
     ({"scaling": int(RopeScaling.LLAMA3), "lowFreqFactor": 4.0, "highFreqFactor": 4.0}, "rope_high_freq_factor=4"),
     ({"scaling": int(RopeScaling.LLAMA3), "originalMaxPositions": 0}, "rope_original_max_positions=0"),
+    ({"scaling": int(RopeScaling.YARN), "factor": 4.0, "betaFast": 0.0}, "rope_beta_fast=0"),
+    ({"scaling": int(RopeScaling.YARN), "factor": 4.0, "betaSlow": float("nan")}, "rope_beta_slow=nan"),
+    ({"scaling": int(RopeScaling.YARN), "factor": 4.0, "truncate": 2}, "rope_truncate=2"),
+    ({"scaling": int(RopeScaling.YARN), "factor": 4.0, "attentionFactor": -1.0}, "rope_attention_factor=-1"),
+    ({"scaling": int(RopeScaling.YARN), "factor": 4.0, "originalMaxPositions": -3}, "rope_original_max_positions=-3"),
+    ({"scaling": int(RopeScaling.LONGROPE), "numFactors": 0}, "rope_short_factors=0 values"),
+    ({"scaling": int(RopeScaling.LONGROPE), "numFactors": 64,
+      "shortFactors": (ctypes.c_float * 128)(*([1.0] * 64)), "longFactors": (ctypes.c_float * 128)(*([1.0] * 63))},
+     "rope_long_factors[63]=0"),
+    ({"scaling": int(RopeScaling.LONGROPE), "numFactors": 64, "factor": 8.0, "originalMaxPositions": 1,
+      "shortFactors": (ctypes.c_float * 128)(*([1.0] * 64)), "longFactors": (ctypes.c_float * 128)(*([1.0] * 64))},
+     "rope_attention_factor=0"),
 ]
 
 
@@ -226,6 +239,24 @@ ROPE_CASES = [
                      high_freq_factor=4.0, original_max_positions=8192)),
     (64, RopeConfig(theta=10000.0, scaling=RopeScaling.LLAMA3, factor=32.0, low_freq_factor=2.0,
                     high_freq_factor=8.0, original_max_positions=2048)),
+    (128, RopeConfig(theta=1e6, scaling=RopeScaling.YARN, factor=4.0, original_max_positions=32768)),
+    (64, RopeConfig(theta=10000.0, scaling=RopeScaling.YARN, factor=40.0, original_max_positions=4096,
+                    attention_factor=0.92)),
+    (64, RopeConfig(theta=150000.0, scaling=RopeScaling.YARN, factor=32.0, original_max_positions=4096,
+                    truncate=False, beta_fast=16.0, beta_slow=2.0)),
+    (64, RopeConfig(style=RopeStyle.GPTJ, rotary_dim=32, scaling=RopeScaling.YARN, factor=4.0,
+                    original_max_positions=64)),
+    (64, RopeConfig(scaling=RopeScaling.LONGROPE, original_max_positions=12, factor=512 / 12,
+                    short_factors=tuple(1.0 + 0.05 * i for i in range(32)),
+                    long_factors=tuple(1.5 + 0.4 * i for i in range(32)))),
+    (128, RopeConfig(scaling=RopeScaling.LONGROPE, rotary_dim=96, original_max_positions=4096, factor=32.0,
+                     attention_factor=1.19, short_factors=tuple(1.0 + 0.01 * i for i in range(48)),
+                     long_factors=tuple(1.0 + 0.5 * i for i in range(48)))),
+    # head dims 80 / 96 (Phi-2's partial rotary, Phi-3-mini's full LongRoPE)
+    (80, RopeConfig(rotary_dim=48, scaling=RopeScaling.YARN, factor=4.0, original_max_positions=64)),
+    (96, RopeConfig(scaling=RopeScaling.LONGROPE, original_max_positions=30, factor=16.0,
+                    short_factors=tuple(1.0 + 0.02 * i for i in range(48)),
+                    long_factors=tuple(1.5 + 0.5 * i for i in range(48)))),
 ]
 
 
@@ -234,15 +265,22 @@ ROPE_CASES = [
 def test_rope_table_is_the_reference_rounded_once_to_float32(head_dim, rope):
     cfg = WriteConfig(num_q_heads=8, rope=rope, pool=PoolConfig(num_kv_heads=8, head_dim=head_dim, page_size=16,
                                                                 num_layers=1, layer_index=0))
-    ours = write.rope_inv_freq(cfg)
-    expected = reference_inv_freq(head_dim, rope)
-    assert ours.shape == expected.shape
-    # Both evaluate the same double-precision formula; std::pow and numpy's ** may differ in the last bit of
-    # the double, which can move the float32 rounding by at most one float32 step.
-    nearest = expected.astype(np.float32)
-    assert np.all(np.abs(ours.astype(np.float64) - nearest) <= np.spacing(nearest).astype(np.float64)), \
-        np.flatnonzero(ours != nearest)
-    assert np.count_nonzero(ours != nearest) <= 1
+    longrope = rope.scaling == RopeScaling.LONGROPE
+    for long in (False, True) if longrope else (False,):
+        ours = write.rope_inv_freq(cfg, long=long)
+        expected = reference_inv_freq(head_dim, rope, long=long)
+        assert ours.shape == expected.shape
+        # Both evaluate the same double-precision formula; std::pow and numpy's ** may differ in the last bit of
+        # the double, which can move the float32 rounding by at most one float32 step.
+        nearest = expected.astype(np.float32)
+        assert np.all(np.abs(ours.astype(np.float64) - nearest) <= np.spacing(nearest).astype(np.float64)), \
+            np.flatnonzero(ours != nearest)
+        assert np.count_nonzero(ours != nearest) <= 1
+    params = write.rope_params(cfg)
+    assert params.mscale == np.float32(reference_attention_factor(rope))
+    assert params.longAboveKVLen == (rope.original_max_positions if longrope else 0)
+    if not longrope:
+        assert not any(params.longInvFreq)
 
 
 def test_rope_llama3_scaling_bands():

@@ -5,8 +5,13 @@
     k ──────Concat(axis 2) ─> present.k              v ──────Concat(axis 2) ─> present.v
               └ [element-moving ops: the GQA repeat,            └ [element-moving ops]
                  K^T, flatten/unflatten; Mul sqrt(s)]             │
-    q [Mul sqrt(s)] ─ MatMul ─ [Mul|Div s] ─ Add(mask)|Where ─ Softmax(-1) ─ [Where(IsNaN(p), 0, p)] ─ MatMul
-                                                                   ─ Transpose ─ Reshape ─> o_proj
+    q [Mul sqrt(s)] ─ MatMul ─ [Mul|Div s] ─ [Div cap ─ Tanh ─ Mul cap] ─ Add(mask)|Where ─ Softmax(-1)
+      ─ [Where(IsNaN(p), 0, p)] ─ MatMul ─ Transpose ─ Reshape ─> o_proj
+
+The optional Tanh between scalar factors is Gemma-2's attention logit soft-cap, cap * tanh(s * qk / cap): the
+factors after the Tanh are the cap, those before it the softmax scale over the cap. The Where over IsNaN after
+the Softmax (PyTorch's SDPA decompositions) zeroes the probabilities of fully masked rows, which causal attention
+never has.
 
 When the (repeated) caches reach the opset-23 ``Attention`` op instead of the two MatMuls (the dynamo exporter
 at opset 23 with SDPA), ``onnx_attention.match_concat`` reads the op.
@@ -88,13 +93,18 @@ def _reads_probabilities(view: GraphView, matmul: onnx.NodeProto) -> bool:
 
 
 def _scores_to_softmax(view: GraphView, scores_mm: onnx.NodeProto):
-    """QK^T MatMul -> (Softmax, scale, mask tensor, mask is boolean-visible)."""
+    """QK^T MatMul -> (Softmax, scale, soft-cap, mask tensor, mask is boolean-visible). With a soft-cap
+    ``c * tanh(s * qk)`` the scale returned is ``s * c`` (the plugin's softmax_scale) and the cap ``c``."""
     t, scale, mask, true_visible = scores_mm.output[0], 1.0, None, True
+    tanh, cap = None, 1.0  # the soft-cap's Tanh and the product of the factors after it
     while True:
         node = _next(view, t, scores_mm)
         factor = _scalar_factor(view, node, t)
         if factor is not None:
-            scale *= factor
+            if tanh is None:
+                scale *= factor
+            else:
+                cap *= factor
         elif node.op_type == "Add" and mask is None:
             mask = next(i for i in node.input if i != t)
         elif node.op_type == "Where" and mask is None:
@@ -109,9 +119,17 @@ def _scores_to_softmax(view: GraphView, scores_mm: onnx.NodeProto):
             axis = GraphView.attr(node, "axis", -1 if view.opsets.get("", 13) >= 13 else 1)
             if axis not in (-1, rank - 1):
                 raise RewriteError(f"{describe(node)}: expected Softmax over the last axis (the keys), got axis={axis}")
-            return node, scale, mask, true_visible
+            if tanh is None:
+                return node, scale, 0.0, mask, true_visible
+            if not cap > 0:
+                raise RewriteError(f"{describe(tanh)}: expected the soft-cap c * tanh(x / c) with c > 0, the factors "
+                                   f"after the Tanh multiply by {cap}")
+            return node, scale * cap, cap, mask, true_visible
         elif node.op_type == "Tanh":
-            raise RewriteError(f"{describe(node)}: logit soft-capping (Tanh on the scores) is not recognized yet")
+            if tanh is not None or mask is not None:
+                raise RewriteError(f"{describe(node)}: expected one soft-cap Tanh on the scores before the mask, "
+                                   f"found {'a second Tanh' if tanh is not None else 'it after the mask'}")
+            tanh = node
         elif node.op_type not in PASS_OPS:
             raise RewriteError(f"{describe(node)}: expected scale, mask and Softmax after the QK^T MatMul "
                                f"{scores_mm.name!r}, found {node.op_type}")
@@ -187,7 +205,7 @@ def match(view: GraphView, anchors: list[KVAnchor]) -> list[AttentionMatch]:
                                f"Concats, found only input(s) {sorted(caches)}")
         matches.append(onnx_attention.match_concat(view, node, caches[onnx_attention.K], caches[onnx_attention.V]))
     for anchor, k_new, scores_mm, k_path in keys.values():
-        softmax, score_scale, mask, true_visible = _scores_to_softmax(view, scores_mm)
+        softmax, score_scale, softcap, mask, true_visible = _scores_to_softmax(view, scores_mm)
         pv = _softmax_to_pv(view, softmax)
         value = values.pop(pv.name or id(pv), None)
         if value is None:
@@ -211,8 +229,8 @@ def match(view: GraphView, anchors: list[KVAnchor]) -> list[AttentionMatch]:
             pattern=NAME, anchor=scores_mm, past_key=anchor.past, past_value=v_anchor.past,
             present_key=anchor.present, present_value=v_anchor.present, q_end=scores_mm.input[0], k_end=k_new,
             v_end=v_new, num_heads=int(q_heads), num_kv_heads=kv_heads, head_dim=head_dim, out=out,
-            scale=k_path.scale * score_scale, mask=mask, mask_true_visible=true_visible, k_path=k_path,
-            v_path=v_path, guards=guards, notes=[f"softmax {softmax.name!r}"]))
+            scale=k_path.scale * score_scale, logit_softcap=softcap, mask=mask, mask_true_visible=true_visible,
+            k_path=k_path, v_path=v_path, guards=guards, notes=[f"softmax {softmax.name!r}"]))
     if values:
         anchor = next(iter(values.values()))[0]
         raise RewriteError(f"{describe(anchor.node)}: the V cache {anchor.present!r} reaches a MatMul that no "

@@ -43,10 +43,13 @@ constexpr FieldDesc kRopeConfig[] = {
     PKV_FIELD(RopeConfig, style),         PKV_FIELD(RopeConfig, rotaryDim),      PKV_FIELD(RopeConfig, theta),
     PKV_FIELD(RopeConfig, scaling),       PKV_FIELD(RopeConfig, factor),         PKV_FIELD(RopeConfig, lowFreqFactor),
     PKV_FIELD(RopeConfig, highFreqFactor), PKV_FIELD(RopeConfig, originalMaxPositions),
+    PKV_FIELD(RopeConfig, betaFast),      PKV_FIELD(RopeConfig, betaSlow),       PKV_FIELD(RopeConfig, truncate),
+    PKV_FIELD(RopeConfig, attentionFactor), PKV_FIELD(RopeConfig, numFactors),   PKV_FIELD(RopeConfig, shortFactors),
+    PKV_FIELD(RopeConfig, longFactors),
 };
 constexpr FieldDesc kRopeParams[] = {
-    PKV_FIELD(RopeParams, style), PKV_FIELD(RopeParams, rotaryDim), PKV_FIELD(RopeParams, mscale),
-    PKV_FIELD(RopeParams, invFreq),
+    PKV_FIELD(RopeParams, style),          PKV_FIELD(RopeParams, rotaryDim), PKV_FIELD(RopeParams, mscale),
+    PKV_FIELD(RopeParams, longAboveKVLen), PKV_FIELD(RopeParams, invFreq),   PKV_FIELD(RopeParams, longInvFreq),
 };
 constexpr FieldDesc kQKVWriteParams[] = {
     PKV_FIELD(QKVWriteParams, numQHeads), PKV_FIELD(QKVWriteParams, numKVHeads), PKV_FIELD(QKVWriteParams, headDim),

@@ -32,6 +32,12 @@ cudaError_t validateRope(QKVWriteParams const& p) {
     PKV_REQUIRE(std::isfinite(r.mscale), "rope.mscale", r.mscale, "finite");
     for (int32_t i = 0; i < r.rotaryDim / 2; ++i)
         PKV_REQUIRE(finitePositive(r.invFreq[i]), "rope.inv_freq[" + str(i) + "]", r.invFreq[i], "finite and > 0");
+    PKV_REQUIRE(r.longAboveKVLen >= 0, "rope.long_above_kv_len", r.longAboveKVLen, ">= 0 (0: one table)");
+    if (r.longAboveKVLen > 0) {
+        for (int32_t i = 0; i < r.rotaryDim / 2; ++i)
+            PKV_REQUIRE(finitePositive(r.longInvFreq[i]), "rope.long_inv_freq[" + str(i) + "]", r.longInvFreq[i],
+                        "finite and > 0 with long_above_kv_len > 0");
+    }
     return cudaSuccess;
 }
 
@@ -133,7 +139,11 @@ QKVWriteKernelParams makeQKVWriteKernelParams(QKVWriteParams const& p) {
     } else {
         kp.ropePartner = kp.ropeHalf % 8 == 0 ? RopePartner::kShuffle : RopePartner::kGlobal;
     }
-    for (int32_t i = 0; i < kp.ropeHalf; ++i) kp.ropeTurns[i] = ropeTurnsPerPosition(p.rope.invFreq[i]);
+    kp.ropeLongAboveKVLen = kp.ropeHalf > 0 ? p.rope.longAboveKVLen : 0;
+    for (int32_t i = 0; i < kp.ropeHalf; ++i) {
+        kp.ropeTurns[i] = ropeTurnsPerPosition(p.rope.invFreq[i]);
+        kp.ropeTurnsLong[i] = kp.ropeLongAboveKVLen > 0 ? ropeTurnsPerPosition(p.rope.longInvFreq[i]) : 0;
+    }
     kp.seqsPerToken = p.meta.numTokens > 0 ? static_cast<float>(p.meta.numSeqs) / p.meta.numTokens : 0.f;
     kp.invKScale = 1.f / p.kScale;
     kp.invVScale = 1.f / p.vScale;

@@ -119,18 +119,24 @@ __device__ __forceinline__ void reportBadPage(int32_t* status, SeqSpan const& sp
 // flight at once. A parameter operand that misses stalls its instruction, and the instructions behind it wait
 // in order: touched one by one as the code reaches them (the first loads' addresses, the metadata, the pool
 // descriptor, RoPE, q output, status), the ~8 distinct lines are a chain of dependent misses at kernel start,
-// where a decode step has nothing else to overlap them with. Skipped: the RoPE frequency table of the caller's
-// parameters (never read by the kernel) and the turns table (staged in parallel by the kernel itself; the last
-// touch below may land in its first line).
+// where a decode step has nothing else to overlap them with. Skipped: the RoPE frequency tables of the caller's
+// parameters (invFreq, longInvFreq: never read by the kernel) and the turns tables (staged in parallel by the
+// kernel itself; the last touch below may land in the first line of ropeTurns).
 // Returns a value the caller must store (a real use, so that the compiler keeps the loads).
 __device__ __forceinline__ uint32_t warmParameterLines(QKVWriteKernelParams const& kp) {
     constexpr size_t kLine = 64;
     constexpr size_t kFreqTable =
         offsetof(QKVWriteKernelParams, p) + offsetof(QKVWriteParams, rope) + offsetof(RopeParams, invFreq);
-    constexpr size_t kAfterFreqTable = kFreqTable + sizeof(RopeParams::invFreq);
+    constexpr size_t kAfterFreqTable = offsetof(QKVWriteKernelParams, p) + offsetof(QKVWriteParams, rope) +
+                                       offsetof(RopeParams, longInvFreq) + sizeof(RopeParams::longInvFreq);
     constexpr size_t kTurnsTable = offsetof(QKVWriteKernelParams, ropeTurns);
-    static_assert(offsetof(QKVWriteKernelParams, p) == 0 && kAfterFreqTable <= kTurnsTable,
-                  "the parameter block's layout assumed below");
+    static_assert(offsetof(QKVWriteKernelParams, p) == 0 && kAfterFreqTable <= kTurnsTable &&
+                      offsetof(RopeParams, longInvFreq) == offsetof(RopeParams, invFreq) + sizeof(RopeParams::invFreq) &&
+                      offsetof(QKVWriteKernelParams, ropeTurnsLong) ==
+                          kTurnsTable + sizeof(QKVWriteKernelParams::ropeTurns) &&
+                      sizeof(QKVWriteKernelParams) == offsetof(QKVWriteKernelParams, ropeTurnsLong) +
+                                                          sizeof(QKVWriteKernelParams::ropeTurnsLong),
+                  "the parameter block's layout assumed below: both frequency tables, then both turns tables last");
     unsigned char const* const bytes = reinterpret_cast<unsigned char const*>(&kp);
     uint32_t touched = 0;
 #pragma unroll
@@ -232,28 +238,33 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
     // CTA; per token only the angle changes. The turns per position sit in shared memory laid out [k][vec]
     // (what lane `vec` needs for its dim vec*8 + k), so that a warp's reads are conflict-free.
     __shared__ uint64_t laneTurns[kVecElems * 32];  // [8][32]: vec < 32 (idle lanes' vec >= VPH read zeros)
-    // The parameter table kp.ropeTurns, copied to shared memory first (step 1 below).
+    // A parameter table (kp.ropeTurns, then kp.ropeTurnsLong) copied to shared memory by frequency index: step 1
+    // below stages ropeTurns for laneTurns; with LongRoPE, step 3 then stages ropeTurnsLong here for the loop.
     __shared__ uint64_t ropeTurnsStaged[kMaxRotaryPairs];
     bool const rope = kp.ropePartner != RopePartner::kNone;
+    bool const longRope = rope && kp.ropeLongAboveKVLen > 0;  // uniform
     static_assert(kVecElems * 32 == kQKVWriteThreads, "one thread per laneTurns entry");
-    if (rope) {
-        // Step 1: warp w copies entries [w * S, w * S + S) of the parameter table to shared memory. Its S loads
-        // use warp-uniform indices (one broadcast each, no constant-cache serialization) and are all issued
-        // before any is used, so the copy costs one constant-cache miss latency. (Round 2 scanned the whole
-        // table in every thread, 8 loads at a time: 8 dependent misses after the launch, on the way to the
-        // barrier that every warp of the CTA waits at: the decode path's critical chain.)
+    // Warp w copies entries [w * S, w * S + S) of a parameter table to shared memory. Its S loads use warp-uniform
+    // indices (one broadcast each, no constant-cache serialization) and are all issued before any is used, so the
+    // copy costs one constant-cache miss latency. (Round 2 scanned the whole table in every thread, 8 loads at a
+    // time: 8 dependent misses after the launch, on the way to the barrier that every warp of the CTA waits at:
+    // the decode path's critical chain.)
+    auto const stageTurns = [&](uint64_t const (&table)[kMaxRotaryPairs]) {
         constexpr int32_t kTurnsPerWarp = kMaxRotaryPairs / kQKVWriteWarps;
         static_assert(kMaxRotaryPairs % kQKVWriteWarps == 0 && kTurnsPerWarp <= 32, "one lane per staged entry");
         int32_t const firstFreq = warp * kTurnsPerWarp;
         if (firstFreq < kp.ropeHalf) {  // warp-uniform; entries >= R/2 are never read
             uint64_t turns[kTurnsPerWarp];
 #pragma unroll
-            for (int32_t j = 0; j < kTurnsPerWarp; ++j) turns[j] = kp.ropeTurns[firstFreq + j];  // < kMaxRotaryPairs
+            for (int32_t j = 0; j < kTurnsPerWarp; ++j) turns[j] = table[firstFreq + j];  // < kMaxRotaryPairs
             uint64_t mine = 0;
 #pragma unroll
             for (int32_t j = 0; j < kTurnsPerWarp; ++j) mine = lane == j ? turns[j] : mine;
             if (lane < kTurnsPerWarp) ropeTurnsStaged[firstFreq + lane] = mine;
         }
+    };
+    if (rope) {
+        stageTurns(kp.ropeTurns);  // step 1
         __syncthreads();
         // Step 2: thread i fills laneTurns entry i = (k, v) from shared memory (dims v * 8 + k >= D never rotate:
         // 0). Entries [0, R/2) were all staged: the 8 warps cover [0, kMaxRotaryPairs) >= R/2.
@@ -263,6 +274,12 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
         RopeElem const e = ropeElem(p.rope.style, p.rope.rotaryDim, v * kVecElems + k);
         laneTurns[i] = e.rotates ? ropeTurnsStaged[e.freq] : 0;  // freq < R/2 = ropeHalf when it rotates
         __syncthreads();
+        if (longRope) {
+            // Step 3 (LongRoPE): the long table replaces the staged short one (step 2's reads are behind the
+            // barrier). Tokens of long sequences read it by frequency index, once per token (below).
+            stageTurns(kp.ropeTurnsLong);
+            __syncthreads();
+        }
     }
     uint32_t rotateMask = 0;  // bit k: dim0 + k rotates
     uint32_t firstMask = 0;   // bit k: dim0 + k is the first of its pair (x*cos - partner*sin)
@@ -322,7 +339,7 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
             int32_t cachePos = 0;
             int32_t kvLen = 0;
             SeqSpan span{-1, 0, 0, 0};
-            if (needKV || (tokenRope && p.positionIds == nullptr)) {
+            if (needKV || (tokenRope && (p.positionIds == nullptr || longRope))) {
                 span = warpSpan[warp];
                 if (!(t >= span.begin && t < span.end)) {
                     span = findSequence(meta, kp.seqsPerToken, t, lane);
@@ -365,6 +382,9 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
             if (tokenRope) {
                 int32_t const ropePos = p.positionIds != nullptr ? __ldg(p.positionIds + t) : cachePos;
                 float const mscale = p.rope.mscale;
+                // LongRoPE: the whole sequence's new tokens take the long table once its kv length after this step
+                // passes the switch (Hugging Face: max(position_ids) + 1 > original_max_positions).
+                bool const longTable = longRope && kvLen > kp.ropeLongAboveKVLen;
                 bool const pairsShareFreq = kp.ropePartner == RopePartner::kInVector;  // GPT-J: (2i, 2i+1)
 #pragma unroll
                 for (int k = 0; k < kVecElems; ++k) {
@@ -374,7 +394,12 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
                         c = cosv[k - 1];
                         s = -sinv[k - 1];  // undo the first element's sign, reapplied below
                     } else {
-                        __sincosf(ropeAngle(ropePos, laneTurns[(k << 5) + vec]), &s, &c);
+                        uint64_t turns = laneTurns[(k << 5) + vec];
+                        if (longTable) {  // by frequency index: a rare path, some bank conflicts are fine
+                            RopeElem const e = ropeElem(p.rope.style, p.rope.rotaryDim, dim0 + k);
+                            turns = e.rotates ? ropeTurnsStaged[e.freq] : 0;
+                        }
+                        __sincosf(ropeAngle(ropePos, turns), &s, &c);
                         c *= mscale;
                         s *= mscale;
                     }

@@ -57,9 +57,11 @@ struct QKVWriteKernelParams {
     float invKScale;    // 1/k_scale, 1/v_scale, 1/q_scale (cache_convert.cuh multiplies by 1/scale)
     float invVScale;
     float invQScale;
+    int32_t ropeLongAboveKVLen;  // LongRoPE: > 0, sequences past this kv length rotate with ropeTurnsLong; else 0
     // RoPE rotation per position step, as a 0.64 fixed-point fraction of a turn: frac(invFreq / 2pi) * 2^64.
     // The kernel reduces `position * invFreq` modulo one turn exactly with a 64-bit integer product.
     uint64_t ropeTurns[kMaxRotaryPairs];
+    uint64_t ropeTurnsLong[kMaxRotaryPairs];  // the same of longInvFreq (LongRoPE only; zeros otherwise)
 };
 
 // Host: one inverse frequency (radians per position) -> turns per position, 0.64 fixed point. The float

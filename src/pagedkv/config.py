@@ -2,7 +2,8 @@
 
 Each dataclass here is one plugin's attributes as an ONNX node carries them (``to_attributes`` /
 ``from_attributes``) and as the C++ plugin reads them as fields (same names, INT -> kINT32,
-FLOAT -> kFLOAT32, per the TensorRT ONNX parser). An attribute's ONNX type is its field's *declared* type
+FLOAT -> kFLOAT32, FLOATS -> kFLOAT32 of its length, per the TensorRT ONNX parser; a FLOATS attribute that is
+empty is left out, as ONNX cannot type an empty list). An attribute's ONNX type is its field's *declared* type
 (``attribute_types``): a float field is a FLOAT attribute even when it was given an int (``theta=500000``),
 because the plugin refuses a kINT32 where it expects kFLOAT32. The builder writes nodes from them
 (``to_node_attributes`` adds ``plugin_namespace`` and ``plugin_version``, which the ONNX parser uses to find the
@@ -96,13 +97,25 @@ class RopeStyle(enum.IntEnum):
 
 
 class RopeScaling(enum.IntEnum):
+    """How the inverse frequencies are scaled (``pagedkv::RopeScaling``; formulas in ``pagedkv.reference.rope``)."""
+
     NONE = 0
     LINEAR = 1
     LLAMA3 = 2
+    YARN = 3  # Hugging Face rope_type "yarn" (Qwen2.5, DeepSeek): ramp between kept and interpolated dims
+    LONGROPE = 4  # "longrope" (Phi-3): short factors, long factors past original_max_positions
 
 
 @dataclass(frozen=True)
 class RopeConfig:
+    """The ``rope_*`` attributes of the write plugin (``pagedkv::RopeConfig``). Which fields a scaling reads:
+
+    linear: factor; llama3: factor, low/high_freq_factor, original_max_positions; yarn: factor, beta_fast,
+    beta_slow, truncate, original_max_positions, attention_factor; longrope: short_factors and long_factors (R/2
+    each), original_max_positions (a sequence whose kv length after the step exceeds it uses the long factors),
+    attention_factor, and factor (only for the default attention factor).
+    """
+
     style: RopeStyle = RopeStyle.NEOX
     rotary_dim: int = 0  # 0 -> head_dim
     theta: float = 10000.0
@@ -111,6 +124,16 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_positions: int = 8192
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float = 0.0  # multiplies cos and sin (yarn, longrope); 0: Hugging Face's default from factor
+    short_factors: tuple[float, ...] = ()
+    long_factors: tuple[float, ...] = ()
+
+    def __post_init__(self):
+        for name in ("short_factors", "long_factors"):  # attribute lists and numpy arrays become tuples
+            object.__setattr__(self, name, tuple(float(v) for v in getattr(self, name)))
 
     def resolved_rotary_dim(self, head_dim: int) -> int:
         r = self.rotary_dim or head_dim
@@ -119,7 +142,12 @@ class RopeConfig:
         return r
 
 
-FLOAT, INT = "FLOAT", "INT"  # the ONNX attribute types of the plugin fields (kFLOAT32, kINT32)
+FLOAT, INT, FLOATS = "FLOAT", "INT", "FLOATS"  # ONNX types of the plugin fields: kFLOAT32, kINT32, kFLOAT32[n]
+
+
+def _is_floats(declared) -> bool:
+    """A ``tuple[float, ...]`` field: a FLOATS attribute (LongRoPE's factor lists)."""
+    return typing.get_origin(declared) is tuple
 
 
 @functools.lru_cache(maxsize=None)
@@ -147,19 +175,24 @@ def _attrs(obj, prefix: str = "") -> dict:
         if declared is RopeConfig:
             out.update(_attrs(value, "rope_"))
         elif declared is not PoolConfig:
-            out[prefix + name] = _attribute_value(prefix + name, declared, value)
+            if _is_floats(declared):
+                if value:  # FLOATS; an empty list has no ONNX type and stays out (the plugin reads it as empty)
+                    out[prefix + name] = [float(v) for v in value]
+            else:
+                out[prefix + name] = _attribute_value(prefix + name, declared, value)
     return out
 
 
 def attribute_types(cls) -> dict[str, str]:
-    """Attribute name -> ``FLOAT`` or ``INT`` of a plugin config class (``WriteConfig``, ``AttentionConfig``),
-    in ``to_attributes`` order: what the C++ creator's ``getFieldNames`` lists as kFLOAT32 / kINT32."""
+    """Attribute name -> ``FLOAT``, ``INT`` or ``FLOATS`` of a plugin config class (``WriteConfig``,
+    ``AttentionConfig``), in ``to_attributes`` order, the FLOATS an instance may leave out included: what the C++
+    creator's ``getFieldNames`` lists as kFLOAT32 / kINT32 / kFLOAT32 arrays."""
     def walk(c, prefix=""):
         for name, declared in _declared(c):
             if declared is RopeConfig:
                 yield from walk(declared, "rope_")
             elif declared is not PoolConfig:
-                yield prefix + name, FLOAT if declared is float else INT
+                yield prefix + name, FLOATS if _is_floats(declared) else FLOAT if declared is float else INT
 
     return {**dict(walk(cls)), **dict(walk(PoolConfig))}
 
@@ -318,5 +351,7 @@ def _split_pool(cls, attrs: dict):
             rope_kwargs["style"] = RopeStyle(rope_kwargs["style"])
         if "scaling" in rope_kwargs:
             rope_kwargs["scaling"] = RopeScaling(rope_kwargs["scaling"])
+        if "truncate" in rope_kwargs:
+            rope_kwargs["truncate"] = bool(rope_kwargs["truncate"])
         kwargs["rope"] = RopeConfig(**rope_kwargs)
     return cls(pool=pool, **kwargs)

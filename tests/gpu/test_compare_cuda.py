@@ -16,7 +16,7 @@ from conftest import TOLERANCES
 
 from pagedkv.builder.compare import compare
 from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
-from pagedkv.config import RopeConfig, RopeStyle
+from pagedkv.config import RopeConfig, RopeScaling, RopeStyle
 from pagedkv.onnx_export import hf
 from pagedkv.onnx_export.synthetic import SyntheticConfig, make_synthetic_model
 
@@ -32,9 +32,25 @@ CASES = {
                                         rope_source="table"), "fp16"),
     "window-qknorm": (BASE.replace(sliding_window=8, qk_norm=True), "bf16"),
     "d256": (BASE.replace(head_dim=256, num_heads=2, num_kv_heads=1), "fp16"),
+    "d128-yarn-bias": (BASE.replace(head_dim=128, qkv_bias=True, rope=RopeConfig(
+        scaling=RopeScaling.YARN, factor=4.0, original_max_positions=64)), "bf16"),
+    # LongRoPE switching past kv length 12: prompts on both sides, the 5-token one crossing while decoding
+    "longrope-partial": (BASE.replace(num_kv_heads=1, fused_qkv=True, rope=RopeConfig(
+        scaling=RopeScaling.LONGROPE, rotary_dim=48, original_max_positions=12, factor=16.0,
+        short_factors=tuple(1.0 + 0.03 * i for i in range(24)),
+        long_factors=tuple(1.2 + 0.8 * i for i in range(24)))), "fp16"),
+    "softcap-window-d256": (BASE.replace(head_dim=256, num_heads=2, num_kv_heads=1, logit_softcap=2.5,
+                                         sliding_window=8), "bf16"),
     "d80-partial-rotary": (BASE.replace(head_dim=80, num_heads=2, num_kv_heads=2, rope=RopeConfig(rotary_dim=32)),
                            "fp16"),
     "d96-fused": (BASE.replace(head_dim=96, num_heads=2, num_kv_heads=1, fused_qkv=True), "bf16"),
+    # YaRN and LongRoPE past 64 / 128: idle lanes of the write kernel's passes at D = 80 / 96
+    "d80-yarn-gptj": (BASE.replace(head_dim=80, num_heads=2, num_kv_heads=1, rope=RopeConfig(
+        style=RopeStyle.GPTJ, scaling=RopeScaling.YARN, factor=4.0, original_max_positions=64)), "bf16"),
+    "d96-longrope-partial": (BASE.replace(head_dim=96, num_heads=2, num_kv_heads=1, fused_qkv=True, rope=RopeConfig(
+        scaling=RopeScaling.LONGROPE, rotary_dim=40, original_max_positions=12, factor=16.0,
+        short_factors=tuple(1.0 + 0.03 * i for i in range(20)),
+        long_factors=tuple(1.2 + 0.8 * i for i in range(20)))), "fp16"),
 }
 
 
@@ -64,10 +80,12 @@ def _cuda_compare(path):
 
 
 @needs_export
-@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma", "gpt_neox"])
-def test_hf_cuda_backend(family, tmp_path):
-    """SDPA (transformers' and pagedkv export's default attention), dynamo exporter at opset 20."""
-    result = hf.export_hf(family, tmp_path / f"{family}.onnx", exporter="dynamo", attn_implementation="sdpa")
+@pytest.mark.parametrize("family,attention", [*((f, "sdpa") for f in ("llama", "qwen2", "gemma", "gpt_neox")),
+                                              *((f, "eager") for f in ("gpt2", "phi3", "qwen2_yarn", "gemma2"))])
+def test_hf_cuda_backend(family, attention, tmp_path):
+    """The dynamo exporter at opset 20: SDPA (transformers' and pagedkv export's default attention); eager for the
+    families with a RoPE scaling, learned positions or the soft-cap (Gemma-2 has no SDPA in transformers)."""
+    result = hf.export_hf(family, tmp_path / f"{family}.onnx", exporter="dynamo", attn_implementation=attention)
     _cuda_compare(result.path)
 
 

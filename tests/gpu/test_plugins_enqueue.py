@@ -174,13 +174,14 @@ def assert_stored_close(got_stored, exact, cache: CacheDType, scale: float, what
         np.testing.assert_allclose(deq, exact, atol=atol, rtol=rtol, err_msg=what)
 
 
-def exact_qkv(cfg: WriteConfig, qkv, bias, positions):
-    """float64 q, k (bias + RoPE) and v (bias) of each token [T, heads, D]: the values before any storage."""
+def exact_qkv(cfg: WriteConfig, qkv, bias, positions, kv_lens=None):
+    """float64 q, k (bias + RoPE) and v (bias) of each token [T, heads, D]: the values before any storage.
+    ``kv_lens`` [T]: each token's sequence's kv length after the step (LongRoPE picks its table by it)."""
     h, kvh, d = cfg.num_q_heads, cfg.pool.num_kv_heads, cfg.pool.head_dim
     x = qkv.astype(np.float64) + (0.0 if bias is None else bias.astype(np.float64))
     x = x.reshape(-1, h + 2 * kvh, d)
-    q = apply_rope(x[:, :h], positions, d, cfg.rope)
-    k = apply_rope(x[:, h:h + kvh], positions, d, cfg.rope)
+    q = apply_rope(x[:, :h], positions, d, cfg.rope, kv_lens)
+    k = apply_rope(x[:, h:h + kvh], positions, d, cfg.rope, kv_lens)
     return q, k, x[:, h + kvh:]
 
 
@@ -324,6 +325,16 @@ WRITE_CASES = [
     WriteCase("bf16-d96-fp8cache-nhd", wcfg(num_q_heads=6, num_kv_heads=2, head_dim=96, page_layout=PageLayout.NHD,
                                             cache_dtype=CacheDType.FP8_E4M3, k_scale=0.05, v_scale=0.04),
               "bf16", Batch((0,) * 4, (0, 37, 16, 5)), MIXED),
+    # the scalings' plugin fields through to the kernel at 80 / 96: YaRN on partial rotary; Phi-3-mini's LongRoPE
+    # switching past kv length 30, so MIXED's sequences (kv lengths 37, 38, 19, 25) take both tables in one launch
+    WriteCase("bf16-d80-yarn-partial-bias", wcfg(num_q_heads=4, num_kv_heads=2, head_dim=80, has_bias=True,
+                                                 rope=RopeConfig(rotary_dim=48, scaling=RopeScaling.YARN, factor=4.0,
+                                                                 original_max_positions=64)),
+              "bf16", Batch((0,) * 4, (0, 37, 16, 5)), MIXED),
+    WriteCase("fp16-d96-longrope-phi3", wcfg(num_q_heads=6, num_kv_heads=2, head_dim=96, rope=RopeConfig(
+        scaling=RopeScaling.LONGROPE, original_max_positions=30, factor=16.0,
+        short_factors=tuple(1.0 + 0.02 * i for i in range(48)), long_factors=tuple(1.5 + 0.5 * i for i in range(48)))),
+              "fp16", Batch((0,) * 4, (0, 37, 16, 5)), MIXED),
 ]
 
 
@@ -345,7 +356,7 @@ def test_write_plugin_matches_reference(host, tmp_path, case):
     qkv, bias = random_qkv(cfg, meta.num_tokens, io, rng)
     expected_pool = before.copy()
     qkv_write(qkv, bias, meta, expected_pool, cfg)  # the pool outside the token rows (tails, neighbours)
-    q_exact, k_exact, v_exact = exact_qkv(cfg, qkv, bias, meta.rope_positions)
+    q_exact, k_exact, v_exact = exact_qkv(cfg, qkv, bias, meta.rope_positions, meta.kv_lens[meta.token_seq])
 
     plan = Plan(tmp_path)
     add_pools(plan, cfg.pool, before)

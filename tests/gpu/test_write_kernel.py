@@ -219,6 +219,19 @@ def run_case(case: Case, seed: int = 0) -> Run:
 
 
 # ---- single steps over the configuration space ---------------------------------------------------------------
+YARN_QWEN25 = RopeConfig(theta=1e6, scaling=RopeScaling.YARN, factor=4.0, original_max_positions=32768)
+
+
+def longrope(switch: int, head_dim: int = 128, rotary_dim: int = 0) -> RopeConfig:
+    """LongRoPE switching past kv length ``switch``, factors of unit order (short near 1, long 1.5 .. 8), so the
+    two tables differ visibly."""
+    pairs = (rotary_dim or head_dim) // 2
+    return RopeConfig(scaling=RopeScaling.LONGROPE, rotary_dim=rotary_dim, original_max_positions=switch,
+                      factor=512 / switch, short_factors=tuple(1.0 + 0.05 * i for i in range(pairs)),
+                      long_factors=tuple(1.5 + 6.5 * i / pairs for i in range(pairs)))
+
+
+
 MIXED = dict(q_lens=(37, 1, 1, 70, 1), past_lens=(0, 100, 5, 16, 0))
 SMALL = dict(heads=4, kv_heads=1, head_dim=64, num_layers=1, layer=0)
 # Head dims 32, 80, 96: D / 8 = 4, 10, 12 vectors per head row, so a warp pass is 8, 3 or 2 rows and at 80 / 96
@@ -244,6 +257,19 @@ HEAD_DIM_CASES = [
          explicit_positions=True),
     Case("D96-cyclic-sinks-P24", q_lens=(45, 1, 10), past_lens=(0, 500, 60), head_dim=96, sinks=7, cyclic=48,
          page_size=24),
+    # YaRN and LongRoPE at 80 / 96 (both LongRoPE tables in one launch: MIXED's kv lengths straddle 40), each
+    # partner path: shuffle (R / 2 = 40, 32), shared-memory partners (R / 2 = 12, 20), GPT-J
+    Case("D80-yarn-neox-full-fp16", **MIXED, head_dim=80, io="fp16", cache=CacheDType.FP16,
+         rope=RopeConfig(scaling=RopeScaling.YARN, factor=4.0, original_max_positions=64)),
+    Case("D80-longrope-R24-smem-partners-bias", **MIXED, head_dim=80, bias=True,
+         rope=longrope(40, head_dim=80, rotary_dim=24)),
+    Case("D96-longrope-gptj-fp8-kv1", **MIXED, head_dim=96, heads=3, kv_heads=1, cache=CacheDType.FP8_E4M3,
+         rope=dataclasses.replace(longrope(40, head_dim=96), style=RopeStyle.GPTJ)),
+    Case("D96-longrope-R40-smem-partners-positions", **MIXED, head_dim=96, explicit_positions=True,
+         rope=longrope(40, head_dim=96, rotary_dim=40)),
+    Case("D96-yarn-R64-shuffle-nhd", **MIXED, head_dim=96, page_layout=PageLayout.NHD,
+         rope=RopeConfig(rotary_dim=64, scaling=RopeScaling.YARN, factor=8.0, original_max_positions=128,
+                         attention_factor=1.2)),
     Case("D32-bf16-neox-R8-smem-partners", **MIXED, head_dim=32, rope=RopeConfig(rotary_dim=8)),
     Case("D32-fp16-int8-gptj-nhd", **MIXED, head_dim=32, io="fp16", cache=CacheDType.INT8,
          page_layout=PageLayout.NHD, rope=RopeConfig(style=RopeStyle.GPTJ)),
@@ -282,6 +308,22 @@ CASES = [
                                                    original_max_positions=8192)),
     Case("linear-scaling-fp16", **MIXED, io="fp16", cache=CacheDType.FP16,
          rope=RopeConfig(scaling=RopeScaling.LINEAR, factor=4.0)),
+    # YaRN: one table and the attention factor on cos and sin (Qwen2.5's recipe; DeepSeek's given factor)
+    Case("yarn-qwen2.5", **MIXED, rope=YARN_QWEN25),
+    Case("yarn-gptj-R32-D64-fp16-factor", **MIXED, head_dim=64, io="fp16", cache=CacheDType.FP16,
+         rope=RopeConfig(style=RopeStyle.GPTJ, rotary_dim=32, scaling=RopeScaling.YARN, factor=40.0,
+                         original_max_positions=4096, attention_factor=0.92)),
+    # LongRoPE switching at kv length 40: MIXED's sequences end at 37, 101, 6, 86, 1 (short, long, short, long,
+    # short) in one launch, so both tables are in use by neighbouring warps.
+    Case("longrope-both-tables-shuffle", **MIXED, rope=longrope(40)),
+    Case("longrope-R24-smem-partners-positions", **MIXED, head_dim=64, explicit_positions=True,
+         rope=longrope(40, head_dim=64, rotary_dim=24)),
+    Case("longrope-gptj-fp8", **MIXED, cache=CacheDType.FP8_E4M3,
+         rope=dataclasses.replace(longrope(40), style=RopeStyle.GPTJ)),
+    Case("longrope-switch-at-the-boundary", q_lens=(1, 1, 5, 5), past_lens=(39, 40, 35, 36), head_dim=64,
+         io="fp16", cache=CacheDType.FP16, rope=longrope(40, head_dim=64)),  # kv lens 40 (short), 41, 40, 41
+    Case("longrope-decode-batch-300", q_lens=(1,) * 300, past_lens=tuple(range(0, 600, 2)), **SMALL,
+         rope=longrope(299, head_dim=64)),
     Case("no-rope", **MIXED, rope=RopeConfig(style=RopeStyle.NONE)),
     Case("no-rope-bias-fp8", **MIXED, bias=True, cache=CacheDType.FP8_E4M3, rope=RopeConfig(style=RopeStyle.NONE)),
     Case("explicit-positions", **MIXED, explicit_positions=True),
@@ -422,6 +464,10 @@ DECODE_CASES = [
     Case("decode-after-prefill-int8-P24", q_lens=(20, 33, 1), past_lens=(0, 0, 0), cache=CacheDType.INT8,
          page_size=24),
     Case("decode-wraps-cyclic-ring", q_lens=(30, 5), past_lens=(0, 0), sinks=4, cyclic=32),
+    # sequence 1 crosses the switch during the decode steps: its cached keys keep the short table's rotation
+    Case("decode-crosses-longrope-switch", q_lens=(20, 33, 1), past_lens=(0, 0, 0), rope=longrope(40)),
+    Case("decode-crosses-longrope-switch-D96-R40", q_lens=(20, 33, 1), past_lens=(0, 0, 0), head_dim=96,
+         rope=longrope(40, head_dim=96, rotary_dim=40)),
     Case("decode-after-prefill-D80-int8", q_lens=(20, 33, 1), past_lens=(0, 0, 0), head_dim=80,
          cache=CacheDType.INT8, rope=RopeConfig(rotary_dim=32)),
     Case("decode-wraps-cyclic-ring-D96", q_lens=(30, 5), past_lens=(0, 0), head_dim=96, sinks=4, cyclic=32),

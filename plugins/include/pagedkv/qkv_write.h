@@ -27,17 +27,27 @@ enum class RopeStyle : int32_t {
 
 enum class RopeScaling : int32_t {
     kNone = 0,
-    kLinear = 1,  // inv_freq / factor
-    kLlama3 = 2,  // Llama-3 smooth wavelength-dependent scaling
-    // YaRN / LongRoPE: add here. They change only the inverse frequencies and the attention factor
-    // (RopeParams::mscale), which is why the kernel takes a table and a multiplier, not a formula.
+    kLinear = 1,    // inv_freq / factor
+    kLlama3 = 2,    // Llama-3 smooth wavelength-dependent scaling
+    kYarn = 3,      // YaRN: a linear ramp over dims [low, high] (from beta_fast, beta_slow, original_max_positions)
+                    // from the unchanged to the interpolated (/ factor) frequencies; cos and sin times the attention
+                    // factor
+    kLongRope = 4,  // LongRoPE: per-pair short factors (inv_freq / short[i]); a sequence whose kv length after the
+                    // step exceeds original_max_positions rotates with the long factors instead; attention factor
 };
+// Every scaling changes only the inverse frequencies (two tables for LongRoPE) and the attention factor
+// (RopeParams::mscale): the kernel takes tables and a multiplier, not a formula.
 
 struct RopeParams {
     RopeStyle style;
     int32_t rotaryDim;   // R, even, <= D; dims >= R pass through
-    float mscale;        // multiplies cos and sin (1 unless YaRN-like scaling)
-    float invFreq[kMaxRotaryPairs];  // [R/2] angle = position * invFreq[i]; computed by computeInvFreq
+    float mscale;        // multiplies cos and sin (the attention factor of YaRN / LongRoPE; 1 otherwise)
+    // LongRoPE: > 0, the tokens of a sequence whose kv length after this step (past_len + its new tokens) exceeds
+    // it rotate with longInvFreq, the others with invFreq; cached keys keep the rotation they were written with.
+    // 0: invFreq for every token (longInvFreq unused).
+    int32_t longAboveKVLen;
+    float invFreq[kMaxRotaryPairs];      // [R/2] angle = position * invFreq[i]; computed by computeRopeParams
+    float longInvFreq[kMaxRotaryPairs];  // [R/2] with longAboveKVLen > 0
 };
 
 struct RopeConfig {  // the user-facing description (plugin attributes), turned into RopeParams on the host
@@ -45,10 +55,19 @@ struct RopeConfig {  // the user-facing description (plugin attributes), turned 
     int32_t rotaryDim = 0;  // 0 -> head_dim
     float theta = 10000.f;
     RopeScaling scaling = RopeScaling::kNone;
-    float factor = 1.f;
-    float lowFreqFactor = 1.f;
-    float highFreqFactor = 4.f;
-    int32_t originalMaxPositions = 8192;
+    float factor = 1.f;     // linear, llama3, yarn: the context extension; longrope: only its attention factor's
+    float lowFreqFactor = 1.f;   // llama3
+    float highFreqFactor = 4.f;  // llama3
+    int32_t originalMaxPositions = 8192;  // llama3, yarn, longrope (the switch to the long factors)
+    float betaFast = 32.f;  // yarn: rotations that bound the extrapolated (unchanged) dims
+    float betaSlow = 1.f;   // yarn: rotations that bound the interpolated dims
+    int32_t truncate = 1;   // yarn: 1 rounds the ramp's bounds outward to whole dims (floor low, ceil high)
+    // yarn, longrope: multiplies cos and sin; 0 -> Hugging Face's default from factor (yarn: 0.1 ln(factor) + 1,
+    // longrope: sqrt(1 + ln(factor) / ln(original_max_positions)); 1 when factor <= 1)
+    float attentionFactor = 0.f;
+    int32_t numFactors = 0;                  // longrope: R/2 (the length of both factor lists)
+    float shortFactors[kMaxRotaryPairs]{};   // longrope: [R/2] inv_freq[i] = theta^(-2i/R) / shortFactors[i]
+    float longFactors[kMaxRotaryPairs]{};    // longrope: [R/2] the same past original_max_positions
 };
 
 // Host: RopeConfig -> RopeParams (inverse frequencies in double, rounded once to float).

@@ -88,6 +88,32 @@ double readValue(PluginField const& field, FieldSpec const& spec) {
     }
 }
 
+// Reads the values of the array field `field` (kFLOAT32 or kFLOAT64, length <= spec.maxLength), each checked
+// against the spec's range; throws naming the field, the index and the value.
+std::vector<float> readArray(PluginField const& field, FieldSpec const& spec) {
+    std::string const where = "field " + quoted(spec.name);
+    if (field.type != PluginFieldType::kFLOAT32 && field.type != PluginFieldType::kFLOAT64) {
+        throw PluginError(where + ": expected a float array (kFLOAT32, from an ONNX FLOATS attribute), got " +
+                          fieldTypeName(field.type) + " with length " + std::to_string(field.length));
+    }
+    if (field.length < 0 || field.length > spec.maxLength) {
+        throw PluginError(where + ": expected at most " + std::to_string(spec.maxLength) + " values, got length " +
+                          std::to_string(field.length));
+    }
+    if (field.length > 0 && field.data == nullptr) throw PluginError(where + ": data pointer is null");
+    std::vector<float> out(static_cast<size_t>(field.length));
+    for (int32_t i = 0; i < field.length; ++i) {
+        double const v = field.type == PluginFieldType::kFLOAT32 ? static_cast<float const*>(field.data)[i]
+                                                                 : static_cast<double const*>(field.data)[i];
+        if (!spec.accepts(v)) {
+            throw PluginError(where + "[" + std::to_string(i) + "]=" + formatValue(v, FieldKind::kFloat) +
+                              ": expected " + spec.describeAccepted());
+        }
+        out[static_cast<size_t>(i)] = static_cast<float>(v);
+    }
+    return out;
+}
+
 bool isIgnoredSilently(char const* name) {
     // The ONNX parser consumes these to pick the creator; a direct caller may still pass them.
     return std::strcmp(name, "plugin_version") == 0 || std::strcmp(name, "plugin_namespace") == 0;
@@ -128,14 +154,18 @@ FieldSpec FieldSpec::nonNegativeFloat(char const* name, float defaultValue) {
     return FieldSpec{name, FieldKind::kFloat, false, double(defaultValue), 0.0, kFloatMax, false, {}, ""};
 }
 
+FieldSpec FieldSpec::positiveFloats(char const* name, int32_t maxLength) {
+    return FieldSpec{name, FieldKind::kFloatArray, false, 0.0, 0.0, kFloatMax, true, {}, "", maxLength};
+}
+
 std::string FieldSpec::describeAccepted() const {
     std::ostringstream os;
     if (!oneOf.empty()) {
         os << "one of {";
         for (size_t i = 0; i < oneOf.size(); ++i) os << (i ? ", " : "") << oneOf[i];
         os << "}";
-    } else if (kind == FieldKind::kFloat) {
-        os << "finite and " << (minExclusive ? "> " : ">= ") << formatValue(minValue, kind);
+    } else if (kind != FieldKind::kInt) {
+        os << "finite and " << (minExclusive ? "> " : ">= ") << formatValue(minValue, FieldKind::kFloat);
     } else {
         os << "in [" << formatValue(minValue, kind) << ", " << formatValue(maxValue, kind) << "]";
     }
@@ -157,24 +187,33 @@ bool FieldSpec::accepts(double value) const {
 
 // ---- FieldValues ---------------------------------------------------------------------------------------------
 
-FieldValues::FieldValues(std::vector<FieldSpec> const& specs, std::vector<double> values)
-    : mSpecs(&specs), mValues(std::move(values)) {
-    if (mValues.size() != mSpecs->size()) throw PluginError("internal: FieldValues size mismatch");
+FieldValues::FieldValues(std::vector<FieldSpec> const& specs, std::vector<double> values,
+                         std::vector<std::vector<float>> arrays)
+    : mSpecs(&specs), mValues(std::move(values)), mArrays(std::move(arrays)) {
+    if (mArrays.empty()) mArrays.resize(mSpecs->size());
+    if (mValues.size() != mSpecs->size() || mArrays.size() != mSpecs->size())
+        throw PluginError("internal: FieldValues size mismatch");
 }
 
-double const& FieldValues::find(char const* name, FieldKind kind) const {
+size_t FieldValues::find(char const* name, FieldKind kind) const {
     for (size_t i = 0; i < mSpecs->size(); ++i) {
         if ((*mSpecs)[i].name == name) {
             if ((*mSpecs)[i].kind != kind) throw PluginError(std::string("internal: field '") + name + "' kind");
-            return mValues[i];
+            return i;
         }
     }
     throw PluginError(std::string("internal: no field named '") + name + "'");
 }
 
-int32_t FieldValues::getInt(char const* name) const { return static_cast<int32_t>(find(name, FieldKind::kInt)); }
+int32_t FieldValues::getInt(char const* name) const {
+    return static_cast<int32_t>(mValues[find(name, FieldKind::kInt)]);
+}
 
-float FieldValues::getFloat(char const* name) const { return static_cast<float>(find(name, FieldKind::kFloat)); }
+float FieldValues::getFloat(char const* name) const { return static_cast<float>(mValues[find(name, FieldKind::kFloat)]); }
+
+std::vector<float> const& FieldValues::getFloats(char const* name) const {
+    return mArrays[find(name, FieldKind::kFloatArray)];
+}
 
 // ---- parseFields ---------------------------------------------------------------------------------------------
 
@@ -186,6 +225,7 @@ FieldValues parseFields(std::vector<FieldSpec> const& specs, PluginFieldCollecti
         throw PluginError("PluginFieldCollection.fields is null with nbFields=" + std::to_string(fc->nbFields));
     }
     std::vector<double> values(specs.size());
+    std::vector<std::vector<float>> arrays(specs.size());
     std::vector<bool> seen(specs.size(), false);
     for (int32_t i = 0; i < fc->nbFields; ++i) {
         PluginField const& field = fc->fields[i];
@@ -201,17 +241,21 @@ FieldValues parseFields(std::vector<FieldSpec> const& specs, PluginFieldCollecti
         }
         FieldSpec const& spec = specs[index];
         if (seen[index]) throw PluginError("field " + quoted(spec.name) + " given twice");
+        seen[index] = true;
+        if (spec.kind == FieldKind::kFloatArray) {
+            arrays[index] = readArray(field, spec);
+            continue;
+        }
         double const value = readValue(field, spec);
         if (!spec.accepts(value)) {
             throw PluginError("field " + quoted(spec.name) + "=" + formatValue(value, spec.kind) + ": expected " +
                               spec.describeAccepted());
         }
         values[index] = value;
-        seen[index] = true;
     }
     std::string missing;
     for (size_t s = 0; s < specs.size(); ++s) {
-        if (seen[s]) continue;
+        if (seen[s] || specs[s].kind == FieldKind::kFloatArray) continue;  // an absent array is empty
         if (phase == nvinfer1::TensorRTPhase::kRUNTIME || specs[s].required) {
             missing += (missing.empty() ? "" : ", ") + quoted(specs[s].name);
         } else {
@@ -223,34 +267,44 @@ FieldValues parseFields(std::vector<FieldSpec> const& specs, PluginFieldCollecti
                               ? "serialized plugin data is incomplete: missing field(s) " + missing
                               : "missing required field(s) " + missing);
     }
-    return FieldValues(specs, std::move(values));
+    return FieldValues(specs, std::move(values), std::move(arrays));
 }
 
 // ---- FieldCollection -----------------------------------------------------------------------------------------
 
 FieldCollection::FieldCollection(std::vector<FieldSpec> const& specs) { build(specs, nullptr); }
 
-FieldCollection::FieldCollection(FieldValues const& values) { build(values.specs(), &values.values()); }
+FieldCollection::FieldCollection(FieldValues const& values) { build(values.specs(), &values); }
 
-void FieldCollection::build(std::vector<FieldSpec> const& specs, std::vector<double> const* values) {
+void FieldCollection::build(std::vector<FieldSpec> const& specs, FieldValues const* values) {
     // Sized once: PluginField::data points into these vectors, which never reallocate afterwards.
     mInts.assign(specs.size(), 0);
     mFloats.assign(specs.size(), 0.f);
+    mArrays = values != nullptr ? values->arrays() : std::vector<std::vector<float>>(specs.size());
     mFields.clear();
     mFields.reserve(specs.size());
     for (size_t i = 0; i < specs.size(); ++i) {
         FieldSpec const& spec = specs[i];
+        auto const type = spec.kind == FieldKind::kInt ? PluginFieldType::kINT32 : PluginFieldType::kFLOAT32;
+        if (spec.kind == FieldKind::kFloatArray) {
+            if (values == nullptr) {
+                mFields.emplace_back(spec.name.c_str(), nullptr, type, 0);  // a name: no length yet
+            } else if (!mArrays[i].empty()) {  // an empty array stays out (absent reads back as empty)
+                mFields.emplace_back(spec.name.c_str(), mArrays[i].data(), type,
+                                     static_cast<int32_t>(mArrays[i].size()));
+            }
+            continue;
+        }
         void const* data = nullptr;
         if (values != nullptr) {
             if (spec.kind == FieldKind::kInt) {
-                mInts[i] = static_cast<int32_t>((*values)[i]);
+                mInts[i] = static_cast<int32_t>(values->values()[i]);
                 data = &mInts[i];
             } else {
-                mFloats[i] = static_cast<float>((*values)[i]);
+                mFloats[i] = static_cast<float>(values->values()[i]);
                 data = &mFloats[i];
             }
         }
-        auto const type = spec.kind == FieldKind::kInt ? PluginFieldType::kINT32 : PluginFieldType::kFLOAT32;
         mFields.emplace_back(spec.name.c_str(), data, type, 1);
     }
     mCollection.nbFields = static_cast<int32_t>(mFields.size());

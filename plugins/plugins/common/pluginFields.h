@@ -3,10 +3,12 @@
 // (getFieldNames, getFieldsToSerialize).
 //
 // Field types follow the TensorRT ONNX parser (onnx-tensorrt): an ONNX INT attribute arrives as kINT32 (64-bit
-// values truncated by the parser), a FLOAT attribute as kFLOAT32. Callers of the C++/Python API sometimes pass
-// kINT64 / kFLOAT64; those are accepted when the value is exactly representable. Every other type, a length
-// other than 1, null data, a value outside the field's range, a duplicate, or a missing field is an error that
-// names the field and the value. Names the plugin does not know are ignored with a warning (the parser
+// values truncated by the parser), a FLOAT attribute as kFLOAT32, a FLOATS attribute as kFLOAT32 of its length.
+// Callers of the C++/Python API sometimes pass kINT64 / kFLOAT64; those are accepted when the value is exactly
+// representable. Every other type, a length other than 1 (arrays: above their maximum), null data, a value
+// outside the field's range, a duplicate, or a missing scalar field is an error that names the field and the
+// value. An array field may be absent in both phases: it is then empty (ONNX cannot type an empty FLOATS list,
+// so the builder leaves empty ones out, and getFieldsToSerialize does the same). Names the plugin does not know are ignored with a warning (the parser
 // contract: only names listed by getFieldNames are read), and plugin_version / plugin_namespace silently.
 #pragma once
 
@@ -20,8 +22,9 @@ namespace pagedkv {
 namespace plugin {
 
 enum class FieldKind : int32_t {
-    kInt,    // ONNX INT -> kINT32
-    kFloat,  // ONNX FLOAT -> kFLOAT32
+    kInt,         // ONNX INT -> kINT32
+    kFloat,       // ONNX FLOAT -> kFLOAT32
+    kFloatArray,  // ONNX FLOATS -> kFLOAT32 of length [0, maxLength]; each value in the accepted range
 };
 
 // One plugin attribute: name (== the ONNX attribute name == src/pagedkv/config.py's key), kind, default and
@@ -36,6 +39,7 @@ struct FieldSpec {
     bool minExclusive;
     std::vector<int32_t> oneOf;  // ints: when not empty, the only accepted values
     std::string note;            // appended to a range error (e.g. why a value is reserved)
+    int32_t maxLength = 1;       // arrays: the most values accepted
 
     static FieldSpec requiredInt(char const* name, int64_t minValue, int64_t maxValue);
     static FieldSpec optionalInt(char const* name, int32_t defaultValue, int64_t minValue, int64_t maxValue);
@@ -45,6 +49,7 @@ struct FieldSpec {
     static FieldSpec flag(char const* name, bool defaultValue);  // 0 or 1
     static FieldSpec positiveFloat(char const* name, float defaultValue);     // finite and > 0
     static FieldSpec nonNegativeFloat(char const* name, float defaultValue);  // finite and >= 0
+    static FieldSpec positiveFloats(char const* name, int32_t maxLength);     // each finite and > 0; default empty
 
     // "in [1, 1024]", "one of {64, 128, 256}", "finite and > 0"
     std::string describeAccepted() const;
@@ -54,20 +59,25 @@ struct FieldSpec {
 // Validated values of one plugin's fields, in the order of its FieldSpec table.
 class FieldValues {
 public:
-    FieldValues(std::vector<FieldSpec> const& specs, std::vector<double> values);
+    // values: one per spec (arrays: unused); arrays: one per spec, empty for scalars (or none at all: all empty)
+    FieldValues(std::vector<FieldSpec> const& specs, std::vector<double> values,
+                std::vector<std::vector<float>> arrays = {});
 
     int32_t getInt(char const* name) const;
     float getFloat(char const* name) const;
     bool getFlag(char const* name) const { return getInt(name) != 0; }
+    std::vector<float> const& getFloats(char const* name) const;
 
     std::vector<FieldSpec> const& specs() const { return *mSpecs; }
     std::vector<double> const& values() const { return mValues; }
+    std::vector<std::vector<float>> const& arrays() const { return mArrays; }
 
 private:
-    double const& find(char const* name, FieldKind kind) const;
+    size_t find(char const* name, FieldKind kind) const;
 
     std::vector<FieldSpec> const* mSpecs;  // a plugin's static table: outlives every FieldValues
     std::vector<double> mValues;
+    std::vector<std::vector<float>> mArrays;
 };
 
 // Parses and validates `fc` against `specs`. Throws PluginError naming the field and the value. Build phase:
@@ -82,17 +92,18 @@ FieldValues parseFields(std::vector<FieldSpec> const& specs, nvinfer1::PluginFie
 class FieldCollection {
 public:
     explicit FieldCollection(std::vector<FieldSpec> const& specs);  // names and types only
-    explicit FieldCollection(FieldValues const& values);            // names, types and values
+    explicit FieldCollection(FieldValues const& values);            // names, types and values (empty arrays left out)
     FieldCollection(FieldCollection const&) = delete;
     FieldCollection& operator=(FieldCollection const&) = delete;
 
     nvinfer1::PluginFieldCollection const* get() const { return &mCollection; }
 
 private:
-    void build(std::vector<FieldSpec> const& specs, std::vector<double> const* values);
+    void build(std::vector<FieldSpec> const& specs, FieldValues const* values);
 
     std::vector<int32_t> mInts;
     std::vector<float> mFloats;
+    std::vector<std::vector<float>> mArrays;
     std::vector<nvinfer1::PluginField> mFields;
     nvinfer1::PluginFieldCollection mCollection{};
 };

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <limits>
 #include <string>
 
@@ -32,12 +33,18 @@ std::vector<FieldSpec> const& qkvWriteFieldSpecs() {
                             "0 none, 1 NeoX, 2 GPT-J"),
         FieldSpec::optionalInt("rope_rotary_dim", 0, 0, 2 * kMaxRotaryPairs),
         FieldSpec::positiveFloat("rope_theta", 10000.f),
-        FieldSpec::intOneOf("rope_scaling", static_cast<int32_t>(RopeScaling::kNone), {0, 1, 2},
-                            "0 none, 1 linear, 2 llama3"),
+        FieldSpec::intOneOf("rope_scaling", static_cast<int32_t>(RopeScaling::kNone), {0, 1, 2, 3, 4},
+                            "0 none, 1 linear, 2 llama3, 3 yarn, 4 longrope"),
         FieldSpec::positiveFloat("rope_factor", 1.f),
         FieldSpec::positiveFloat("rope_low_freq_factor", 1.f),
         FieldSpec::positiveFloat("rope_high_freq_factor", 4.f),
         FieldSpec::optionalInt("rope_original_max_positions", 8192, 1, kInt32Max),
+        FieldSpec::positiveFloat("rope_beta_fast", 32.f),
+        FieldSpec::positiveFloat("rope_beta_slow", 1.f),
+        FieldSpec::flag("rope_truncate", true),
+        FieldSpec::nonNegativeFloat("rope_attention_factor", 0.f),
+        FieldSpec::positiveFloats("rope_short_factors", kMaxRotaryPairs),
+        FieldSpec::positiveFloats("rope_long_factors", kMaxRotaryPairs),
         FieldSpec::flag("has_bias", false),
         FieldSpec::flag("explicit_positions", false),
         FieldSpec::flag("zero_v_tail", true),
@@ -59,6 +66,20 @@ QKVWriteAttributes readQKVWriteAttributes(FieldValues const& values) {
     a.rope.lowFreqFactor = values.getFloat("rope_low_freq_factor");
     a.rope.highFreqFactor = values.getFloat("rope_high_freq_factor");
     a.rope.originalMaxPositions = values.getInt("rope_original_max_positions");
+    a.rope.betaFast = values.getFloat("rope_beta_fast");
+    a.rope.betaSlow = values.getFloat("rope_beta_slow");
+    a.rope.truncate = values.getInt("rope_truncate");
+    a.rope.attentionFactor = values.getFloat("rope_attention_factor");
+    std::vector<float> const& shortFactors = values.getFloats("rope_short_factors");
+    std::vector<float> const& longFactors = values.getFloats("rope_long_factors");
+    if (shortFactors.size() != longFactors.size()) {
+        throw PluginError("fields 'rope_short_factors' (" + std::to_string(shortFactors.size()) +
+                          " values) and 'rope_long_factors' (" + std::to_string(longFactors.size()) +
+                          " values): expected the same length");
+    }
+    a.rope.numFactors = static_cast<int32_t>(shortFactors.size());  // <= kMaxRotaryPairs (the field's maximum)
+    std::copy(shortFactors.begin(), shortFactors.end(), a.rope.shortFactors);
+    std::copy(longFactors.begin(), longFactors.end(), a.rope.longFactors);
     a.hasBias = values.getFlag("has_bias");
     a.explicitPositions = values.getFlag("explicit_positions");
     a.zeroVTail = values.getFlag("zero_v_tail");

@@ -117,6 +117,16 @@ def rope_config(rope: RopeConfig) -> ctypes.Structure:
     c.style, c.rotaryDim, c.theta, c.scaling = int(rope.style), rope.rotary_dim, rope.theta, int(rope.scaling)
     c.factor, c.lowFreqFactor, c.highFreqFactor = rope.factor, rope.low_freq_factor, rope.high_freq_factor
     c.originalMaxPositions = rope.original_max_positions
+    c.betaFast, c.betaSlow, c.truncate = rope.beta_fast, rope.beta_slow, int(rope.truncate)
+    c.attentionFactor = rope.attention_factor
+    if len(rope.short_factors) != len(rope.long_factors):
+        raise ValueError(f"rope_short_factors / rope_long_factors: expected the same length, got "
+                         f"{len(rope.short_factors)} and {len(rope.long_factors)}")
+    if len(rope.short_factors) > len(c.shortFactors):
+        raise ValueError(f"rope_short_factors: at most {len(c.shortFactors)} values, got {len(rope.short_factors)}")
+    c.numFactors = len(rope.short_factors)
+    c.shortFactors[:c.numFactors] = rope.short_factors
+    c.longFactors[:c.numFactors] = rope.long_factors
     return c
 
 
@@ -264,12 +274,14 @@ def qkv_write_numpy_unchecked(qkv: np.ndarray, bias: np.ndarray | None, meta: St
 
 # ---- host-side views of the kernel's RoPE machinery (CPU tests; no GPU needed) --------------------------------
 
-def rope_inv_freq(cfg: WriteConfig) -> np.ndarray:
-    """``computeRopeParams``'s float32 inverse frequencies ``[R/2]`` for ``cfg`` (empty without RoPE)."""
+def rope_inv_freq(cfg: WriteConfig, long: bool = False) -> np.ndarray:
+    """``computeRopeParams``'s float32 inverse frequencies ``[R/2]`` for ``cfg`` (empty without RoPE); ``long``:
+    its LongRoPE long table (``longInvFreq``, zeros for other scalings)."""
     params = rope_params(cfg)
     if cfg.rope.style == RopeStyle.NONE:
         return np.zeros(0, dtype=np.float32)
-    return np.ctypeslib.as_array(params.invFreq)[: params.rotaryDim // 2].astype(np.float32)
+    table = params.longInvFreq if long else params.invFreq
+    return np.ctypeslib.as_array(table)[: params.rotaryDim // 2].astype(np.float32)
 
 
 def rope_angles(inv_freq: np.ndarray, positions: np.ndarray) -> np.ndarray:

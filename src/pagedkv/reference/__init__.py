@@ -4,7 +4,8 @@ Written for clarity (TensorRT-LLM ``vanilla.py`` in spirit): every pool address 
 ``pagedkv.layout.KVLayout``. The CUDA kernel tests, the KV manager tests and the builder's reference runtime
 all compare against these. ``docs/references.md`` states the conventions and how the tests prove them.
 
-    rope       rope_inv_freq, apply_rope            RoPE styles (NEOX, GPTJ), scaling (linear, llama3)
+    rope       rope_inv_freq, apply_rope            RoPE styles (NEOX, GPTJ), scaling (linear, llama3, yarn,
+                                                    longrope), attention factor
     quant      quantize, dequantize                 pool storage convention (cache_convert.cuh)
     write      qkv_write, InvalidPageError          bias + RoPE + quantize + paged write + V tail zeroing
     attention  paged_attention, dense_attention     paged read (GQA, window + sinks, softcap), dense twin

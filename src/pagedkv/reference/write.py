@@ -88,8 +88,9 @@ def qkv_write(qkv, bias, meta: StepMetadata, pool: np.ndarray, cfg: WriteConfig)
     if cfg.q_out_fp8 and not (math.isfinite(cfg.q_scale) and cfg.q_scale > 0):
         raise ValueError(f"q_scale: q_out_fp8 needs a finite q_scale > 0, got {cfg.q_scale}")
     positions = _rope_positions(meta, cfg)
-    q = apply_rope(q, positions, layout.head_dim, cfg.rope)
-    k = apply_rope(k, positions, layout.head_dim, cfg.rope)
+    kv_lens = meta.kv_lens[meta.token_seq]  # LongRoPE picks its table per sequence by this
+    q = apply_rope(q, positions, layout.head_dim, cfg.rope, kv_lens)
+    k = apply_rope(k, positions, layout.head_dim, cfg.rope, kv_lens)
 
     # ---- locate every token first (no partial writes) ------------------------------------------------
     located = []  # per sequence: (token rows, cache positions, blocks, offsets)
