@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import onnx
 
+from pagedkv import onnx_io
 from pagedkv.layout import CacheDType
 from pagedkv.reference.quant import FP8_E4M3_MAX, INT8_MAX
 
@@ -136,15 +136,15 @@ def load_prompts(path, tokenizer=None) -> list[np.ndarray]:
 
 
 def calibrate_kv(model, prompts, *, source: str = "", quiet: bool = False) -> KVCalibration:
-    """Run each prompt through the original graph (path or ModelProto) and record per-layer K/V amax."""
+    """Run each prompt through the original graph (path or ModelProto, any size: ``pagedkv.onnx_io``) and record
+    per-layer K/V amax."""
     from pagedkv.builder.compare import vocab_size
     from pagedkv.builder.precision import emulate_in_float32
     from pagedkv.runtime.graph import DecoderGraph
     from pagedkv.runtime.session import DenseSession
     from pagedkv.userio import progress
 
-    if not isinstance(model, onnx.ModelProto):
-        model = onnx.load(str(model))
+    model = onnx_io.load_if_path(model, "original graph")  # any size: weights stay on disk for ONNX Runtime
     graph = DecoderGraph.load(model)
     vocab = vocab_size(model, graph.logits)
     for i, p in enumerate(prompts):
@@ -188,8 +188,7 @@ class CalibrationPlan:
                 raise ValueError(f"calibration {name}: expected >= 1, got {getattr(self, name)}")
 
     def run(self, model, *, quiet: bool = False) -> KVCalibration:
-        if not isinstance(model, onnx.ModelProto):
-            model = onnx.load(str(model))
+        model = onnx_io.load_if_path(model, "original graph")
         if self.data is not None:
             prompts = load_prompts(self.data, self.tokenizer)
             source = str(self.data) + (f", tokenizer {self.tokenizer}" if self.tokenizer else "")

@@ -4,7 +4,9 @@
                     [--prompt-lens 5,17,33] [--decode-steps 8] [--chunk-size 16] [--atol A --rtol R]
 
 N prompts of different lengths go through (optionally chunked) prefill and M greedy decode steps on both
-graphs, with one schedule (``pagedkv.runtime.loop.Schedule``) so the inputs are identical:
+graphs, with one schedule (``pagedkv.runtime.loop.Schedule``) so the inputs are identical. The original runs the
+whole schedule first (its logits choose every token) and is closed before the rewritten graph replays the same
+steps, so only one of the two models is ever resident (a model past 2 GB costs one copy of its weights):
 
 * original: ONNX Runtime, dense past K/V, one sequence per run (``pagedkv.runtime.session.DenseSession``);
 * rewritten: the chosen backend — ``reference`` (ONNX Runtime + numpy pools + float64 references),
@@ -247,6 +249,7 @@ def open_rewritten(rewritten, backend: str, num_blocks):
 
         import onnx
 
+        from pagedkv import onnx_io
         from pagedkv.builder.build import build_engine
         from pagedkv.runtime import trt
 
@@ -254,8 +257,7 @@ def open_rewritten(rewritten, backend: str, num_blocks):
         with tempfile.TemporaryDirectory(prefix="pagedkv-trt-") as tmp:
             source = rewritten
             if isinstance(rewritten, onnx.ModelProto):
-                source = Path(tmp) / "rewritten.onnx"
-                onnx.save(rewritten, str(source))
+                source = onnx_io.save(rewritten, Path(tmp) / "rewritten.onnx")
             engine = build_engine(source, Path(tmp) / "model.engine").engine
             return trt.TrtExecutor(rewritten, engine=engine, num_blocks=num_blocks)
     raise ValueError(f"backend: expected one of {REWRITTEN_BACKENDS}, got {backend!r}")
@@ -268,86 +270,108 @@ def activation_dtype(model) -> str:
     return dtype_name(model_dtype(model))
 
 
+@dataclass
+class _OriginalStep:
+    """One step of the original's run, kept for the replay on the rewritten graph."""
+
+    entries: list  # [(sequence, new token ids)]
+    kinds: list[str]  # "prefill" | "decode" per entry
+    logits: list[np.ndarray]  # per entry [n_i, vocab]
+    picks: list[int | None]  # the token chosen after each entry (None: mid-prompt chunk)
+
+
+def _run_original(original, prompts, decode_steps: int, chunk_size: int, check_kv: bool, head_dims):
+    """The original through the whole schedule (it alone chooses the tokens), then closed: only one of the two
+    graphs is ever resident, so a big model costs one copy of its weights. ``head_dims``: the rewritten layers'
+    (for an original that leaves them symbolic). -> (steps, dense presents by (sequence, layer) when ``check_kv``)."""
+    from pagedkv.runtime.loop import Prompt, Schedule
+    from pagedkv.runtime.session import DenseSession
+
+    dense = DenseSession(original, head_dims)
+    sched = Schedule([Prompt(f"s{i}", p) for i, p in enumerate(prompts)], decode_steps=decode_steps,
+                     chunk_size=chunk_size)
+    steps = []
+    while entries := sched.next_step():
+        kinds = ["decode" if r.fed == r.prompt.size and r.generated else "prefill" for r in sched.pending]
+        logits = dense.step(entries)
+        picks = [int(np.argmax(e[-1])) if sched.wants_next_token(i) else None for i, e in enumerate(logits)]
+        sched.advance(picks)
+        steps.append(_OriginalStep(entries, kinds, logits, picks))
+    layers = range(dense.graph.num_layers) if check_kv else ()
+    presents = {(r.id, layer): dense.present(r.id, layer) for r in sched.requests for layer in layers}
+    return steps, presents
+
+
 def compare(original, rewritten, *, backend: str = "reference", num_prompts: int | None = None, prompt_lens=None,
             prompts=None, decode_steps: int = 8, chunk_size: int = 0, seed: int = 0, atol: float = 1e-5,
             rtol: float = 1e-5, kv_atol: float | None = None, kv_rtol: float | None = None,
             check_kv: bool = True, num_blocks=None, quiet: bool = True) -> CompareReport:
     """Run both graphs on the same schedule; see the module docstring. ``original``: path or ModelProto of
     the decoder-with-past graph; ``rewritten``: path or ModelProto of the rewritten graph (or, for
-    ``backend="trt"``, the rewritten ONNX an engine is built from: ``open_rewritten``). ``quiet``: no progress
-    bar (``pagedkv.userio.progress``: one tick per step, on a terminal only)."""
-    import onnx
-
-    from pagedkv.runtime.graph import RewrittenGraph
-    from pagedkv.runtime.loop import Prompt, Schedule
-    from pagedkv.runtime.session import DenseSession
-
+    ``backend="trt"``, the rewritten ONNX an engine is built from: ``open_rewritten``). Paths are opened with
+    ``pagedkv.onnx_io`` (any size); the original runs first, to the end, then the rewritten graph replays its steps.
+    ``quiet``: no progress bar (``pagedkv.userio.progress``: one tick per step, on a terminal only)."""
+    from pagedkv import onnx_io
     from pagedkv.builder.precision import emulate_in_float32
+    from pagedkv.runtime.graph import DecoderGraph, RewrittenGraph
 
-    if not isinstance(original, onnx.ModelProto):
-        original = onnx.load(str(original))
-    if not isinstance(rewritten, onnx.ModelProto):
-        rewritten = onnx.load(str(rewritten))
-    dtypes = (activation_dtype(original), activation_dtype(rewritten))
-    runnable = emulate_in_float32(original)
-    dense = DenseSession(runnable)
-    emulated = runnable is not original
-    if backend != "trt":  # the CPU backends' plugin ops take float32 (module docstring); an engine takes the graph
-        runnable = emulate_in_float32(rewritten)
-        emulated |= runnable is not rewritten
-        rewritten = runnable
-    vocab = vocab_size(original, dense.graph.logits)
+    original_model = onnx_io.load_if_path(original, "original graph")
+    rewritten = onnx_io.load_if_path(rewritten, "rewritten graph")
+    dtypes = (activation_dtype(original_model), activation_dtype(rewritten))
+    runnable = emulate_in_float32(original_model)
+    emulated = runnable is not original_model
+    if emulated:
+        original = runnable
+    graph = RewrittenGraph.load(rewritten)
+    decoder = DecoderGraph.load(original_model)
+    check_same_model(decoder, graph, vocab_size(original_model, decoder.logits))
     if prompts is None:
         if num_prompts is None:
             num_prompts = len(prompt_lens) if prompt_lens else 3
-        prompts = make_prompts(num_prompts, prompt_lens, vocab, seed)
+        prompts = make_prompts(num_prompts, prompt_lens, vocab_size(original_model, decoder.logits), seed)
     lens = [int(len(p)) for p in prompts]
-    graph = RewrittenGraph.load(rewritten)
-    check_same_model(dense.graph, graph, vocab)
     if num_blocks is None:
         num_blocks = _blocks_needed(graph.groups, lens, decode_steps)
-    report = CompareReport(backend, atol, rtol, chunk_size, lens, decode_steps, dtypes=dtypes, emulated=emulated)
+    report = CompareReport(backend, atol, rtol, chunk_size, lens, decode_steps, dtypes=dtypes)
     kv_atol = atol if kv_atol is None else kv_atol
     kv_rtol = rtol if kv_rtol is None else kv_rtol
 
-    sched = Schedule([Prompt(f"s{i}", p) for i, p in enumerate(prompts)], decode_steps=decode_steps,
-                     chunk_size=chunk_size)
+    head_dims = [layer.write.pool.head_dim for layer in graph.layers] if graph.layers else None
+    steps, presents = _run_original(original, prompts, decode_steps, chunk_size, check_kv and backend == "reference",
+                                    head_dims)
+    del original, runnable  # the original's run is over: only the rewritten graph is resident from here on
+    if backend != "trt":  # the CPU backends' plugin ops take float32 (module docstring); an engine takes the graph
+        runnable = emulate_in_float32(rewritten)  # after the original's run: one model resident at a time
+        emulated |= runnable is not rewritten
+        rewritten = runnable
+    report.emulated = emulated
     paged = open_rewritten(rewritten, backend, num_blocks)
     bar = progress(desc="compare", unit="step", quiet=quiet)
     try:
-        while entries := sched.next_step():
+        for index, step in enumerate(steps, start=1):
             bar.update()
-            kinds = ["decode" if r.fed == r.prompt.size and r.generated else "prefill" for r in sched.pending]
-            expected = dense.step(entries)
-            got = paged.step(entries)
-            exp_all, got_all = np.concatenate(expected), np.concatenate(got)
+            got = paged.step(step.entries)
+            exp_all, got_all = np.concatenate(step.logits), np.concatenate(got)
             ok, max_abs, max_scaled = _compare_arrays("logits", exp_all, got_all, atol, rtol)
             agree = int(np.sum(np.argmax(exp_all, -1) == np.argmax(got_all, -1)))
             tol = atol + rtol * float(np.max(np.abs(exp_all)))
-            result = StepResult(sched.steps, [(sid, len(t), k) for (sid, t), k in zip(entries, kinds)],
+            result = StepResult(index, [(sid, len(t), k) for (sid, t), k in zip(step.entries, step.kinds)],
                                 max_abs, max_scaled, ok, agree, exp_all.shape[0], bound=tol)
-            nxt = []
-            for i, ((sid, _), e, g) in enumerate(zip(entries, expected, got)):
-                if sched.wants_next_token(i):
-                    o, r = int(np.argmax(e[-1])), int(np.argmax(g[-1]))
+            for (sid, _), e, g, o in zip(step.entries, step.logits, got, step.picks):
+                if o is not None:
+                    r = int(np.argmax(g[-1]))
                     result.greedy.append((sid, o, r, bool(e[-1][o] - e[-1][r] > tol)))
-                    nxt.append(o)
-                else:
-                    nxt.append(None)
-            sched.advance(nxt)
             report.steps.append(result)
-        if check_kv and backend == "reference":
-            for r in sched.requests:
-                for layer in range(dense.graph.num_layers):
-                    report.kv.append(_compare_kv(dense, paged, r.id, layer, kv_atol, kv_rtol))
+        for (seq, layer), present in presents.items():
+            report.kv.append(_compare_kv(present, paged, seq, layer, kv_atol, kv_rtol))
     finally:
         bar.close()
         paged.close()
     return report
 
 
-def _compare_kv(dense, paged, seq, layer, atol, rtol) -> KVResult:
-    k_exp, v_exp = dense.present(seq, layer)
+def _compare_kv(present, paged, seq, layer, atol, rtol) -> KVResult:
+    k_exp, v_exp = present
     k_got, v_got = paged.read_kv(seq, layer)
     resident = ~np.isnan(k_got[0, :, 0])  # windowed caches release old positions
     exp = np.concatenate([k_exp[:, resident], v_exp[:, resident]]).astype(np.float64)
@@ -371,7 +395,7 @@ def check_same_model(original, rewritten, vocab: int) -> None:
         differ("vocabulary", vocab, rewritten.vocab)
     for layer, kv_heads, head_dim in zip(rewritten.layers, original.kv_heads, original.head_dims):
         pool = layer.write.pool
-        if (pool.num_kv_heads, pool.head_dim) != (kv_heads, head_dim):
+        if pool.num_kv_heads != kv_heads or head_dim and pool.head_dim != head_dim:  # head_dim 0: symbolic there
             differ(f"layer {layer.index} (KV heads, head dim)", (kv_heads, head_dim),
                    (pool.num_kv_heads, pool.head_dim))
 
@@ -420,25 +444,23 @@ def default_tolerance(rewritten, original=None) -> tuple[float, float]:
     """(atol, rtol) for comparing ``rewritten`` (path or ModelProto) with its original: the loosest of its pools'
     cache dtypes (``CLI_TOLERANCE_BY_CACHE``) and of the activation dtypes of both graphs
     (``pagedkv.tolerances.MODEL_TOLERANCES``, for 16-bit graphs)."""
-    import onnx
-
+    from pagedkv import onnx_io
     from pagedkv.runtime.graph import RewrittenGraph
 
-    if not isinstance(rewritten, onnx.ModelProto):
-        rewritten = onnx.load(str(rewritten))
+    rewritten = onnx_io.load_if_path(rewritten, "rewritten graph")  # weights stay on disk: only types are read
     graph = RewrittenGraph.load(rewritten)
     candidates = [CLI_TOLERANCE_BY_CACHE[g.cache_dtype.name] for g in graph.groups]
     for model in (rewritten, original):
         if model is not None:
-            candidates.append(MODEL_TOLERANCES[activation_dtype(model if isinstance(model, onnx.ModelProto)
-                                                                else onnx.load(str(model)))])
+            candidates.append(MODEL_TOLERANCES[activation_dtype(onnx_io.load_if_path(model, "original graph"))])
     return max(candidates, key=lambda t: t[0])
 
 
 def run_compare(args) -> int:
+    from pagedkv import onnx_io
     from pagedkv.runtime.backends import BackendUnavailable
     from pagedkv.runtime.graph import GraphError, is_rewritten
-    from pagedkv.userio import (UsageError, check_float, check_input_file, check_int, check_output_path, load_onnx,
+    from pagedkv.userio import (UsageError, check_float, check_input_file, check_int, check_output_path,
                                 parse_int_list, print_json)
 
     paths = check_input_file(args.original, "original"), check_input_file(args.rewritten, "rewritten")
@@ -452,7 +474,7 @@ def run_compare(args) -> int:
             check_float(name, value, low=0.0)
     if args.plot is not None:
         check_output_path(args.plot, paths, "--plot")
-    original, rewritten = (load_onnx(p, name) for p, name in zip(paths, ("original", "rewritten")))
+    original, rewritten = (onnx_io.load(p, name) for p, name in zip(paths, ("original", "rewritten")))
     if is_rewritten(original) and not is_rewritten(rewritten):
         raise UsageError(f"original: {str(paths[0])!r} is the rewritten graph and rewritten: {str(paths[1])!r} the "
                          "original; the arguments are swapped (pagedkv compare ORIGINAL REWRITTEN)")

@@ -13,13 +13,13 @@ Everything here reads; nothing changes the model. The rewrite (``rewrite.py``), 
 
 from __future__ import annotations
 
-import copy
 from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+
+from pagedkv import onnx_io
 
 
 class RewriteError(ValueError):
@@ -58,11 +58,18 @@ SHAPE_PRESERVING_FOREIGN_OPS = {
 }
 
 
-def infer_shapes(model: onnx.ModelProto) -> onnx.GraphProto:
-    """The model's graph with shape inference's value_info; ORT's shape-preserving fused ops stand in as
-    Identity nodes for the inference only (the nodes returned are the model's own)."""
+# Ops ONNX Runtime's symbolic shape inference has no rule for, whose output 0 has the shape of input 0: the opset-23
+# Attention op (Y [B, H, S, D] of Q [B, H, S, D], V's head size being Q's in every decoder the rewrite takes).
+SYMBOLIC_STAND_INS = {("", "Attention")}
+
+
+def inferred_value_info(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """Inputs, outputs and intermediate tensors with shape inference's types and shapes. Inferred on the model's
+    weightless skeleton (``onnx_io.skeleton``: big weights become inputs of their shape, so a model of any size
+    serializes, and external data is never read); ORT's shape-preserving fused ops stand in as Identity nodes."""
+    surrogate = onnx_io.skeleton(model)
     nodes, changed = [], False
-    for node in model.graph.node:
+    for node in surrogate.graph.node:
         keep = SHAPE_PRESERVING_FOREIGN_OPS.get((node.domain or "", node.op_type))
         if keep is None or (not node.domain and onnx.defs.has(node.op_type)):
             nodes.append(node)
@@ -70,26 +77,22 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.GraphProto:
         changed = True
         nodes += [onnx.helper.make_node("Identity", [node.input[0]], [node.output[i]])
                   for i in keep if i < len(node.output) and node.output[i]]
-    surrogate = model
     if changed:
-        surrogate = copy.deepcopy(model)
         del surrogate.graph.node[:]
         surrogate.graph.node.extend(nodes)
+    graph = surrogate.graph
     try:
-        inferred = onnx.shape_inference.infer_shapes(surrogate, data_prop=True).graph
+        graph = onnx.shape_inference.infer_shapes(surrogate, data_prop=True).graph
     except Exception:  # noqa: BLE001 - inference is a help, not a requirement
-        return model.graph
-    if changed:
-        del inferred.node[:]
-        inferred.node.extend(model.graph.node)
-    return inferred
+        pass
+    return [*graph.input, *graph.output, *graph.value_info]
 
 
 # ---- the index ----------------------------------------------------------------------------------------
 class GraphView:
     def __init__(self, model: onnx.ModelProto):
         self.model = model
-        self.graph = infer_shapes(model)
+        self.graph = model.graph
         self.opsets = {o.domain: o.version for o in model.opset_import}
         self.nodes = list(self.graph.node)
         self.producer: dict[str, onnx.NodeProto] = {}
@@ -102,29 +105,33 @@ class GraphView:
                 if inp:
                     self.consumers.setdefault(inp, []).append(node)
         self.initializers = {t.name: t for t in self.graph.initializer}
-        self.value_info = {v.name: v for v in (*self.graph.input, *self.graph.output, *self.graph.value_info)}
+        self.value_info = {v.name: v for v in inferred_value_info(model)}
         self.graph_inputs = [i.name for i in self.graph.input if i.name not in self.initializers]
         self.graph_outputs = [o.name for o in self.graph.output]
         self._order = {id(n): i for i, n in enumerate(self.nodes)}
         self._const_cache: dict[str, np.ndarray | None] = {}
         self._sessions: dict = {}
+        self._symbolic: dict[str, list] | None = None
 
     # ---- constants and shapes -----------------------------------------------------------------------
     def constant(self, name: str) -> np.ndarray | None:
-        """The value of an initializer or a Constant node's output (through Identity), else None."""
+        """The value of an initializer or a Constant node's output (through Identity and Transpose), else None."""
         if name in self._const_cache:
             return self._const_cache[name]
         value = None
         if name in self.initializers:
-            value = numpy_helper.to_array(self.initializers[name])
+            value = onnx_io.to_array(self.initializers[name])
         elif name in self.producer:
             node = self.producer[name]
             if node.op_type == "Constant":
                 attr = node.attribute[0]
-                value = (numpy_helper.to_array(attr.t) if attr.name == "value" else
+                value = (onnx_io.to_array(attr.t) if attr.name == "value" else
                          np.asarray(onnx.helper.get_attribute_value(attr)))
             elif node.op_type == "Identity":
                 value = self.constant(node.input[0])
+            elif node.op_type == "Transpose":  # a tied embedding gathered from the LM head's weight: a view, no copy
+                inner = self.constant(node.input[0])
+                value = None if inner is None else np.transpose(inner, self.attr(node, "perm"))
         self._const_cache[name] = value
         return value
 
@@ -204,6 +211,40 @@ class GraphView:
         return [d.dim_param if d.HasField("dim_param") else d.dim_value if d.HasField("dim_value") else None
                 for d in info.type.tensor_type.shape.dim]
 
+    def symbolic_shape(self, name: str) -> list[int | str] | None:
+        """Dims from ONNX Runtime's symbolic shape inference (``onnxruntime.tools.symbolic_shape_infer``): unlike
+        onnx's, it proves symbolic dims equal across ops (the ``seq`` read off q by a Shape and the ``seq`` of the
+        attention output get one name). Run once, on the skeleton, on first use; None where it has no answer."""
+        if self._symbolic is None:
+            self._symbolic = {}
+            try:
+                from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+                surrogate = onnx_io.skeleton(self.model)
+                for node in surrogate.graph.node:  # ops it has no rule for, where output 0 has input 0's shape
+                    if (node.domain or "", node.op_type) in SYMBOLIC_STAND_INS:
+                        del node.output[1:], node.input[1:], node.attribute[:]
+                        node.op_type, node.domain = "Identity", ""
+                inferred = SymbolicShapeInference.infer_shapes(surrogate, auto_merge=True)
+            except Exception:  # noqa: BLE001 - a help where it works (it knows no custom op), never a requirement
+                inferred = None
+            for info in (*inferred.graph.value_info, *inferred.graph.output) if inferred is not None else ():
+                if info.type.tensor_type.HasField("shape"):
+                    self._symbolic[info.name] = [d.dim_param if d.HasField("dim_param") else
+                                                 d.dim_value if d.HasField("dim_value") else None
+                                                 for d in info.type.tensor_type.shape.dim]
+        dims = self._symbolic.get(name)
+        return None if dims is None or None in dims or "" in dims else dims
+
+    def same_shape(self, a: str, b: str) -> bool:
+        """Whether tensors ``a`` and ``b`` provably have the same shape (static dims, or symbolic dims that
+        ``symbolic_shape`` proves equal)."""
+        static_a, static_b = self.static_shape(a), self.static_shape(b)
+        if static_a is not None and None not in static_a and static_a == static_b:
+            return True
+        sym_a, sym_b = self.symbolic_shape(a), self.symbolic_shape(b)
+        return sym_a is not None and sym_a == sym_b
+
     def elem_type(self, name: str) -> int | None:
         if name in self.initializers:
             return self.initializers[name].data_type
@@ -224,7 +265,8 @@ class GraphView:
     def data_inputs(self, node: onnx.NodeProto) -> list[str]:
         return [] if node.op_type in SHAPE_OPS else [i for i in node.input if i]
 
-    def ancestors(self, tensors, stop: set[str] = frozenset()) -> set[str]:
+    def ancestors(self, tensors, stop: set[str] = frozenset(), shapes: bool = False) -> set[str]:
+        """Tensors ``tensors`` are computed from, over data edges (``shapes``: over Shape edges too)."""
         seen, todo = set(), deque(tensors)
         while todo:
             t = todo.popleft()
@@ -233,7 +275,8 @@ class GraphView:
             seen.add(t)
             if t in stop or t not in self.producer:
                 continue
-            todo.extend(self.data_inputs(self.producer[t]))
+            node = self.producer[t]
+            todo.extend([i for i in node.input if i] if shapes else self.data_inputs(node))
         return seen
 
     def descendants(self, tensor: str) -> set[str]:
@@ -248,9 +291,9 @@ class GraphView:
                     todo.extend(o for o in node.output if o)
         return seen
 
-    def depends_on_inputs(self, tensor: str) -> set[str]:
-        """Graph inputs the value of ``tensor`` depends on (shapes excluded)."""
-        return self.ancestors([tensor]) & set(self.graph_inputs)
+    def depends_on_inputs(self, tensor: str, shapes: bool = False) -> set[str]:
+        """Graph inputs the value of ``tensor`` depends on (``shapes``: also those whose shape it reads)."""
+        return self.ancestors([tensor], shapes=shapes) & set(self.graph_inputs)
 
     # ---- evaluation ---------------------------------------------------------------------------------
     def evaluate(self, outputs: list[str], feeds: dict[str, np.ndarray], step: "ProbeStep") -> list[np.ndarray]:
@@ -266,8 +309,7 @@ class GraphView:
             model = emulate_in_float32(model)  # 16-bit graphs: float32 math, each result rounded (no bf16 CPU kernels)
             options = ort.SessionOptions()
             options.log_severity_level = 4  # a sin/cos table too short for a probe is expected, not news
-            self._sessions[key] = (ort.InferenceSession(model.SerializeToString(), options,
-                                                        providers=["CPUExecutionProvider"]), shape_feeds)
+            self._sessions[key] = (onnx_io.ort_session(model, options), shape_feeds)
         session, shape_feeds = self._sessions[key]
         names = {i.name for i in session.get_inputs()}
         wide = {i.name for i in session.get_inputs() if i.type == "tensor(float)"}
@@ -322,7 +364,7 @@ class GraphView:
 
 
 # ---- graph inputs of a probe step ---------------------------------------------------------------------
-INPUT_ROLES = ("input_ids", "attention_mask", "position_ids", "past_key", "past_value")
+INPUT_ROLES = ("input_ids", "attention_mask", "position_ids", "past_key", "past_value", "passthrough")
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Measurements on the graph's own ops: RoPE (style, rotary dim, frequencies fitted to a ``RopeConfig``), the
-mask (window and sink positions) and the GQA head mapping. Each runs a slice of the graph with
+mask (window and sink positions), the cache's way to attention (the GQA head mapping, transposes) and guards. Each runs a slice of the graph with
 ``GraphView.evaluate`` at chosen ``ProbeStep``s and checks what it finds; nothing changes the model.
 """
 
@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 
 from pagedkv.builder.graph_view import GraphView, ProbeStep, RewriteError, describe
+from pagedkv.builder.patterns import CachePath
 from pagedkv.builder.projection import ProjectionChain, Region
 from pagedkv.config import RopeConfig, RopeScaling, RopeStyle
 
@@ -454,13 +455,18 @@ def _visible(mask: np.ndarray, boolean_true_visible: bool, node) -> np.ndarray:
 
 def measure_mask(view: GraphView, mask: str, step: ProbeStep, node, true_is_visible: bool = True,
                  ladder=(8, 64, 512, 4096, 32768)) -> MaskMeasurement:
-    """Evaluate the in-graph mask at decode steps of growing length (the window), then check it against
-    ``attends`` at prefill and chunked steps."""
+    """Evaluate the in-graph mask at decode steps of growing length (the window; up to the model's own length limit,
+    where the graph stops running), then check it against ``attends`` at prefill and chunked steps."""
     from pagedkv.layout import attends
 
     window, sinks = 0, 0
     for total in ladder:
-        (m,) = view.evaluate([mask], {}, step.at(1, total - 1, 1))
+        try:
+            (m,) = view.evaluate([mask], {}, step.at(1, total - 1, 1))
+        except Exception:  # noqa: BLE001 - a model's own length limit (a mask buffer of n_positions) ends the ladder
+            if total == ladder[0]:
+                raise
+            break
         row = _visible(m, true_is_visible, node)[-1]
         if row.shape[0] != total:
             raise RewriteError(f"{describe(node)}: expected a mask row over {total} positions, got {row.shape[0]}")
@@ -486,19 +492,53 @@ def measure_mask(view: GraphView, mask: str, step: ProbeStep, node, true_is_visi
     return MaskMeasurement(window, sinks)
 
 
-def measure_head_mapping(view: GraphView, start: str, end: str, kv_heads: int, heads: int, head_dim: int,
-                         step: ProbeStep, node) -> None:
-    """Check that the GQA repeat between ``start`` [B, KVH, L, D] and ``end`` [B, H, L, D] gives head h
-    the KV head h // (H / KVH), as the plugin does."""
-    if start == end:
-        if heads != kv_heads:
-            raise RewriteError(f"{describe(node)}: {heads} query heads read {kv_heads} KV heads without a repeat")
-        return
-    x = np.broadcast_to(np.arange(kv_heads, dtype=np.float32)[None, :, None, None], (1, kv_heads, 3, head_dim))
-    (y,) = view.evaluate([end], {start: np.ascontiguousarray(x)}, step.at(1, 0, 3))
-    y = np.asarray(y)
-    want = (np.arange(heads) // (heads // kv_heads)).astype(np.float32)
-    if y.shape != (1, heads, 3, head_dim) or not np.array_equal(y[0, :, 0, 0], want):
-        got = y[0, :, 0, 0].tolist() if y.ndim == 4 else list(y.shape)
-        raise RewriteError(f"{describe(node)}: expected the GQA repeat to give query head h the KV head "
-                           f"h // {heads // kv_heads}, got {got}")
+CACHE_PROBE = (2, 3)  # (past, seq) of the cache-path probe: 5 positions, none equal to a head count or dim
+
+
+def measure_cache_path(view: GraphView, path: CachePath, kv_heads: int, heads: int, head_dim: int, step: ProbeStep,
+                       node, feeds: dict | None = None) -> None:
+    """Check what the ops between a present cache [1, KVH, L, D] and the attention input do (``CachePath``): run them
+    on three encodings of the cache, its KV-head index, its position index l and its dim index d (small integers,
+    at most 255: exact in fp16 and bf16, where a joint code l * D + d would round), and compare with the GQA repeat
+    (query head h reads KV head h // (H / KVH), as the plugin does) and the expected transposition. ``feeds``: extra tensors (the layer's hidden state) that cut the probe short."""
+    past, seq = CACHE_PROBE
+    length = past + seq
+    dtype = _np_dtype(view.elem_type(path.start))
+    cache_shape = (1, kv_heads, length, head_dim)
+    codes = [np.broadcast_to(np.arange(n, dtype=np.float64).reshape(view_shape), cache_shape) for n, view_shape in
+             ((kv_heads, (1, kv_heads, 1, 1)), (length, (1, 1, length, 1)), (head_dim, (1, 1, 1, head_dim)))]
+    group = heads // kv_heads if kv_heads and heads % kv_heads == 0 else 0
+    layouts = [("repeated", np.arange(heads) // group)] if group else []
+    if path.kv_heads_ok:
+        layouts.append(("kept", np.arange(kv_heads)))
+    got = []
+    for code in codes:
+        (y,) = view.evaluate([path.end], {path.start: np.ascontiguousarray(code.astype(dtype)), **(feeds or {})},
+                             step.at(1, past, seq))
+        got.append(np.asarray(y, dtype=np.float64) / path.scale)
+    for _, index in layouts:
+        want = [code[:, index] for code in codes]
+        if path.transposed:
+            want = [w.swapaxes(-1, -2) for w in want]
+        if all(g.shape == w.shape and np.allclose(g, w, rtol=0, atol=0.5) for g, w in zip(got, want)):
+            return
+    shape = [1, heads, head_dim, length] if path.transposed else [1, heads, length, head_dim]
+    heads_got = got[0][0, :, 0, 0].tolist() if got[0].ndim == 4 else list(got[0].shape)
+    raise RewriteError(f"{describe(node)}: expected the cache {path.start!r} to reach {path.end!r} as {shape} "
+                       f"({'K transposed, ' if path.transposed else ''}query head h reading KV head h // "
+                       f"{group or '?'}), got shape {list(got[0].shape)}, heads {heads_got}")
+
+
+GUARD_STEPS = ((0, 7), (5, 4), (40, 1))  # (past, seq): prefill, a chunk over a cached prefix, a long decode
+
+
+def measure_guard(view: GraphView, condition: str, step: ProbeStep, node) -> None:
+    """Check that the condition of a ``Where(condition, 0, attention)`` guard is false for every query at prefill,
+    chunked and decode steps (it zeroes the rows of queries that see no key; under a causal mask every query sees
+    itself), so dropping the guard changes nothing."""
+    for past, seq in GUARD_STEPS:
+        (value,) = view.evaluate([condition], {}, step.at(1, past, seq))
+        if np.any(np.asarray(value)):
+            raise RewriteError(f"{describe(node)}: expected the guard condition {condition!r} on its output to be "
+                               f"false for every query, it is true at past={past}, seq={seq} for "
+                               f"{int(np.count_nonzero(value))} element(s)")

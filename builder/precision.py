@@ -49,7 +49,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from pagedkv.builder.graph_view import SHAPE_PRESERVING_FOREIGN_OPS, RewriteError, describe, infer_shapes
+from pagedkv import onnx_io
+from pagedkv.builder.graph_view import SHAPE_PRESERVING_FOREIGN_OPS, RewriteError, describe, inferred_value_info
 from pagedkv.config import ONNX_DOMAIN, WRITE_PLUGIN_NAME
 
 FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
@@ -90,9 +91,8 @@ def dtype_name(elem_type: int) -> str:
 
 def elem_types(model: onnx.ModelProto) -> dict[str, int]:
     """Element type of every tensor: graph inputs, initializers, Constant outputs and inferred values."""
-    graph = infer_shapes(model)
     types = {}
-    for vi in (*graph.input, *graph.value_info, *graph.output):
+    for vi in inferred_value_info(model):
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
             types[vi.name] = vi.type.tensor_type.elem_type
     for init in model.graph.initializer:
@@ -394,7 +394,7 @@ class _Converter:
         extra = []
         for name, dtypes in self.wanted.items():
             tensor = self.constants[name]
-            value = numpy_helper.to_array(tensor)
+            value = onnx_io.to_array(tensor)
             primary = self.target if self.target in dtypes else tensor.data_type if tensor.data_type in dtypes \
                 else min(dtypes)
             for dtype in sorted(dtypes - {primary}):
@@ -500,10 +500,13 @@ def _declares_any(model: onnx.ModelProto, types) -> bool:
 def emulate_in_float32(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` whose float16 / bfloat16 tensors are float32 holding the same values, for ONNX Runtime's
     CPU provider (no bfloat16 kernels; onnxruntime-extensions' Python ops take float32 only). Weights convert
-    exactly; every op with a 16-bit result computes it in float32 and rounds it to its dtype (``Cast`` there and
-    back: round to nearest even), as an unfused 16-bit execution does; data-movement ops need no rounding, and
-    the write plugin's q stays as the plugin op returns it (it feeds the attention plugin directly: the graph
-    contract; the reference plugins compute in float64).
+    exactly: small constants in place, weights of ``onnx_io.EXTERNAL_MIN_BYTES`` or more through a ``Cast`` to
+    float32 that ONNX Runtime folds when it loads the graph (they stay 16-bit, and on disk when they are there: a
+    model of any size emulates without a float32 copy of its weights in the proto); every op with a 16-bit result
+    computes it in float32 and rounds it to its dtype (``Cast`` there and back: round to nearest even), as an
+    unfused 16-bit execution does; data-movement ops need no rounding, and the write plugin's q stays as the plugin
+    op returns it (it feeds the attention plugin directly: the graph contract; the reference plugins compute in
+    float64).
     A model without 16-bit tensors is returned as it is (not copied)."""
     narrow_types = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
     if not _declares_any(model, narrow_types):
@@ -515,19 +518,28 @@ def emulate_in_float32(model: onnx.ModelProto) -> onnx.ModelProto:
 
     def widen(tensor: onnx.TensorProto) -> None:
         if tensor.data_type in narrow_types:
-            tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float32), tensor.name))
+            tensor.CopyFrom(numpy_helper.from_array(onnx_io.to_array(tensor).astype(np.float32), tensor.name))
 
+    taken = {n for node in g.node for n in (*node.input, *node.output)} | {i.name for i in g.input} | \
+        {t.name for t in g.initializer}
+    node_names = {node.name for node in g.node}
+    weights: dict[str, str] = {}  # a big 16-bit weight -> its float32 Cast
+    nodes = []
     for init in g.initializer:
-        widen(init)
+        if init.data_type in narrow_types and (onnx_io.is_external(init) or
+                                               onnx_io.tensor_bytes(init) >= onnx_io.EXTERNAL_MIN_BYTES):
+            weights[init.name] = _unique(f"{init.name}.float32", taken)
+            nodes.append(onnx.helper.make_node("Cast", [init.name], [weights[init.name]], to=f32,
+                                               name=_unique(f"{init.name}/Cast.float32", node_names)))
+        else:
+            widen(init)
     infos = {}
     for vi in (*g.input, *g.output, *g.value_info):
         infos[vi.name] = vi
-        if vi.type.tensor_type.elem_type in narrow_types:
+        if vi.type.tensor_type.elem_type in narrow_types and vi.name not in weights:
             vi.type.tensor_type.elem_type = f32
-    taken = {n for node in g.node for n in (*node.input, *node.output)} | {i.name for i in g.input}
-    node_names = {node.name for node in g.node}
-    nodes = []
     for node in g.node:
+        node.input[:] = [weights.get(name, name) for name in node.input]
         for a in node.attribute:
             if a.type == onnx.AttributeProto.TENSOR:
                 widen(a.t)

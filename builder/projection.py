@@ -7,7 +7,7 @@ Gemm's C and its weight transposed when transB=1.
 
 ``trace_projection`` records the chain (``ProjectionChain``), ``layout_chain`` propagates the projection's
 column map along it (``Layout``), ``heads_colmap`` reads the [heads, head_dim] columns at the chain's end and
-``follow_output`` finds the o_proj input an attention output becomes through layout ops. Everything reads a
+``follow_output`` finds the o_proj input an attention output becomes through layout ops (and guards). Everything reads a
 ``GraphView``; nothing changes the model.
 """
 
@@ -117,6 +117,8 @@ def apply_layout(view: GraphView, node: onnx.NodeProto, layout: Layout, output: 
         if any(a < last_token for a in axes):
             raise RewriteError(f"{describe(node)}: expected new axes only after the batch and sequence axes")
         return Layout(new_labels, colmap.reshape(_unsqueezed_shape(colmap.shape, new_labels, axes)))
+    if op in ("Reshape", "Flatten") and view.same_shape(node.input[0], output):
+        return layout.copy()  # e.g. PyTorch's SDPA decomposition reshapes its output to the shape it has
     if op in ("Reshape", "Flatten"):
         token_prefix = 0
         while token_prefix < rank and labels[token_prefix] in "BS":
@@ -198,16 +200,25 @@ class ProjectionChain:
     matmul: onnx.NodeProto  # the projection: MatMul or Gemm
     hidden: str  # the projection's data input, [batch, seq, hidden]
     weight: str  # its constant weight: [hidden, N], or [N, hidden] when transposed_weight
-    bias: str | None  # a constant added right after the MatMul (Gemm: its C)
+    bias: str | None  # a constant [features] added after the MatMul (directly, after layout ops, or Gemm's C)
     steps: list  # source -> end: ("layout", node, out) | ("bias", node) | ("scale", node, factor) | ("region", Region)
     end_layout: Layout | None = None
     output: str = ""  # the projection's columns as [batch, seq, N] (MatMul: its output; Gemm: reshaped back)
     transposed_weight: bool = False  # Gemm with transB=1
+    bias_columns: np.ndarray | None = None  # the projection column each bias entry is added to (layout_chain)
 
     def weight_matrix(self, view: GraphView) -> np.ndarray:
         """The weight as [hidden, N] (the orientation of ``hidden @ weight``)."""
         weight = view.constant(self.weight)
         return weight.T if self.transposed_weight else weight
+
+    def bias_values(self, view: GraphView, width: int) -> np.ndarray:
+        """The bias per projection column ([width]; zeros where none is added)."""
+        out = np.zeros(width, dtype=np.float64)
+        if self.bias is not None:
+            value = np.asarray(view.constant(self.bias), dtype=np.float64)
+            out[self.bias_columns] = np.broadcast_to(value, self.bias_columns.shape)
+        return out
 
     @property
     def regions(self) -> list[Region]:
@@ -320,11 +331,11 @@ def trace_projection(view: GraphView, end: str) -> ProjectionChain:
         if node.op_type in LAYOUT_OPS and inputs == [node.input[0]]:
             steps.append(("layout", node, t))
             t = node.input[0]
-        elif (node.op_type == "Add" and len(inputs) == 1 and inputs[0] == source and len(const_inputs) == 1
+        elif (node.op_type == "Add" and len(inputs) == 1 and len(const_inputs) == 1 and bias is None
               and view.constant(const_inputs[0]).ndim == 1):
-            bias = const_inputs[0]
+            bias = const_inputs[0]  # right after the MatMul, or after the Split of a packed one (ORT's fusions)
             steps.append(("bias", node))
-            t = source
+            t = inputs[0]
         elif (node.op_type in ("Mul", "Div") and len(inputs) == 1 and len(const_inputs) == 1
               and view.constant(const_inputs[0]).size == 1):
             if node.op_type == "Div" and node.input[1] != const_inputs[0]:
@@ -338,7 +349,9 @@ def trace_projection(view: GraphView, end: str) -> ProjectionChain:
             by_order = {view.order(view.producer[o]): view.producer[o] for o in inner if o != x and o in view.producer}
             nodes = [by_order[k] for k in sorted(by_order)]
             side = {i for n in nodes for i in view.data_inputs(n) if i not in inner}
-            dynamic_side = any(view.depends_on_inputs(s) for s in side)
+            # RoPE's cos/sin come from positions: position_ids, or the past length a Shape reads (a cos/sin cache
+            # sliced from the past length on, as transformers 4.x's Gemma writes it); a norm's side inputs are constants
+            dynamic_side = any(view.depends_on_inputs(s, shapes=True) for s in side)
             kind = "rope" if dynamic_side or any("Rotary" in n.op_type for n in nodes) else "head_norm"
             if kind == "head_norm":
                 _check_head_norm(view, nodes)
@@ -366,6 +379,7 @@ def layout_chain(view: GraphView, chain: ProjectionChain) -> Layout:
     """Propagate the projection's column map to ``chain.end``; stores each region's layout on the way."""
     width = chain.weight_matrix(view).shape[1]
     layout = Layout(["B", "S", "F"], np.arange(width))
+    chain.bias_columns = layout.colmap  # Gemm's C is added to the projection's own columns; a bias step moves it
     out_rank = len(view.static_shape(chain.output) or [3])
     if out_rank != 3 and out_rank >= 2:  # (shape inference past unknown ops can leave a bogus rank < 2)
         raise RewriteError(f"{describe(chain.matmul)}: expected a [batch, seq, features] projection, "
@@ -376,6 +390,12 @@ def layout_chain(view: GraphView, chain: ProjectionChain) -> Layout:
         elif s[0] == "region":
             s[1].layout = layout.copy()
             layout = s[1].output_layout = _region_output_layout(view, s[1])
+        elif s[0] == "bias":
+            size = view.constant(chain.bias).size
+            if layout.labels[-1] != "F" or layout.colmap.shape[-1] != size:
+                raise RewriteError(f"{describe(s[1])}: expected the bias ({size}) added along the features "
+                                   f"of a {layout.labels} tensor with features {list(layout.colmap.shape)}")
+            chain.bias_columns = layout.colmap
     chain.end_layout = layout
     return layout
 
@@ -411,10 +431,18 @@ def _region_output_layout(view: GraphView, region: Region) -> Layout:
                   layout.colmap.transpose([feature_pos[p] for p in perm if layout.labels[p] == "F"]))
 
 
-def heads_colmap(chain: ProjectionChain, heads: int, head_dim: int, where: onnx.NodeProto) -> np.ndarray:
+def heads_colmap(chain: ProjectionChain, heads: int, head_dim: int, where: onnx.NodeProto,
+                 packed: tuple[int, int] | None = None) -> np.ndarray:
     """[heads, head_dim] projection columns of the chain's end, for a [B, N, S, D], [B, S, N, D] or
-    [B, S, N*D] end."""
+    [B, S, N*D] end. ``packed`` = (offset, width): the end is [B, S, width] holding several attention inputs side
+    by side (packed QKV), this one the heads * head_dim features from ``offset``."""
     layout = chain.end_layout
+    if packed is not None:
+        offset, width = packed
+        if layout.labels == ["B", "S", "F"] and layout.colmap.size == width:
+            return layout.colmap[offset:offset + heads * head_dim].reshape(heads, head_dim)
+        raise RewriteError(f"{describe(where)}: expected the packed input {chain.end!r} as [batch, seq, {width}], "
+                           f"traced axes {layout.labels} with features {list(layout.colmap.shape)}")
     if layout.labels in (["B", "F", "S", "F"], ["B", "S", "F", "F"]) or layout.labels == ["B", "S", "F"]:
         if layout.colmap.size == heads * head_dim:
             return layout.colmap.reshape(heads, head_dim)
@@ -423,26 +451,51 @@ def heads_colmap(chain: ProjectionChain, heads: int, head_dim: int, where: onnx.
                        f"features {list(layout.colmap.shape)}")
 
 
+def guard_condition(view: GraphView, node: onnx.NodeProto, tensor: str) -> str | None:
+    """The condition ``c`` of a guard ``Where(c, 0, tensor)`` (PyTorch's SDPA decompositions zero the outputs of
+    queries that see no key), when ``node`` is one and ``c`` is not computed from ``tensor``; else None."""
+    if node.op_type != "Where" or len(node.input) != 3 or node.input[2] != tensor:
+        return None
+    zero = view.constant(node.input[1])
+    if zero is None or np.any(zero != 0) or tensor in view.ancestors([node.input[0]]):
+        return None
+    return node.input[0]
+
+
 def follow_output(view: GraphView, tensor: str, labels: list[str], heads: int, head_dim: int,
-                  where: onnx.NodeProto) -> str:
-    """From an attention output with axes ``labels`` ([B, H, S, D] or [B, S, H*D]...), follow layout ops to
-    the tensor that holds it as [batch, seq, heads * head_dim] in (head, dim) order: the o_proj input; or as
-    [batch * seq, heads * head_dim] when the exporter flattens the tokens straight into a Gemm o_proj (dynamo's
-    GPT-2 Conv1D)."""
+                  where: onnx.NodeProto) -> tuple[str, list[str]]:
+    """From an attention output with axes ``labels`` ([B, H, S, D] or [B, S, H*D]...), follow layout ops and
+    guards (``guard_condition``: elementwise, the layout stays) to the last tensor that holds it as
+    [batch, seq, heads * head_dim] in (head, dim) order: the o_proj input; or as [batch * seq, heads * head_dim]
+    when the exporter flattens the tokens straight into a Gemm o_proj (dynamo's GPT-2 Conv1D). -> (that tensor,
+    the conditions of the guards passed on the way: the rewrite measures them false, ``measure.measure_guard``)."""
     layout = Layout(list(labels), np.arange(heads * head_dim).reshape(
         [heads, head_dim] if labels.count("F") == 2 else [heads * head_dim]))
+    found, guards, passed = None, [], []
     while True:
         if layout.labels == ["B", "S", "F"] and np.array_equal(layout.colmap, np.arange(heads * head_dim)):
-            return tensor
+            found, guards = tensor, list(passed)
         users = [n for n in view.consumers.get(tensor, []) if n.op_type not in SHAPE_OPS]
         if (layout.labels[:2] == ["B", "S"] and set(layout.labels[2:]) == {"F"} and len(users) == 1
                 and users[0].op_type == "Reshape" and users[0].input[0] == tensor
                 and np.array_equal(layout.colmap.ravel(), np.arange(heads * head_dim))
                 and view.partial_value(users[0].input[1]) == [-1, heads * head_dim]):
-            return users[0].output[0]  # the tokens flattened: [batch * seq, heads * head_dim]
-        if len(users) != 1 or users[0].op_type not in LAYOUT_OPS or users[0].input[0] != tensor:
-            raise RewriteError(f"{describe(where)}: expected its output to become [batch, seq, {heads}*{head_dim}] "
-                               f"in (head, dim) order through layout ops, got axes {layout.labels} feeding "
-                               f"{[describe(u) for u in users]}")
-        layout = apply_layout(view, users[0], layout, users[0].output[0])
-        tensor = users[0].output[0]
+            return users[0].output[0], list(passed)  # the tokens flattened: [batch * seq, heads * head_dim]
+        condition = guard_condition(view, users[0], tensor) if len(users) == 1 else None
+        if condition is not None:
+            passed.append(condition)
+            tensor = users[0].output[0]
+            continue
+        if len(users) == 1 and users[0].op_type in LAYOUT_OPS and users[0].input[0] == tensor:
+            try:
+                layout = apply_layout(view, users[0], layout, users[0].output[0])
+                tensor = users[0].output[0]
+                continue
+            except RewriteError:
+                if found is None:
+                    raise
+        if found is not None:
+            return found, guards
+        raise RewriteError(f"{describe(where)}: expected its output to become [batch, seq, {heads}*{head_dim}] "
+                           f"in (head, dim) order through layout ops, got axes {layout.labels} feeding "
+                           f"{[describe(u) for u in users]}")

@@ -2,7 +2,7 @@
 ``PagedKVAttention`` over the paged KV pools, everything else stays bit-identical.
 
     result = rewrite_model("model.onnx", RewriteOptions(page_size=16, cache_dtype="fp16"))
-    onnx.save(result.model, "paged.onnx"); print(result.report)
+    onnx_io.save(result.model, "paged.onnx"); print(result.report)     # paged.onnx + paged.onnx.data
 
 How (``docs/builder.md`` has the full story):
 
@@ -20,6 +20,10 @@ How (``docs/builder.md`` has the full story):
    next tokens on the device). Every plugin attribute is checked against the plugins' capability table
    (``pagedkv.config``), the result with ``onnx.checker``, strict shape inference and ``precision.check_types``
    before it is returned.
+
+Any size: a model file is opened with ``pagedkv.onnx_io.load`` (weights stay on disk, read through memory maps
+where a probe, the calibration or the packed QKV weight needs them), the result refers to the input's weights until
+``onnx_io.save`` copies them into the output's own data file.
 """
 
 from __future__ import annotations
@@ -35,13 +39,13 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from pagedkv import engine_io
+from pagedkv import engine_io, onnx_io
 from pagedkv.builder import logits_head, patterns
 from pagedkv.builder.calibrate import CalibrationError, CalibrationPlan, KVCalibration
 from pagedkv.builder.graph_view import GraphView, NotADecoderError, ProbeStep, RewriteError, describe
-from pagedkv.builder.measure import (fit_rope_config, measure_head_mapping, measure_mask, measure_rope,
-                                     rope_from_tables)
-from pagedkv.builder.precision import DTypeError, check_types, convert_float_dtype, dtype_name, parse_dtype
+from pagedkv.builder.measure import (CACHE_PROBE, _np_dtype, fit_rope_config, measure_cache_path, measure_guard,
+                                     measure_mask, measure_rope, rope_from_tables)
+from pagedkv.builder.precision import check_types, convert_float_dtype, dtype_name, parse_dtype
 from pagedkv.builder.projection import find_projection, heads_colmap, layout_chain, trace_projection
 from pagedkv.config import (ATTENTION_PLUGIN_NAME, ATTRIBUTE_RANGES, INT32_MAX, ONNX_DOMAIN, PLUGIN_VERSION,
                             SUPPORTED_IO_DTYPES, WRITE_PLUGIN_NAME, AttentionConfig, RopeConfig, RopeScaling,
@@ -49,6 +53,7 @@ from pagedkv.config import (ATTENTION_PLUGIN_NAME, ATTRIBUTE_RANGES, INT32_MAX, 
 from pagedkv.engine_io import CU_Q_LENS, KV_POOLS, NUM_TOKENS, PAST_LENS, POSITION_IDS
 from pagedkv.layout import CacheDType, KVLayout
 from pagedkv.pool_group import PoolGroup
+from pagedkv.runtime.graph import passthrough_state
 
 __all__ = ["RewriteError", "RewriteOptions", "RewriteResult", "RewriteReport", "LayerReport", "rewrite_model",
            "add_rewrite_arguments", "options_from_args", "run_rewrite"]
@@ -221,6 +226,8 @@ def _input_roles(view: GraphView, matches) -> tuple[dict[str, str], dict, dict]:
         raise RewriteError(f"expected exactly one integer [batch, seq] graph input that indexes the embedding "
                            f"table (input_ids), found {ids}")
     roles[ids[0]] = "input_ids"
+    for name in passthrough_state(view.graph):  # state passed through to outputs: dropped with them
+        roles.setdefault(name, "passthrough")
     seq_dim = (view.dim_names(ids[0]) or [None, None])[1]
     for name in ints:
         if name in roles:
@@ -264,11 +271,14 @@ def _analyze(view: GraphView, m: patterns.AttentionMatch, step: ProbeStep, index
              options: RewriteOptions, positions: list[str]) -> _LayerPlan:
     """One layer's plan. ``positions``: the graph inputs in the position_ids role."""
     chains, colmaps = {}, {}
+    offsets = {"q": 0, "k": m.num_heads * m.head_dim, "v": (m.num_heads + m.num_kv_heads) * m.head_dim}
+    width = (m.num_heads + 2 * m.num_kv_heads) * m.head_dim
     for name, end, heads in (("q", m.q_end, m.num_heads), ("k", m.k_end, m.num_kv_heads), ("v", m.v_end, m.num_kv_heads)):
         chain = trace_projection(view, end)
         layout_chain(view, chain)
         chains[name] = chain
-        colmaps[name] = heads_colmap(chain, heads, m.head_dim, m.anchor)
+        colmaps[name] = heads_colmap(chain, heads, m.head_dim, m.anchor,
+                                     (offsets[name], width) if m.packed_qkv else None)
     if chains["v"].regions:
         region = chains["v"].regions[0]
         raise RewriteError(f"{describe(region.nodes[-1])}: expected V to come from its projection through layout "
@@ -307,11 +317,13 @@ def _analyze(view: GraphView, m: patterns.AttentionMatch, step: ProbeStep, index
         rope = found["q"]
     rope = dataclasses.replace(rope, **{f.name: _as_attribute(getattr(rope, f.name)) for f in dataclasses.fields(rope)
                                         if isinstance(getattr(rope, f.name), (float, tuple))})
-    if m.repeat is not None:
-        measure_head_mapping(view, m.repeat[0], m.repeat[1], m.num_kv_heads, m.num_heads, m.head_dim, step, m.anchor)
-    if m.v_repeat is not None:
-        measure_head_mapping(view, m.v_repeat[0], m.v_repeat[1], m.num_kv_heads, m.num_heads, m.head_dim, step,
-                             m.anchor)
+    hidden = {chains["q"].hidden: np.zeros((1, CACHE_PROBE[1], chains["q"].weight_matrix(view).shape[0]),
+                                           _np_dtype(view.elem_type(chains["q"].hidden)))}
+    for path in (m.k_path, m.v_path):
+        if path is not None:
+            measure_cache_path(view, path, m.num_kv_heads, m.num_heads, m.head_dim, step, m.anchor, hidden)
+    for condition in m.guards:
+        measure_guard(view, condition, step, m.anchor)
     window, sinks = m.window, m.sinks
     if window is None:
         found = measure_mask(view, m.mask, step, m.anchor, m.mask_true_visible)
@@ -446,9 +458,8 @@ class _Emitter:
             if any(chains[n].bias for n in chains):
                 parts = []
                 for n, c in zip(("q", "k", "v"), columns):
-                    b = (self.view.constant(chains[n].bias).reshape(-1) if chains[n].bias
-                         else np.zeros(weights[n].shape[1], weights[n].dtype))
-                    parts.append(b[c])
+                    values = chains[n].bias_values(self.view, weights[n].shape[1])
+                    parts.append(values[c].astype(weights[n].dtype))
                 bias = self.const(f"{prefix}.qkv_proj.bias", np.concatenate(parts))
             hidden = self.tensors[chains["q"].hidden]
             projected = self.var(f"{prefix}/qkv_proj/output", self.dtype, [1, NUM_TOKENS, width])
@@ -563,6 +574,7 @@ def _emit(model, view, plans, groups, roles, options, explicit: bool) -> tuple[g
             em.node("Unsqueeze", [wide, em.const("/pagedkv/position_ids.axes", np.asarray([0], dtype=np.int64))], [old],
                     "/pagedkv/position_ids/Unsqueeze")
     presents = {p for plan in plans for p in (plan.match.present_key, plan.match.present_value)}
+    presents |= {o for outs in passthrough_state(view.graph).values() for o in outs}
     removed_outputs = [t.name for t in em.graph.outputs if t.name in presents]
     em.graph.outputs = [t for t in em.graph.outputs if t.name not in presents] + statuses
     replaced = {n for n, role in roles.items() if role != "input_ids"}
@@ -645,13 +657,13 @@ UNCHECKED_DOMAIN = "pagedkv.unchecked"
 
 def _check(out: onnx.ModelProto, model: onnx.ModelProto) -> None:
     """onnx.checker, strict shape inference and the type check (``precision.check_types``: what a strongly typed
-    TensorRT network needs) on the result. Ops the input model already carried in the default domain that onnx
-    has no schema for (ORT's transformer optimizer writes ``SimplifiedLayerNormalization`` there: ONNX Runtime
-    registers it, onnx does not) are untouched by the rewrite: they are checked like custom ops, on a copy."""
+    TensorRT network needs) on the result's weightless skeleton (``onnx_io.skeleton``: any size; ``onnx_io.save``
+    checks the written file, weights included, by path). Ops the input model already carried in the default domain
+    that onnx has no schema for (ORT's transformer optimizer writes ``SimplifiedLayerNormalization`` there: ONNX
+    Runtime registers it, onnx does not) are untouched by the rewrite: they are checked like custom ops."""
     foreign = {n.op_type for n in model.graph.node if n.domain in ("", "ai.onnx") and not onnx.defs.has(n.op_type)}
-    checked = out
+    checked = onnx_io.skeleton(out)
     if foreign:
-        checked = copy.deepcopy(out)
         for node in checked.graph.node:
             if node.domain in ("", "ai.onnx") and node.op_type in foreign:
                 node.domain = UNCHECKED_DOMAIN
@@ -665,9 +677,10 @@ def rewrite_model(model: onnx.ModelProto | str | Path, options: RewriteOptions |
                   quiet: bool = False) -> RewriteResult:
     """Rewrite every attention layer into the pagedkv plugins. Raises RewriteError (CalibrationError when a
     calibration plan's prompts cannot be read), never returns a half-rewritten graph (the input model is not
-    modified). ``quiet``: no progress bar while calibrating."""
+    modified). ``model``: a path (``onnx_io.load``: any size) or a ``ModelProto``; the result refers to the input's
+    external weights, ``onnx_io.save`` writes it. ``quiet``: no progress bar while calibrating."""
     options = options or RewriteOptions()
-    model = onnx.load(str(model)) if isinstance(model, (str, Path)) else copy.deepcopy(model)
+    model = copy.deepcopy(model) if isinstance(model, onnx.ModelProto) else onnx_io.load(model)
     view = GraphView(model)
     anchors = patterns.find_kv_anchors(view)
     if not anchors:
@@ -796,8 +809,7 @@ def options_from_args(args: argparse.Namespace) -> RewriteOptions:
 
 def run_rewrite(args: argparse.Namespace) -> int:
     from pagedkv.runtime.graph import is_rewritten
-    from pagedkv.userio import (UsageError, atomic_output, check_input_file, check_output_path, load_onnx,
-                                option_error, print_json)
+    from pagedkv.userio import UsageError, check_input_file, check_output_path, option_error, print_json
 
     source = check_input_file(args.input, "input")
     check_output_path(args.output, [source])
@@ -805,7 +817,7 @@ def run_rewrite(args: argparse.Namespace) -> int:
         options = options_from_args(args)
     except ValueError as exc:
         raise option_error(exc) from None
-    if is_rewritten(load_onnx(source, "input", external_data=False)):
+    if is_rewritten(onnx_io.load(source, "input")):
         raise UsageError(f"input: {str(source)!r} is already rewritten (it has the pagedkv plugin nodes); rewrite "
                          "the decoder-with-past graph it came from")
     try:
@@ -817,12 +829,12 @@ def run_rewrite(args: argparse.Namespace) -> int:
     except RewriteError as exc:
         print(f"pagedkv rewrite: {exc}", file=sys.stderr)
         return 1
-    with atomic_output(args.output, inputs=[source]) as tmp:
-        onnx.save(result.model, str(tmp))
+    path = onnx_io.save(result.model, args.output, inputs=[source])
     if args.json:
         pools = [{"group": g, "mode": g.mode, "block_bytes": g.block_bytes} for g in result.pool_groups]
-        print_json({"output": str(args.output), "report": result.report, "pools": pools})
+        print_json({"output": str(path), "data": str(onnx_io.data_path(path)), "report": result.report,
+                    "pools": pools})
     else:
         print(result.report)
-        print(f"wrote {args.output}")
+        print(f"wrote {path} and {onnx_io.data_path(path).name}")
     return 0

@@ -11,11 +11,17 @@ names do not appear)::
              position_ids INT64 [batch, seq], past_key_values.{i}.key|value [batch, kv_heads, past, head_dim]
     outputs: logits [batch, seq, vocab], present.{i}.key|value [batch, kv_heads, past+seq, head_dim]
 
+Files: ``path`` and ``path`` + ``.data`` (every weight of 1 KiB or more, in one file; ``pagedkv.onnx_io``), written
+together once the export is verified, whatever the model's size.
+
 Exporters: ``legacy`` = ``torch.onnx.export(..., dynamo=False)`` (TorchScript tracing, opset 17, fully
 decomposed) and ``dynamo`` = ``torch.onnx.export(..., dynamo=True)`` (torch.export, opset 20 by default).
 Tracing bakes Python control flow in, so every export is verified against the eager model on shapes other
-than the traced one (prefill with no past, decode past the sliding window, a left-padded batch). The file is
-written atomically (``pagedkv.userio.atomic_output``): a failed export or verification leaves nothing behind.
+than the traced one (prefill with no past, decode past the sliding window, a left-padded batch). The exporter
+writes into a private folder beside ``path``, the graph is verified there, and only then ``onnx_io.save`` writes
+``path`` and its data file together (atomically): a failed export or verification leaves nothing behind.
+Attention: ``sdpa`` by default, as transformers loads models (``attn_implementation="eager"`` for the explicit
+form).
 
 ``dtype`` float16 / bfloat16 exports the model in that dtype; its rotary ``inv_freq`` buffers stay float32
 (transformers' rotary modules read them with ``.float()``; ``model.to(float16)`` would round them by up to 2^-12,
@@ -36,18 +42,24 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from pagedkv import onnx_io
 from pagedkv.onnx_export._hf_families import FAMILIES, randomize_weights, tiny_config
+from pagedkv.userio import check_output_path
 
 EXPORTERS = ("legacy", "dynamo")
 DEFAULT_OPSET = {"legacy": 17, "dynamo": 20}
 MIN_OPSET = 14
 DTYPES = ("float32", "float16", "bfloat16")
+# transformers loads models with SDPA attention unless told otherwise: so does the export.
+ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
+DEFAULT_ATTENTION = "sdpa"
 ROTARY_FREQUENCY_BUFFERS = ("inv_freq", "original_inv_freq")  # kept float32 in 16-bit exports (docstring)
 
 
@@ -108,7 +120,8 @@ class ExportResult:
     def __str__(self) -> str:
         check = ("not verified" if self.verify_max_abs_err is None
                  else self.verification or f"verified vs eager, max abs err {self.verify_max_abs_err:.2e}")
-        return (f"{self.path}: {self.source} via {self.exporter} exporter (opset {self.opset}), {self.dtype}, "
+        return (f"{self.path} (+ {onnx_io.data_path(self.path).name}): {self.source} via {self.exporter} exporter "
+                f"(opset {self.opset}), {self.dtype}, "
                 f"{self.num_layers} layers, {self.num_kv_heads} KV heads x {self.head_dim}, "
                 f"{self.seconds:.1f} s, {check}")
 
@@ -122,7 +135,7 @@ def io_names(num_layers: int) -> tuple[list[str], list[str]]:
     return inputs, outputs
 
 
-def load_model(source: str | os.PathLike, *, seed: int = 0, attn_implementation: str = "eager",
+def load_model(source: str | os.PathLike, *, seed: int = 0, attn_implementation: str = DEFAULT_ATTENTION,
                dtype: str = "float32"):
     """A family name (tiny config, random weights from ``seed``) or a local model directory, in eval mode."""
     torch, transformers = require_export_deps()
@@ -188,20 +201,36 @@ def _vocab(model) -> int:
 def export_model(model, path: str | os.PathLike, *, exporter: str = "legacy", opset: int | None = None,
                  verify: bool = True, source: str = "model") -> ExportResult:
     """Export an eval-mode transformers causal LM; see the module docstring for the graph I/O. Raises
-    ExportError (and leaves no file behind) when the export or its verification fails."""
-    from pagedkv.userio import atomic_output
+    ExportError (and leaves no file behind) when the export or its verification fails.
 
+    The exporter writes into a private folder beside ``path`` (its own file layout: the legacy exporter scatters
+    one file per weight past 2 GB), the result is verified there, and only then ``onnx_io.save`` writes ``path``
+    and ``path`` + ``.data`` (every weight, one file) together."""
     require_export_deps()
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter: expected one of {EXPORTERS}, got {exporter!r}")
     opset = int(opset or DEFAULT_OPSET[exporter])
     path = Path(path)
-    with atomic_output(path) as tmp:
-        return _export_to(model, path, tmp, exporter, opset, verify, source)
+    check_output_path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{path.name}.", suffix=".export", dir=path.parent) as raw_dir:
+        raw = Path(raw_dir) / path.name
+        try:
+            result = _export_to(model, path, raw, exporter, opset, verify, source)
+        except ExportError as exc:
+            torch = require_export_deps()[0]
+            if next(model.parameters()).dtype != torch.float32 and \
+                    getattr(model.config, "_attn_implementation", None) == "sdpa":
+                raise ExportError(f"{exc} (PyTorch's legacy exporter fails on some 16-bit SDPA models, or exports "
+                                  "them with mixed dtypes; --attn-implementation eager exports the same attention)"
+                                  ) from exc
+            raise
+        onnx_io.save(onnx_io.load(raw, "exported model"), path)
+    return result
 
 
 def _export_to(model, path: Path, tmp: Path, exporter: str, opset: int, verify: bool, source: str) -> ExportResult:
-    """Export into ``tmp`` and verify it there (``export_model`` renames it to ``path`` when this returns)."""
+    """Export into ``tmp`` (in a private folder: the exporter's own file layout) and verify it there."""
     torch, _ = require_export_deps()
     from pagedkv.onnx_export._hf_wrapper import DecoderWithPast, traceable_rope
 
@@ -233,6 +262,7 @@ def _export_to(model, path: Path, tmp: Path, exporter: str, opset: int, verify: 
                 program = torch.onnx.export(wrapper, example, input_names=in_names, output_names=out_names,
                                             dynamic_shapes=shapes, opset_version=opset, dynamo=True)
                 program.save(str(tmp))
+                del program
     except Exception as exc:
         raise ExportError(f"{exporter} export of {source} failed: {type(exc).__name__}: {exc}") from exc
     seconds = time.perf_counter() - start
@@ -260,7 +290,8 @@ VERIFY_CASES = {
 
 def _verify_runs(session, models, path, num_layers, kv_heads, head_dim, vocab, dtype):
     """Per case and output: (what, case, name, graph output, [each eager model's output]) as float64, the
-    query rows of left padding dropped (meaningless in both). ``models``: eager wrappers, fed the same inputs
+    positions of left padding dropped (meaningless in both: their query rows see nothing in the logits, and what
+    they computed reaches the next layer's K/V in the presents). ``models``: eager wrappers, fed the same inputs
     (cast to each one's dtype)."""
     import torch
 
@@ -281,22 +312,23 @@ def _verify_runs(session, models, path, num_layers, kv_heads, head_dim, vocab, d
             if any(e.shape != g.shape for e in es):
                 raise ExportError(f"{path}: output {name} has shape {g.shape} in ONNX Runtime but {es[0].shape} "
                                   f"in PyTorch ({what})")
-            if left_pad and name == "logits":
+            if left_pad:
                 live = np.ones((batch, seq), dtype=bool)
                 live[0, :left_pad] = False
-                g, es = g[live], [e[live] for e in es]
+                if name == "logits":
+                    g, es = g[live], [e[live] for e in es]
+                else:  # [batch, kv_heads, past + seq, head_dim] with past 0: positions are the query rows
+                    g, es = g.transpose(0, 2, 1, 3)[live], [e.transpose(0, 2, 1, 3)[live] for e in es]
             yield what, case, name, g, es
 
 
 def _verify(wrapper, tmp, path, num_layers, kv_heads, head_dim, vocab, dtype) -> float:
     """float32: the exported graph vs the eager model on shapes other than the traced one, element-wise
     (``pagedkv.tolerances.EXPORT_FLOAT32_TOLERANCE``); returns the max abs err."""
-    import onnxruntime as ort
-
     from pagedkv.tolerances import EXPORT_FLOAT32_TOLERANCE
 
     atol, rtol = EXPORT_FLOAT32_TOLERANCE
-    session = ort.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])
+    session = onnx_io.ort_session(tmp)
     worst = 0.0
     for what, (batch, seq, past, _), name, g, (e,) in _verify_runs(session, [(wrapper, dtype)], path,
                                                                       num_layers, kv_heads, head_dim, vocab, dtype):
@@ -314,8 +346,6 @@ def _verify_reduced(model, wrapper, tmp, path, num_layers, kv_heads, head_dim, v
     to each output's scale (module docstring). Returns (max abs err, how it was verified)."""
     import copy
 
-    import onnx
-    import onnxruntime as ort
     import torch
 
     from pagedkv.builder.precision import DTypeError, check_types, emulate_in_float32
@@ -324,12 +354,12 @@ def _verify_reduced(model, wrapper, tmp, path, num_layers, kv_heads, head_dim, v
 
     name = str(dtype).removeprefix("torch.")
     atol, rtol = MODEL_TOLERANCES[name]
-    graph = onnx.load(str(tmp))
+    graph = onnx_io.load(tmp, "exported model")
     try:
         check_types(graph)
     except DTypeError as exc:
         raise ExportError(f"{path}: the exported {name} graph mixes dtypes: {exc}") from None
-    session = ort.InferenceSession(emulate_in_float32(graph).SerializeToString(), providers=["CPUExecutionProvider"])
+    session = onnx_io.ort_session(emulate_in_float32(graph))
     reference = DecoderWithPast(copy.deepcopy(model).float(), num_layers).eval()
     worst_abs, worst, worst_eager = 0.0, 0.0, 0.0
     for what, (batch, seq, past, _), out, g, (e32, e16) in _verify_runs(
@@ -356,7 +386,7 @@ def _verify_reduced(model, wrapper, tmp, path, num_layers, kv_heads, head_dim, v
 
 
 def export_hf(source: str | os.PathLike, path: str | os.PathLike, *, exporter: str = "legacy", seed: int = 0,
-              opset: int | None = None, attn_implementation: str = "eager", dtype: str = "float32",
+              opset: int | None = None, attn_implementation: str = DEFAULT_ATTENTION, dtype: str = "float32",
               verify: bool = True) -> ExportResult:
     """Load ``source`` (family name or model directory) and export it; see the module docstring."""
     model = load_model(source, seed=seed, attn_implementation=attn_implementation, dtype=dtype)
@@ -374,8 +404,8 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--opset", type=int, default=None, help=f"ONNX opset, >= {MIN_OPSET} (default: 17 legacy, "
                                                                  "20 dynamo)")
     parser.add_argument("--seed", type=int, default=0, help="random weights of --family")
-    parser.add_argument("--attn-implementation", default="eager", choices=["eager", "sdpa"],
-                        help="the attention the Hugging Face model is traced with")
+    parser.add_argument("--attn-implementation", default=DEFAULT_ATTENTION, choices=ATTENTION_IMPLEMENTATIONS,
+                        help="transformers' attention code path (its default, as transformers loads models)")
     parser.add_argument("--dtype", default="float32", choices=list(DTYPES),
                         help="export in this dtype (16-bit: verified against the float32 model; docs/builder.md)")
     parser.add_argument("--no-verify", action="store_true", help="skip the ONNX Runtime vs eager check")

@@ -451,9 +451,10 @@ def make_synthetic_model(cfg: SyntheticConfig, weights: dict[str, np.ndarray] | 
 
 
 def export_synthetic(cfg: SyntheticConfig, path: str | Path) -> Path:
-    path = Path(path)
-    onnx.save(make_synthetic_model(cfg), path)
-    return path
+    """Write the synthetic decoder to ``path`` (+ ``path.data``: ``pagedkv.onnx_io.save``)."""
+    from pagedkv import onnx_io
+
+    return onnx_io.save(make_synthetic_model(cfg), path)
 
 
 def structure_matrix() -> list[SyntheticConfig]:

@@ -219,7 +219,7 @@ def test_cli_bad_inputs_are_one_line_exit_2_and_leave_nothing(argv, message, tmp
     assert main(["rewrite", str(src), "-o", str(out), *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("pagedkv rewrite: ") and message in err, err
-    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["orig.onnx"]
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["orig.onnx", "orig.onnx.data"]
 
 
 def test_cli_calibrates_from_a_file_and_reports_json(tmp_path, capsys):

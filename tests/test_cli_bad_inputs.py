@@ -20,6 +20,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from pagedkv import onnx_io
 from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
 from pagedkv.onnx_export.synthetic import SyntheticConfig, export_synthetic
 
@@ -169,9 +170,9 @@ def _tree(root: Path) -> dict[str, str]:
 def fixtures(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("inputs")
     export_synthetic(BASE, root / "orig.onnx")
-    onnx.save(rewrite_model(str(root / "orig.onnx"), RewriteOptions()).model, str(root / "rew.onnx"))
+    onnx_io.save(rewrite_model(str(root / "orig.onnx"), RewriteOptions()).model, root / "rew.onnx")
     export_synthetic(OTHER, root / "other.onnx")
-    onnx.save(rewrite_model(str(root / "other.onnx"), RewriteOptions()).model, str(root / "other_rew.onnx"))
+    onnx_io.save(rewrite_model(str(root / "other.onnx"), RewriteOptions()).model, root / "other_rew.onnx")
     (root / "other.onnx").unlink()
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])

@@ -584,8 +584,9 @@ def test_onnx_attention_with_a_wrong_repeat_names_the_op():
             if init.name == "axis2":
                 init.CopyFrom(onnx.numpy_helper.from_array(np.asarray([1], np.int64), "axis2"))
     model = _edited(cfg, edit)
-    with pytest.raises(RewriteError, match=r"Attention node '/model/layers.0/attn/Attention_\d+': expected the GQA "
-                                           r"repeat to give query head h the KV head h // 2"):
+    with pytest.raises(RewriteError, match=r"Attention node '/model/layers.0/attn/Attention_\d+': expected the cache "
+                                           r"'present.0.key' to reach .* \(query head h reading KV head h // 2\), "
+                                           r"got shape \[1, 4, 5, 64\], heads \[0.0, 1.0, 0.0, 1.0\]"):
         rewrite_model(model)
 
 

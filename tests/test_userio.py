@@ -116,11 +116,11 @@ def test_run_verb_exit_codes_and_one_line(capsys):
         run_verb("build", broken, argparse.Namespace(debug=True))
 
 
-def test_load_onnx_says_what_the_file_is(tmp_path):
+def test_onnx_io_load_says_what_the_file_is(tmp_path):
     import onnx
     from onnx import TensorProto, helper
 
-    from pagedkv.userio import load_onnx
+    from pagedkv.onnx_io import load as load_onnx
 
     text = tmp_path / "notes.onnx"
     text.write_text("not a model\n")

@@ -32,6 +32,20 @@ class KVAnchor:
     entry: str  # the tensor that enters ``node``: the past input or an identity alias of it
 
 
+@dataclass(frozen=True)
+class CachePath:
+    """How a present cache [B, KVH, L, D] reaches attention through element-moving ops (the GQA repeat, transposes,
+    exporters' flatten/unflatten reshapes) and constant factors. What ``end`` holds is measured, not parsed
+    (``measure.measure_cache_path``): head h must read KV head h // (H / KVH), and positions and dims must land as
+    ``transposed`` says."""
+
+    start: str  # the present (the past/new Concat's output)
+    end: str  # the tensor the MatMul or attention op reads
+    transposed: bool  # end is [B, H, D, L] (K of MatMul(q, K^T)); else [B, H, L, D]
+    scale: float = 1.0  # the constant factors on the way
+    kv_heads_ok: bool = False  # end may keep the KV heads (an op that repeats them itself)
+
+
 @dataclass
 class AttentionMatch:
     pattern: str
@@ -54,17 +68,23 @@ class AttentionMatch:
     window: int | None = None
     sinks: int = 0
     rope_tables: tuple[np.ndarray, np.ndarray, int] | None = None  # (cos, sin, interleaved) inside the op
-    repeat: tuple[str, str] | None = None  # (present, repeated) K tensors of an in-graph GQA repeat
-    v_repeat: tuple[str, str] | None = None  # the same for V
+    packed_qkv: bool = False  # q_end = k_end = v_end holds [q heads | k heads | v heads] on its last axis
+    k_path: CachePath | None = None  # the present K's way to attention, when the graph has one
+    v_path: CachePath | None = None  # the same for V
+    guards: list[str] = field(default_factory=list)  # conditions of Where(c, 0, x) guards: measured always false
     notes: list[str] = field(default_factory=list)
 
 
-def heads_from_shape(view: GraphView, past: str, node: onnx.NodeProto) -> tuple[int, int]:
-    shape = view.static_shape(past)
-    if not shape or len(shape) != 4 or shape[1] is None or shape[3] is None:
-        raise RewriteError(f"{describe(node)}: expected past input {past!r} as [batch, kv_heads, past, head_dim] "
-                           f"with static kv_heads and head_dim, got {shape}")
-    return int(shape[1]), int(shape[3])
+def heads_from_shape(view: GraphView, past: str, node: onnx.NodeProto, present: str | None = None) -> tuple[int, int]:
+    """(kv_heads, head_dim) off the past input [batch, kv_heads, past, head_dim], or off its ``present`` where the
+    past's are symbolic (transformers' exporter names them "2", "64": dim_params, not values)."""
+    for tensor in (past, present) if present else (past,):
+        shape = view.static_shape(tensor)
+        if shape and len(shape) == 4 and shape[1] is not None and shape[3] is not None:
+            return int(shape[1]), int(shape[3])
+    raise RewriteError(f"{describe(node)}: expected past input {past!r} as [batch, kv_heads, past, head_dim] "
+                       f"with static kv_heads and head_dim, got {view.static_shape(past)}"
+                       + (f" (its present {present!r}: {view.static_shape(present)})" if present else ""))
 
 
 def anchor_nodes(anchors: list[KVAnchor]) -> list[onnx.NodeProto]:

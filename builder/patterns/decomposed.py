@@ -3,15 +3,15 @@
 
     past_k ─┐                                        past_v ─┐
     k ──────Concat(axis 2) ─> present.k              v ──────Concat(axis 2) ─> present.v
-              └ [repeat: Unsqueeze/Expand/Reshape]              └ [repeat]
-                └ Transpose(-1, -2) [Mul sqrt(s)]                 │
+              └ [element-moving ops: the GQA repeat,            └ [element-moving ops]
+                 K^T, flatten/unflatten; Mul sqrt(s)]             │
     q [Mul sqrt(s)] ─ MatMul ─ [Mul|Div s] ─ [Div cap ─ Tanh ─ Mul cap] ─ Add(mask)|Where ─ Softmax(-1)
       ─ [Where(IsNaN(p), 0, p)] ─ MatMul ─ Transpose ─ Reshape ─> o_proj
 
 The optional Tanh between scalar factors is Gemma-2's attention logit soft-cap, cap * tanh(s * qk / cap): the
 factors after the Tanh are the cap, those before it the softmax scale over the cap. The Where over IsNaN after
-the Softmax (PyTorch's SDPA, exported by the legacy exporter) zeroes the probabilities of fully masked rows,
-which causal attention never has.
+the Softmax (PyTorch's SDPA decompositions) zeroes the probabilities of fully masked rows, which causal attention
+never has.
 
 When the (repeated) caches reach the opset-23 ``Attention`` op instead of the two MatMuls (the dynamo exporter
 at opset 23 with SDPA), ``onnx_attention.match_concat`` reads the op.
@@ -19,16 +19,17 @@ at opset 23 with SDPA), ``onnx_attention.match_concat`` reads the op.
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 
 from pagedkv.builder.graph_view import GraphView, RewriteError, describe
 from pagedkv.builder.projection import follow_output, layout_chain, trace_projection
-from pagedkv.builder.patterns import AttentionMatch, KVAnchor, heads_from_shape, onnx_attention
+from pagedkv.builder.patterns import AttentionMatch, CachePath, KVAnchor, heads_from_shape, onnx_attention
 
 NAME = "decomposed"
 ANCHOR_OPS = {("", "Concat"): None}  # the Concat's output is the present
-REPEAT_OPS = {"Unsqueeze", "Expand", "Reshape", "Tile"}
 PASS_OPS = {"Cast", "Identity"}
+MOVE_OPS = {"Unsqueeze", "Squeeze", "Expand", "Tile", "Reshape", "Transpose", *PASS_OPS}
 
 
 def _next(view: GraphView, tensor: str, where: onnx.NodeProto) -> onnx.NodeProto:
@@ -55,30 +56,40 @@ def _scalar_factor(view: GraphView, node: onnx.NodeProto, data: str) -> float | 
 
 
 def _follow_cache(view: GraphView, anchor: KVAnchor):
-    """cache -> (the MatMul it reaches, input index there, (cache, repeated cache), scale, transposed?)."""
-    t, scale, transposed = anchor.node.output[0], 1.0, False
-    base = repeated = t  # the cache before and after the GQA repeat ops
+    """cache -> (the MatMul or Attention op it reaches, input index there, the tensor entering it, constant factor on
+    the way). The ops between only move elements (MOVE_OPS: the GQA repeat, transposes, the flatten/unflatten
+    reshapes of exporters' SDPA decompositions) or scale them; what they do is measured by the rewrite
+    (``measure.measure_cache_path``), so no op order is assumed here."""
+    t, scale = anchor.node.output[0], 1.0
     while True:
         node = _next(view, t, anchor.node)
-        if node.op_type == "MatMul" or (node.op_type == "Attention" and (node.domain or "") == "" and not transposed):
-            return node, list(node.input).index(t), (base, repeated), scale, transposed
+        if node.op_type == "MatMul" or (node.op_type == "Attention" and (node.domain or "") == ""):
+            return node, list(node.input).index(t), t, scale
         factor = _scalar_factor(view, node, t)
         if factor is not None:
             scale *= factor
-        elif node.op_type in REPEAT_OPS and not transposed:
-            repeated = node.output[0]
-        elif node.op_type == "Transpose":
-            perm = GraphView.attr(node, "perm")
-            if perm is None or list(perm[-2:]) != [len(perm) - 1, len(perm) - 2]:
-                raise RewriteError(f"{describe(node)}: expected K transposed over its last two axes, got perm={perm}")
-            transposed = True
-        elif node.op_type in PASS_OPS:
-            if repeated == base == t:  # e.g. GPT-J's Cast to the present: the repeat starts after it
-                base = repeated = node.output[0]
-        else:
+        elif node.op_type not in MOVE_OPS or node.input[0] != t:
             raise RewriteError(f"{describe(node)}: expected the cache {anchor.present!r} to reach a MatMul (or the "
-                               f"opset-23 Attention op) through repeat/Transpose/scale ops, found {node.op_type}")
+                               f"opset-23 Attention op) through element-moving ops ({', '.join(sorted(MOVE_OPS))}) "
+                               f"and constant scales, found {node.op_type}")
         t = node.output[0]
+
+
+def _reads_probabilities(view: GraphView, matmul: onnx.NodeProto) -> bool:
+    """Whether the MatMul's first input is a Softmax's probabilities (through casts and a NaN guard): MatMul(P, V)."""
+    t = matmul.input[0]
+    while t in view.producer:
+        node = view.producer[t]
+        if node.op_type == "Softmax":
+            return True
+        if node.op_type in PASS_OPS:
+            t = node.input[0]
+        elif node.op_type == "Where" and len(node.input) == 3 and view.producer.get(node.input[0]) is not None \
+                and view.producer[node.input[0]].op_type == "IsNaN":
+            t = node.input[2]
+        else:
+            return False
+    return False
 
 
 def _scores_to_softmax(view: GraphView, scores_mm: onnx.NodeProto):
@@ -125,25 +136,28 @@ def _scores_to_softmax(view: GraphView, scores_mm: onnx.NodeProto):
         t = node.output[0]
 
 
-def _nan_to_zero(view: GraphView, t: str) -> str | None:
-    """The output of ``Where(IsNaN(t), 0, t)`` when that is all ``t`` feeds (SDPA's fully-masked-row guard)."""
-    users = [n for n in view.consumers.get(t, []) if n.op_type not in ("Shape", "Size")]
+def _nan_guard(view: GraphView, probs: str) -> onnx.NodeProto | None:
+    """``Where(IsNaN(p), 0, p)`` on the probabilities (PyTorch's SDPA decomposition zeroes the rows a mask hides
+    completely, which softmax turns into NaN): the Where, or None. Every query attends at least itself under the
+    plugins' causal masks, so no row is ever fully hidden there and the guard changes nothing."""
+    users = [n for n in view.consumers.get(probs, []) if n.op_type not in ("Shape", "Size")]
     isnan = [n for n in users if n.op_type == "IsNaN"]
     where = [n for n in users if n.op_type == "Where"]
     if len(users) != 2 or len(isnan) != 1 or len(where) != 1:
         return None
-    cond, zero, data = where[0].input
-    if cond != isnan[0].output[0] or data != t or view.scalar(zero) != 0.0:
+    guard = where[0]
+    zero = view.constant(guard.input[1])
+    if guard.input[0] != isnan[0].output[0] or guard.input[2] != probs or zero is None or np.any(zero != 0):
         return None
-    return where[0].output[0]
+    return guard
 
 
 def _softmax_to_pv(view: GraphView, softmax: onnx.NodeProto) -> onnx.NodeProto:
     t = softmax.output[0]
     while True:
-        guarded = _nan_to_zero(view, t)
-        if guarded is not None:
-            t = guarded
+        guard = _nan_guard(view, t)
+        if guard is not None:
+            t = guard.output[0]
             continue
         node = _next(view, t, softmax)
         if node.op_type == "MatMul" and node.input[0] == t:
@@ -170,37 +184,38 @@ def match(view: GraphView, anchors: list[KVAnchor]) -> list[AttentionMatch]:
     fused: dict = {}  # opset-23 Attention op fed by the caches -> {input index: its anchor info}
     for anchor in anchors:
         new = _concat_inputs(view, anchor)
-        matmul, index, repeated, scale, transposed = _follow_cache(view, anchor)
+        matmul, index, end, scale = _follow_cache(view, anchor)
         if matmul.op_type == "Attention":
             if index not in (onnx_attention.K, onnx_attention.V):
                 raise RewriteError(f"{describe(matmul)}: expected the cache {anchor.present!r} as its K or V input, "
                                    f"got input {index}")
-            fused.setdefault(matmul.name or id(matmul), (matmul, {}))[1][index] = (anchor, new, repeated, scale)
-        elif index == 1 and transposed:
-            keys[matmul.name or id(matmul)] = (anchor, new, matmul, repeated, scale)
-        elif index == 1 and not transposed:
-            values[matmul.name or id(matmul)] = (anchor, new, matmul, repeated, scale)
-        else:
+            fused.setdefault(matmul.name or id(matmul), (matmul, {}))[1][index] = (anchor, new, end, scale)
+        elif index != 1:
             raise RewriteError(f"{describe(matmul)}: expected the cache {anchor.present!r} as its second input "
-                               f"(K transposed, or V), got input {index}")
+                               f"(MatMul(q, K^T) or MatMul(P, V)), got input {index}")
+        elif _reads_probabilities(view, matmul):
+            values[matmul.name or id(matmul)] = (anchor, new, matmul, CachePath(anchor.node.output[0], end, False,
+                                                                               scale))
+        else:
+            keys[matmul.name or id(matmul)] = (anchor, new, matmul, CachePath(anchor.node.output[0], end, True, scale))
     matches = []
     for node, caches in fused.values():
         if set(caches) != {onnx_attention.K, onnx_attention.V}:
             raise RewriteError(f"{describe(node)}: expected both the K and the V cache to reach it from past/present "
                                f"Concats, found only input(s) {sorted(caches)}")
         matches.append(onnx_attention.match_concat(view, node, caches[onnx_attention.K], caches[onnx_attention.V]))
-    for anchor, k_new, scores_mm, k_repeated, k_scale in keys.values():
+    for anchor, k_new, scores_mm, k_path in keys.values():
         softmax, score_scale, softcap, mask, true_visible = _scores_to_softmax(view, scores_mm)
         pv = _softmax_to_pv(view, softmax)
         value = values.pop(pv.name or id(pv), None)
         if value is None:
             raise RewriteError(f"{describe(pv)}: expected its V input to come from a past/present Concat")
-        v_anchor, v_new, _, v_repeated, v_scale = value
-        if v_scale != 1.0:
-            raise RewriteError(f"{describe(pv)}: V is scaled by {v_scale} on its way from the cache")
+        v_anchor, v_new, _, v_path = value
+        if v_path.scale != 1.0:
+            raise RewriteError(f"{describe(pv)}: V is scaled by {v_path.scale} on its way from the cache")
         if mask is None:
             raise RewriteError(f"{describe(softmax)}: expected a mask (Add or Where) on the scores before it")
-        kv_heads, head_dim = heads_from_shape(view, anchor.past, anchor.node)
+        kv_heads, head_dim = heads_from_shape(view, anchor.past, anchor.node, anchor.node.output[0])
         pv_shape = view.static_shape(pv.output[0])
         q_heads = pv_shape[1] if pv_shape and len(pv_shape) == 4 and pv_shape[1] else None
         if q_heads is None:
@@ -209,15 +224,13 @@ def match(view: GraphView, anchors: list[KVAnchor]) -> list[AttentionMatch]:
         if q_heads is None:  # shapes unknown (e.g. after contrib ops): count the heads the q chain delivers
             chain = trace_projection(view, scores_mm.input[0])
             q_heads = layout_chain(view, chain).colmap.size // head_dim
-        if (v_repeated[0] != v_repeated[1]) != (k_repeated[0] != k_repeated[1]):
-            raise RewriteError(f"{describe(scores_mm)}: only one of K and V is repeated for GQA")
-        out = _output_to_projection(view, pv, q_heads, head_dim)
+        out, guards = _output_to_projection(view, pv, q_heads, head_dim)
         matches.append(AttentionMatch(
             pattern=NAME, anchor=scores_mm, past_key=anchor.past, past_value=v_anchor.past,
             present_key=anchor.present, present_value=v_anchor.present, q_end=scores_mm.input[0], k_end=k_new,
             v_end=v_new, num_heads=int(q_heads), num_kv_heads=kv_heads, head_dim=head_dim, out=out,
-            scale=k_scale * score_scale, logit_softcap=softcap, mask=mask, mask_true_visible=true_visible,
-            repeat=k_repeated, v_repeat=v_repeated, notes=[f"softmax {softmax.name!r}"]))
+            scale=k_path.scale * score_scale, logit_softcap=softcap, mask=mask, mask_true_visible=true_visible,
+            k_path=k_path, v_path=v_path, guards=guards, notes=[f"softmax {softmax.name!r}"]))
     if values:
         anchor = next(iter(values.values()))[0]
         raise RewriteError(f"{describe(anchor.node)}: the V cache {anchor.present!r} reaches a MatMul that no "
@@ -225,5 +238,5 @@ def match(view: GraphView, anchors: list[KVAnchor]) -> list[AttentionMatch]:
     return matches
 
 
-def _output_to_projection(view: GraphView, pv: onnx.NodeProto, heads: int, head_dim: int) -> str:
+def _output_to_projection(view: GraphView, pv: onnx.NodeProto, heads: int, head_dim: int) -> tuple[str, list[str]]:
     return follow_output(view, pv.output[0], ["B", "F", "S", "F"], heads, head_dim, pv)

@@ -8,7 +8,7 @@ With the past as the op's own inputs (the synthetic ``onnx23`` form)::
 With the past concatenated outside the op (the dynamo exporter at opset 23 with SDPA: transformers'
 ``repeat_kv`` and the cache update stay in the graph, only ``scaled_dot_product_attention`` becomes the op)::
 
-    past_k ─ Concat(axis 2) ─> present.k ─ [repeat: Unsqueeze/Expand/Reshape] ─ Attention(Q, K, V, mask) -> Y
+    past_k ─ Concat(axis 2) ─> present.k ─ [GQA repeat, layout ops] ─ Attention(Q, K, V, mask) -> Y
     k ──────┘
 
 The second form is anchored by the Concat, so ``patterns.decomposed`` follows the cache to the op and hands
@@ -25,7 +25,7 @@ import onnx
 
 from pagedkv.builder.graph_view import GraphView, RewriteError, describe
 from pagedkv.builder.projection import follow_output
-from pagedkv.builder.patterns import AttentionMatch, KVAnchor, anchor_nodes, heads_from_shape
+from pagedkv.builder.patterns import AttentionMatch, CachePath, KVAnchor, anchor_nodes, heads_from_shape
 
 NAME = "onnx_attention"
 Q, K, V, MASK, PAST_K, PAST_V = range(6)
@@ -59,7 +59,8 @@ def _common(view: GraphView, node: onnx.NodeProto, head_dim: int, scale_outside:
     if mask is not None and causal:
         raise RewriteError(f"{describe(node)}: both is_causal=1 and attn_mask: not supported")
     scale = GraphView.attr(node, "scale", None) or 1.0 / math.sqrt(head_dim)
-    return dict(num_heads=heads, out=follow_output(view, node.output[Y], labels, heads, head_dim, node),
+    out, guards = follow_output(view, node.output[Y], labels, heads, head_dim, node)
+    return dict(num_heads=heads, out=out, guards=guards,
                 scale=float(scale) * scale_outside, logit_softcap=float(GraphView.attr(node, "softcap", 0.0)),
                 mask=mask, window=0 if mask is None else None)
 
@@ -83,29 +84,25 @@ def match(view: GraphView, anchors: list[KVAnchor]) -> list[AttentionMatch]:
 def match_concat(view: GraphView, node: onnx.NodeProto, key: tuple, value: tuple) -> AttentionMatch:
     """The op fed by the present caches (after an optional GQA repeat) instead of its past inputs.
 
-    ``key`` / ``value``: (anchor, new k|v tensor, (present, repeated) tensors, scale on the way) as
+    ``key`` / ``value``: (anchor, new k|v tensor, the tensor entering the op, scale on the way) as
     ``patterns.decomposed`` followed them from the Concat to this op."""
     inputs = _inputs(node)
-    (k_anchor, k_new, k_repeated, k_scale), (v_anchor, v_new, v_repeated, v_scale) = key, value
+    (k_anchor, k_new, k_end, k_scale), (v_anchor, v_new, v_end, v_scale) = key, value
     if inputs[PAST_K] or inputs[PAST_V] or any(o for o in node.output[PRESENT_K:PRESENT_V + 1]):
         raise RewriteError(f"{describe(node)}: the cache is concatenated outside the op, so expected no "
                            f"past_key/past_value inputs and no present outputs, got inputs {list(node.input)}")
     _check_outputs(node)
-    if inputs[K] != k_repeated[1] or inputs[V] != v_repeated[1]:
+    if inputs[K] != k_end or inputs[V] != v_end:
         raise RewriteError(f"{describe(node)}: expected the K cache as input 1 and the V cache as input 2, got "
                            f"{inputs[K]!r}, {inputs[V]!r}")
     if v_scale != 1.0:
         raise RewriteError(f"{describe(node)}: V is scaled by {v_scale} on its way from the cache")
-    if (v_repeated[0] != v_repeated[1]) != (k_repeated[0] != k_repeated[1]):
-        raise RewriteError(f"{describe(node)}: only one of K and V is repeated for GQA")
-    kv_heads, head_dim = heads_from_shape(view, k_anchor.past, k_anchor.node)
+    kv_heads, head_dim = heads_from_shape(view, k_anchor.past, k_anchor.node, k_anchor.node.output[0])
     common = _common(view, node, head_dim, k_scale)
-    k_heads = (view.static_shape(inputs[K]) or [None, None])[1]
-    repeated = k_repeated[0] != k_repeated[1]
-    if repeated and k_heads not in (None, common["num_heads"]):
-        raise RewriteError(f"{describe(node)}: the repeated K has {k_heads} heads, the query {common['num_heads']}")
     return AttentionMatch(
         pattern=NAME, anchor=node, past_key=k_anchor.past, past_value=v_anchor.past,
         present_key=k_anchor.present, present_value=v_anchor.present, q_end=inputs[Q], k_end=k_new, v_end=v_new,
-        num_kv_heads=kv_heads, head_dim=head_dim, repeat=k_repeated if repeated else None,
-        v_repeat=v_repeated if repeated else None, notes=["past concatenated outside the op"], **common)
+        num_kv_heads=kv_heads, head_dim=head_dim,
+        k_path=CachePath(k_anchor.node.output[0], k_end, False, k_scale, kv_heads_ok=True),
+        v_path=CachePath(v_anchor.node.output[0], v_end, False, v_scale, kv_heads_ok=True),
+        notes=["past concatenated outside the op"], **common)

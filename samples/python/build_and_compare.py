@@ -6,8 +6,8 @@
     python samples/python/build_and_compare.py --family llama --dtype fp16 --cache-dtype int8     # calibrated
     python samples/python/build_and_compare.py --family llama --dtype fp16 --engine llama.engine  # TensorRT(-RTX)
 
-Writes the original and rewritten graphs into --out-dir, prints the rewrite report and the per-step comparison,
-and exits non-zero when the comparison fails.
+Writes the original and rewritten graphs (each a .onnx and its .onnx.data) into --out-dir, prints the rewrite
+report and the per-step comparison, and exits non-zero when the comparison fails.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-
-import onnx
 
 
 def main(argv=None) -> int:
@@ -36,6 +34,7 @@ def main(argv=None) -> int:
     p.add_argument("--engine", default=None, help="also build an engine to this path (TensorRT, or TensorRT-RTX) and inspect it")
     args = p.parse_args(argv)
 
+    from pagedkv import onnx_io
     from pagedkv.builder.calibrate import CalibrationPlan
     from pagedkv.builder.compare import compare, default_tolerance
     from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
@@ -58,7 +57,7 @@ def main(argv=None) -> int:
     result = rewrite_model(str(original), RewriteOptions(page_size=args.page_size, cache_dtype=args.cache_dtype,
                                                          calibration=calibration, dtype=args.dtype))
     rewritten = out / "rewritten.onnx"
-    onnx.save(result.model, str(rewritten))
+    onnx_io.save(result.model, rewritten)  # rewritten.onnx + rewritten.onnx.data
     print(result.report)
 
     atol, rtol = default_tolerance(rewritten, original)

@@ -4,7 +4,7 @@ same everywhere:
 
 * a bad argument or input file is one line on stderr naming it and what was expected, exit status 2, no
   traceback (``--debug`` shows one): raise ``UsageError`` (``check_int`` / ``check_float`` / ``parse_int_list``
-  for values, ``check_input_file`` / ``load_onnx`` for files, ``option_error`` for a library's field error);
+  for values, ``check_input_file`` for files (``pagedkv.onnx_io.load`` for ONNX models), ``option_error`` for a library's field error);
 * outputs are written into a temporary file beside the target and renamed into place only when complete
   (``atomic_output``); an output path equal to an input is refused; missing folders are created; a failed
   verb leaves nothing behind;
@@ -110,23 +110,6 @@ def check_input_file(path, name: str = "input") -> Path:
     if p.stat().st_size == 0:
         raise UsageError(f"{name}: {str(p)!r} is empty")
     return p
-
-
-def load_onnx(path, name: str = "input", *, external_data: bool = True):
-    """The ``onnx.ModelProto`` in ``path``, else UsageError naming ``name``: missing, empty, or a file that is
-    not an ONNX model (a protobuf that does not parse, or one without a graph). ``external_data=False`` reads
-    the graph without the weights files of a large model: a cheap look at its structure before heavy work."""
-    import onnx
-    from google.protobuf.message import DecodeError
-
-    src = check_input_file(path, name)
-    try:
-        model = onnx.load(str(src), load_external_data=external_data)
-    except (DecodeError, RuntimeWarning, UnicodeDecodeError):
-        raise UsageError(f"{name}: {str(src)!r} is not an ONNX model (it does not parse as one)") from None
-    if not model.graph.node or not model.opset_import:
-        raise UsageError(f"{name}: {str(src)!r} is not an ONNX model (no graph nodes or opsets in it)")
-    return model
 
 
 def check_input_dir(path, name: str = "input") -> Path:

@@ -9,6 +9,8 @@ pools, so it is done on the reference backend only; here the logits of every ste
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 from conftest import TOLERANCES
 
@@ -65,12 +67,42 @@ def test_synthetic_cuda_backend(name, chunk):
     assert all(len(t) == 8 for t in report.greedy_tokens.values())
 
 
-@pytest.mark.skipif(hf.why_export_unavailable() is not None, reason=f"export extra missing: "
-                                                                     f"{hf.why_export_unavailable()}")
-@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma", "gpt_neox", "gpt2", "phi3", "qwen2_yarn", "gemma2"])
-def test_hf_cuda_backend(family, tmp_path):
-    result = hf.export_hf(family, tmp_path / f"{family}.onnx", exporter="dynamo")
-    rewritten = rewrite_model(str(result.path), RewriteOptions(cache_dtype="bf16")).model
-    report = compare(str(result.path), rewritten, backend="cuda", prompt_lens=[5, 17, 33], decode_steps=8,
+needs_export = pytest.mark.skipif(hf.why_export_unavailable() is not None,
+                                  reason=f"export extra missing: {hf.why_export_unavailable()}")
+
+
+def _cuda_compare(path):
+    rewritten = rewrite_model(str(path), RewriteOptions(cache_dtype="bf16")).model
+    report = compare(str(path), rewritten, backend="cuda", prompt_lens=[5, 17, 33], decode_steps=8,
                      chunk_size=8, atol=BF16[0], rtol=BF16[1])
     assert report.logits_passed and report.greedy_passed, str(report)
+    assert all(len(t) == 8 for t in report.greedy_tokens.values())
+
+
+@needs_export
+@pytest.mark.parametrize("family,attention", [*((f, "sdpa") for f in ("llama", "qwen2", "gemma", "gpt_neox")),
+                                              *((f, "eager") for f in ("gpt2", "phi3", "qwen2_yarn", "gemma2"))])
+def test_hf_cuda_backend(family, attention, tmp_path):
+    """The dynamo exporter at opset 20: SDPA (transformers' and pagedkv export's default attention); eager for the
+    families with a RoPE scaling, learned positions or the soft-cap (Gemma-2 has no SDPA in transformers)."""
+    result = hf.export_hf(family, tmp_path / f"{family}.onnx", exporter="dynamo", attn_implementation=attention)
+    _cuda_compare(result.path)
+
+
+@needs_export
+@pytest.mark.parametrize("exporter,opset", [("legacy", 17), ("dynamo", 23)])
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_hf_sdpa_exports_cuda_backend(family, exporter, opset, tmp_path):
+    """The other SDPA forms: the legacy exporter's decomposition (NaN guard) and opset 23's Attention op."""
+    result = hf.export_hf(family, tmp_path / f"{family}.onnx", exporter=exporter, opset=opset,
+                          attn_implementation="sdpa")
+    _cuda_compare(result.path)
+
+
+@needs_export
+@pytest.mark.skipif(importlib.util.find_spec("onnxruntime_genai") is None, reason="onnxruntime-genai not installed")
+def test_genai_packed_gqa_cuda_backend(tmp_path):
+    """ONNX Runtime GenAI's model builder: GroupQueryAttention with packed QKV and RoPE inside."""
+    from pagedkv.onnx_export.third_party import GENAI_VOCAB, export_genai, save_model_dir
+
+    _cuda_compare(export_genai(save_model_dir("llama", tmp_path / "hf", vocab_size=GENAI_VOCAB), tmp_path / "genai"))

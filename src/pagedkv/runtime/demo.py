@@ -21,8 +21,8 @@
    original graph's own greedy continuation of the prompt alone — a difference is accepted only as a near-tie
    of the original's logits (within the same tolerance) and ends that request's comparison.
 
-Outputs (``-o DIR``, default a new temporary folder): ``model.onnx``, ``model.paged.onnx`` (``model.engine``),
-``pagemap.png``, ``summary.txt`` (what is printed) and ``summary.json``. Exit status 0 when every check
+Outputs (``-o DIR``, default a new temporary folder): ``model.onnx``, ``model.paged.onnx`` (each with its
+``.onnx.data``: ``pagedkv.onnx_io``), ``model.engine`` (TensorRT), ``pagemap.png``, ``summary.txt`` (what is printed) and ``summary.json``. Exit status 0 when every check
 passes, 1 otherwise. On the references it takes seconds (most of it importing torch).
 """
 
@@ -178,9 +178,8 @@ def _synthetic_config():
 
 def make_model(out_dir: Path, *, backend: str, source: str = "auto", family: str = DEFAULT_FAMILY,
                seed: int = 0) -> DemoModel:
-    """Steps 1-2 (and the engine for ``trt``), written into ``out_dir``."""
-    import onnx
-
+    """Steps 1-2 (and the engine for ``trt``), written into ``out_dir`` (each graph a .onnx and its .onnx.data)."""
+    from pagedkv import onnx_io
     from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
     from pagedkv.onnx_export import hf
 
@@ -198,17 +197,15 @@ def make_model(out_dir: Path, *, backend: str, source: str = "auto", family: str
                 f"{c.num_attention_heads} query / {getattr(c, 'num_key_value_heads', c.num_attention_heads)} KV heads, "
                 f"vocabulary {c.vocab_size}, random weights)")
     else:
-        from pagedkv.onnx_export.synthetic import make_synthetic_model
+        from pagedkv.onnx_export.synthetic import export_synthetic
 
         cfg = _synthetic_config()
-        with atomic_output(original) as tmp:
-            onnx.save(make_synthetic_model(cfg), str(tmp))
+        export_synthetic(cfg, original)
         what = (f"synthetic decoder ({cfg.num_layers} layers, hidden {cfg.hidden}, {cfg.num_heads} query / "
                 f"{cfg.num_kv_heads} KV heads, vocabulary {cfg.vocab}, random weights"
                 f"{'; torch not installed' if source == 'auto' else ''})")
     result = rewrite_model(str(original), RewriteOptions(page_size=CHUNK, dtype="fp16" if backend == "trt" else None))
-    with atomic_output(rewritten, inputs=[original]) as tmp:
-        onnx.save(result.model, str(tmp))
+    onnx_io.save(result.model, rewritten, inputs=[original])  # model.paged.onnx + its .data, atomically
     made = DemoModel(what, original, rewritten, blocks_rewritten=len(result.report.layers))
     if backend == "trt":
         from pagedkv.builder.build import BuildLimits, build_engine

@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from pagedkv.userio import (UsageError, atomic_output, check_input_dir, check_input_file, check_int, load_onnx,
+from pagedkv.userio import (UsageError, atomic_output, check_input_dir, check_input_file, check_int,
                             option_error, parse_int_list)
 
 DEFAULT_MAX_NEW_TOKENS = 32
@@ -147,7 +147,9 @@ def open_llm(args, *, seed: int = 0):
         raise UsageError(f"model: {str(model)!r} is neither a rewritten .onnx nor an engine (.engine, .plan, .trt)")
     graph = model if args.graph is None and not is_engine_file(model) else args.graph
     if graph is not None:  # its structure, without the weights: a file that is no ONNX model is said here
-        load_onnx(graph, "model" if graph is model else "--graph", external_data=False)
+        from pagedkv import onnx_io
+
+        onnx_io.load(graph, "model" if graph is model else "--graph")
     if args.tokenizer is not None:
         check_input_dir(args.tokenizer, "--tokenizer")
     lowest = {"chunk_size": 0, "max_num_seqs": 1, "max_num_batched_tokens": 1, "num_blocks": 1, "host_blocks": 0,

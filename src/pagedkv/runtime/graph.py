@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import helper
 
-from pagedkv import engine_io
+from pagedkv import engine_io, onnx_io
 from pagedkv.config import ATTENTION_PLUGIN_NAME, ONNX_DOMAIN, WRITE_PLUGIN_NAME, AttentionConfig, WriteConfig
 from pagedkv.pool_group import PoolGroup
 
@@ -87,12 +87,10 @@ class RewrittenGraph:
 
     @classmethod
     def load(cls, model: onnx.ModelProto | str | bytes) -> "RewrittenGraph":
-        """From a ModelProto, a path or serialized bytes."""
+        """From a ModelProto, a path (``onnx_io.load``: any size) or serialized bytes."""
         if isinstance(model, bytes):
             model = onnx.load_from_string(model)
-        elif not isinstance(model, onnx.ModelProto):
-            model = onnx.load(str(model))
-        return cls._parse(model)
+        return cls._parse(onnx_io.load_if_path(model, "rewritten graph"))
 
     @classmethod
     def _parse(cls, model: onnx.ModelProto) -> "RewrittenGraph":
@@ -223,9 +221,10 @@ def _check_layer(idx, wnode, anode, wcfg: WriteConfig, acfg: AttentionConfig, in
 
 
 def _value_types(model: onnx.ModelProto) -> dict[str, str]:
-    """numpy dtype name of every typed value (after onnx shape inference, which the rewrite makes work)."""
+    """numpy dtype name of every typed value (after onnx shape inference, which the rewrite makes work; on the
+    weightless skeleton, so any size works)."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = onnx.shape_inference.infer_shapes(onnx_io.skeleton(model))
     except Exception:  # custom-domain outputs without registered inference: use what the file states
         inferred = model
     out = {}
@@ -239,6 +238,24 @@ def _value_types(model: onnx.ModelProto) -> dict[str, str]:
 
 
 # ---- the original (decoder with past) -----------------------------------------------------------------
+def passthrough_state(graph: onnx.GraphProto) -> dict[str, list[str]]:
+    """Graph inputs that only pass through to graph outputs (every reader an Identity producing an output): state
+    an exporter carries along with the cache and nothing reads, as transformers' exporter does with a sliding-window
+    layer's ``_sliding_window_tensor``. -> {input: its outputs}."""
+    outputs = {o.name for o in graph.output}
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    found = {}
+    for vi in graph.input:
+        nodes = readers.get(vi.name, [])
+        if nodes and all(n.op_type == "Identity" and n.output[0] in outputs for n in nodes):
+            found[vi.name] = [n.output[0] for n in nodes]
+    return found
+
+
+
 _LAYER = re.compile(r"(\d+)")
 
 
@@ -263,8 +280,9 @@ class DecoderGraph:
     present: tuple[tuple[str, str], ...]  # (key, value) output per layer
     logits: str
     kv_heads: tuple[int, ...]
-    head_dims: tuple[int, ...]
+    head_dims: tuple[int, ...]  # 0 where the graph leaves it symbolic (DenseSession takes it from the caller)
     past_dtype: str
+    passthrough: tuple[tuple[str, int], ...] = ()  # (input, ONNX elem type) of passthrough_state: fed, never read
 
     @property
     def num_layers(self) -> int:
@@ -272,8 +290,7 @@ class DecoderGraph:
 
     @classmethod
     def load(cls, model: onnx.ModelProto | str) -> "DecoderGraph":
-        if not isinstance(model, onnx.ModelProto):
-            model = onnx.load(str(model), load_external_data=False)
+        model = onnx_io.load_if_path(model, "original graph")
         g = model.graph
         inits = {i.name for i in g.initializer}
         inputs = [i for i in g.input if i.name not in inits]
@@ -289,23 +306,30 @@ class DecoderGraph:
         past = _pair_by_layer([i for i in inputs if _rank(i) == 4], "past input")
         if not past:
             raise GraphError(f"original graph: no rank-4 past key/value inputs; inputs are {names}")
-        present = _pair_by_layer([o for o in g.output if o.name != "logits"], "present output")
+        passthrough = passthrough_state(g)
+        carried = {o for outs in passthrough.values() for o in outs}
+        present = _pair_by_layer([o for o in g.output if o.name != "logits" and o.name not in carried],
+                                 "present output")
         if "logits" not in [o.name for o in g.output]:
             raise GraphError(f"original graph: no logits output; outputs are {[o.name for o in g.output]}")
         if len(past) != len(present):
             raise GraphError(f"original graph: {len(past)} past layers but {len(present)} present layers")
-        by_name = {i.name: i for i in inputs}
+        by_name = {i.name: i for i in (*inputs, *g.output)}
         kv_heads, head_dims = [], []
-        for k, _ in past:
-            dims = by_name[k].type.tensor_type.shape.dim
-            kvh, d = dims[1], dims[3]
-            if not (kvh.HasField("dim_value") and d.HasField("dim_value")):
-                raise GraphError(f"original graph: past input {k} needs static kv_heads and head_dim dims")
-            kv_heads.append(kvh.dim_value)
-            head_dims.append(d.dim_value)
+        for (k, _), (present_k, _) in zip(past, present):
+            # the past input's [batch, kv_heads, past, head_dim], else its present's (one exporter names the
+            # past's static dims); a head dim symbolic in both (ONNX Runtime GenAI's kv_cache_dim) stays 0
+            dims = [[d.dim_value if d.HasField("dim_value") else 0 for d in by_name[n].type.tensor_type.shape.dim]
+                    for n in (k, present_k)]
+            kvh = next((d[1] for d in dims if len(d) == 4 and d[1]), 0)
+            if not kvh:
+                raise GraphError(f"original graph: past input {k} needs a static kv_heads dim")
+            kv_heads.append(kvh)
+            head_dims.append(next((d[3] for d in dims if len(d) == 4 and d[3]), 0))
         past_dtype = _elem_type_name(by_name[past[0][0]].type.tensor_type.elem_type) if past else "float32"
+        state = tuple((name, by_name[name].type.tensor_type.elem_type) for name in passthrough)
         return cls(ids, mask, pos, tuple(past), tuple(present), "logits", tuple(kv_heads), tuple(head_dims),
-                   past_dtype)
+                   past_dtype, state)
 
 
 def _rank(vi) -> int:

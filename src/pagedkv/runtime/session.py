@@ -13,18 +13,20 @@ batching is exercised where it matters, on the rewritten side, whose steps pack 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 
+from pagedkv import onnx_io
 from pagedkv.config import ATTENTION_PLUGIN_NAME, WRITE_PLUGIN_NAME
 from pagedkv.layout import PageLayout
 from pagedkv.runtime import ops
 from pagedkv.runtime.backends import check_backend_available, make_backend
 from pagedkv.runtime.executor import Executor, StepEntries
-from pagedkv.runtime.graph import DecoderGraph, RewrittenGraph
+from pagedkv.runtime.graph import DecoderGraph, GraphError, RewrittenGraph
 
 
 def _ort():
@@ -33,12 +35,13 @@ def _ort():
     return onnxruntime
 
 
-def _cpu_session(model_bytes_or_path, sess_options=None):
+def _cpu_session(model, sess_options=None):
+    """A CPU session over a model file or ``ModelProto`` of any size (``onnx_io.ort_session``)."""
     ort = _ort()
     so = sess_options or ort.SessionOptions()
     so.log_severity_level = 3
     so.intra_op_num_threads = int(os.environ.get("PAGEDKV_ORT_THREADS", "1"))
-    return ort.InferenceSession(model_bytes_or_path, so, providers=["CPUExecutionProvider"])
+    return onnx_io.ort_session(model, so)
 
 
 _NP_OF_ORT = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32,
@@ -101,7 +104,7 @@ class OrtExecutor(Executor):
             so = _ort().SessionOptions()
             so.register_custom_ops_library(get_library_path())
             model_copy = ops.session_model(self.graph.model, node_bindings)
-            self.session = _cpu_session(model_copy.SerializeToString(), so)
+            self.session = _cpu_session(model_copy, so)
         except BaseException:
             self.close()
             raise
@@ -156,11 +159,16 @@ class OrtExecutor(Executor):
 class DenseSession:
     """The original decoder-with-past graph, one sequence per run, dense past K/V kept per sequence."""
 
-    def __init__(self, model):
-        if not isinstance(model, onnx.ModelProto):
-            model = onnx.load(str(model))
+    def __init__(self, model, head_dims=None):
+        """``model``: the original graph's path (ONNX Runtime opens it and its data) or ``ModelProto``;
+        ``head_dims``: per layer, for a graph whose past inputs leave the head dim symbolic."""
         self.graph = DecoderGraph.load(model)
-        self.session = _cpu_session(model.SerializeToString())
+        if head_dims is not None:
+            self.graph = dataclasses.replace(self.graph, head_dims=tuple(int(d) for d in head_dims))
+        if not all(self.graph.head_dims):
+            raise GraphError(f"original graph: the head dim of its past inputs is symbolic "
+                             f"(layers {[i for i, d in enumerate(self.graph.head_dims) if not d]}); pass head_dims")
+        self.session = _cpu_session(model)
         self._types = _input_types(self.session)
         self._past: dict[object, list[np.ndarray]] = {}
         self._length: dict[object, int] = {}
@@ -198,6 +206,8 @@ class DenseSession:
             feed[g.position_ids] = np.arange(past_len, past_len + n, dtype=np.int64)[None, :]
         for (k, v), i in zip(g.past, range(g.num_layers)):
             feed[k], feed[v] = self._past[seq_id][2 * i], self._past[seq_id][2 * i + 1]
+        for name, elem_type in g.passthrough:  # only passed through to outputs nobody reads: any value does
+            feed[name] = np.zeros((), dtype=onnx.helper.tensor_dtype_to_np_dtype(elem_type))
         feed = {k: np.ascontiguousarray(a, dtype=self._types.get(k) or a.dtype) for k, a in feed.items()}
         logits, *present = self.session.run(self._outputs, feed)
         self._past[seq_id] = present
