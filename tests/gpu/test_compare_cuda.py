@@ -19,6 +19,7 @@ from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
 from pagedkv.config import RopeConfig, RopeScaling, RopeStyle
 from pagedkv.onnx_export import hf
 from pagedkv.onnx_export.synthetic import SyntheticConfig, make_synthetic_model
+from pagedkv.reference.rope import attention_factor
 
 pytestmark = pytest.mark.gpu
 
@@ -72,9 +73,12 @@ needs_export = pytest.mark.skipif(hf.why_export_unavailable() is not None,
 
 
 def _cuda_compare(path):
-    rewritten = rewrite_model(str(path), RewriteOptions(cache_dtype="bf16")).model
-    report = compare(str(path), rewritten, backend="cuda", prompt_lens=[5, 17, 33], decode_steps=8,
-                     chunk_size=8, atol=BF16[0], rtol=BF16[1])
+    result = rewrite_model(str(path), RewriteOptions(cache_dtype="bf16"))
+    # YaRN's and LongRoPE's attention factor multiplies q and k, so 16-bit rounding moves the scores by its square
+    # (the tiny phi3's 1.58: measured 3.2e-2 of the logits' scale against BF16's 1.6e-2 on the H200)
+    amplify = max(attention_factor(layer.rope) for layer in result.report.layers) ** 2
+    report = compare(str(path), result.model, backend="cuda", prompt_lens=[5, 17, 33], decode_steps=8,
+                     chunk_size=8, atol=BF16[0] * amplify, rtol=BF16[1] * amplify)
     assert report.logits_passed and report.greedy_passed, str(report)
     assert all(len(t) == 8 for t in report.greedy_tokens.values())
 

@@ -69,8 +69,10 @@ def test_hf_reduced_precision_cuda(family, dtype, cache, tmp_path):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_hf_16bit_export_cuda(dtype, tmp_path):
     """export --dtype: the 16-bit graph rewritten as it is, against the float32 export."""
-    float32 = hf.export_hf("llama", tmp_path / "llama.onnx", exporter="legacy")
-    narrow = hf.export_hf("llama", tmp_path / f"llama_{dtype}.onnx", exporter="legacy", dtype=dtype)
+    # eager attention: PyTorch's legacy exporter fails on the bf16 SDPA model (test_export_hf keeps that failure)
+    float32 = hf.export_hf("llama", tmp_path / "llama.onnx", exporter="legacy", attn_implementation="eager")
+    narrow = hf.export_hf("llama", tmp_path / f"llama_{dtype}.onnx", exporter="legacy", dtype=dtype,
+                          attn_implementation="eager")
     cache = "bf16" if dtype == "bfloat16" else "fp16"
     rewritten = rewrite_model(str(narrow.path), RewriteOptions(cache_dtype=cache)).model
     atol, rtol = default_tolerance(rewritten, str(float32.path))
