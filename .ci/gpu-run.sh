@@ -91,12 +91,26 @@ if has bench; then
   done
   [[ " ${PAGEDKV_BENCHES:-headdim} " == *" headdim "* ]] || { log "done rc=$rc"; exit $rc; }
   # Head dims 80 / 96 on their own (FlashInfer may JIT-compile or refuse them): a slow peer cannot cost the rows above.
-  for b in write attention; do
-    log "benchmark $b, head dims"
-    timeout ${PAGEDKV_BENCH_HEADDIM_TIMEOUT:-300} python3 benchmarks/bench_$b.py --cases headdim \
-      --json "$OUT/bench_${b}_headdim.json" > "$OUT/bench_${b}_headdim.log" 2>&1
-    t=$?; [ $t -ne 0 ] && { log "bench $b headdim exit $t"; rc=$t; }
-    tail -16 "$OUT/bench_${b}_headdim.log" | tee -a "$OUT/summary.txt"
+  log "benchmark write, head dims"
+  timeout ${PAGEDKV_BENCH_HEADDIM_TIMEOUT:-300} python3 benchmarks/bench_write.py --cases headdim \
+    --json "$OUT/bench_write_headdim.json" > "$OUT/bench_write_headdim.log" 2>&1
+  t=$?; [ $t -ne 0 ] && { log "bench write headdim exit $t"; rc=$t; }
+  tail -16 "$OUT/bench_write_headdim.log" | tee -a "$OUT/summary.txt"
+  # Attention: ours alone, then each peer in a process of its own. FlashInfer 0.7.2's tc_fa2 (batch prefill JIT at
+  # head dim 80) hit an illegal memory access on the H200 (ours alone ran clean, 2026-12-01), which poisons the CUDA
+  # context of the process it runs in; a peer's crash is logged, not counted as ours.
+  for peer in ours tc_fa2 xqa fa3; do
+    log "benchmark attention, head dims, ${peer}"
+    timeout ${PAGEDKV_BENCH_HEADDIM_TIMEOUT:-300} python3 benchmarks/bench_attention.py --cases headdim \
+      --peers "$([ $peer = ours ] || echo $peer)" --json "$OUT/bench_attention_headdim_$peer.json" \
+      > "$OUT/bench_attention_headdim_$peer.log" 2>&1
+    t=$?
+    if [ $t -ne 0 ]; then
+      if [ $peer = ours ]; then log "bench attention headdim exit $t"; rc=$t; else log "peer $peer crashed (exit $t)"; fi
+      tail -4 "$OUT/bench_attention_headdim_$peer.log" | tee -a "$OUT/summary.txt"
+    else
+      tail -9 "$OUT/bench_attention_headdim_$peer.log" | tee -a "$OUT/summary.txt"
+    fi
   done
 fi
 log "done rc=$rc"
