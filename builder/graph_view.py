@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -89,6 +90,24 @@ def inferred_value_info(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 
 
 # ---- the index ----------------------------------------------------------------------------------------
+def _symbolic_shape_infer():
+    """ONNX Runtime's ``tools/symbolic_shape_infer.py``, loaded from its file: importing it as
+    ``onnxruntime.tools.symbolic_shape_infer`` runs the package's ``__init__``, which imports torch when it is
+    installed (~240 MB of resident memory in every rewrite, for a module that needs only onnx, numpy and sympy)."""
+    import importlib.util
+    import sys
+
+    name = "_pagedkv_ort_symbolic_shape_infer"
+    if name not in sys.modules:
+        ort = importlib.util.find_spec("onnxruntime")
+        path = Path(next(iter(ort.submodule_search_locations))) / "tools" / "symbolic_shape_infer.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
 class GraphView:
     def __init__(self, model: onnx.ModelProto):
         self.model = model
@@ -218,7 +237,7 @@ class GraphView:
         if self._symbolic is None:
             self._symbolic = {}
             try:
-                from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+                SymbolicShapeInference = _symbolic_shape_infer().SymbolicShapeInference
 
                 surrogate = onnx_io.skeleton(self.model)
                 for node in surrogate.graph.node:  # ops it has no rule for, where output 0 has input 0's shape

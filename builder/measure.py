@@ -19,6 +19,7 @@ from pagedkv.config import RopeConfig, RopeScaling, RopeStyle
 
 # ---- RoPE measurement ---------------------------------------------------------------------------------
 LADDER = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)  # positions: each at most 4x the last (unwrapping)
+CONTIGUOUS_PROBE = 256  # RoPE probes hold every position of their step up to this many tokens
 
 
 @dataclass
@@ -164,14 +165,19 @@ def measure_rope(view: GraphView, region: Region, step: ProbeStep, heads_map: np
                            f"one scale on the first {R} dims")
 
     def pair_angles(position: int, kv_len: int) -> np.ndarray:
-        """[R/2] angles of ``position`` in a step whose kv length is ``kv_len`` (>= position + 1): one probe
-        token at ``position`` and, when kv_len > position + 1, a second at kv_len - 1 that sets the step's length
-        (the positions' maximum + 1, and past + seq: a step-dependent table reads either). One unit vector per
+        """[R/2] angles of ``position`` in a step whose kv length is ``kv_len`` (>= position + 1), read off the
+        step's first token, at ``position``; the step's length is the positions' maximum + 1 and past + seq (a
+        step-dependent table reads either). The step holds every position from ``position`` to kv_len - 1
+        (past = position) where the graph derives positions from the past length (no position_ids input, as in
+        some Optimum exports: the only probe it reads right, kv_len - position tokens long) or the step is at most
+        CONTIGUOUS_PROBE tokens; else a second token at kv_len - 1 alone sets the length. One unit vector per
         pair suffices: the rotation acts on each pair alone."""
-        seq = 1 if kv_len == position + 1 else 2
+        contiguous = "position_ids" not in step.roles.values() or kv_len - position <= CONTIGUOUS_PROBE
+        seq = kv_len - position if contiguous else 2
         x = np.zeros((1, seq, int(np.prod(feat_shape))), dtype=np.float32)
         x[0, :, heads_map[:, first].ravel()] = 1.0
-        probe = step.at(1, kv_len - seq, seq, positions=[position, kv_len - 1][:seq])
+        positions = list(range(position, kv_len)) if contiguous else [position, kv_len - 1]
+        probe = step.at(1, kv_len - seq, seq, positions=positions)
         y = evaluate(x, probe)[0, 0]
         c, s = y[heads_map[:, first]], y[heads_map[:, second]]  # [heads, R/2]
         if not (np.allclose(c, c[:1], atol=entry_tol) and np.allclose(s, s[:1], atol=entry_tol)):
