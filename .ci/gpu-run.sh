@@ -69,10 +69,12 @@ if has sanitize; then
     > "$OUT/sanitize-build-phase.log" 2>&1
   t=$?; [ $t -ne 0 ] && rc=$t
   tail -8 "$OUT/sanitize-build-phase.log" | tee -a "$OUT/summary.txt"
-  # the C++ engine driving both plugins through the test host over 16 continuous-batching steps
+  # the C++ engine driving both plugins through the test host (16 continuous-batching steps), and the runtime's
+  # own DeviceExecutor (its pools, staged upload, block copies and CUDA graphs) over the three traces
   log "compute-sanitizer memcheck: C++ runtime + plugins"
   compute-sanitizer --tool memcheck --error-exitcode 99 --target-processes all \
-    python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_runtime_plugins.py > "$OUT/sanitize-runtime.log" 2>&1
+    python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_runtime_plugins.py tests/gpu/test_runtime_executor.py \
+    > "$OUT/sanitize-runtime.log" 2>&1
   t=$?; [ $t -ne 0 ] && rc=$t
   tail -8 "$OUT/sanitize-runtime.log" | tee -a "$OUT/summary.txt"
 fi

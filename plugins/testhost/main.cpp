@@ -8,10 +8,11 @@
 //   pagedkv_testhost fuzz    --lib LIB --cases CASES.json   createPlugin on many cases in one process
 //   pagedkv_testhost selfreg --lib LIB --scenario dlopen|load_library|no_registry|preregistered|api_mismatch
 //   pagedkv_testhost enqueue --lib LIB --plan PLAN.json --out DIR      (GPU)
+//   pagedkv_testhost run-engine --lib LIB --plan PLAN.json --out DIR   (GPU) the C++ runtime over the plugins
 //   pagedkv_testhost exprs   --pairs "[[7,2],[-7,2]]"                  the host's IExprBuilder on its own
 //
 // Exit status: 0 the command ran (for `create`: the plugin was created), 1 `create` got nullptr or `enqueue`
-// had a failing step, 2 a usage or host error (message on stderr). A crash of the library is a signal.
+// had a failing step (`run-engine`: a failing step or unfinished requests), 2 a usage or host error (message on stderr). A crash of the library is a signal.
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -20,6 +21,7 @@
 #include <string>
 
 #include "checks.h"
+#include "engineRunner.h"
 #include "enqueueRunner.h"
 #include "json.h"
 #include "pluginLibrary.h"
@@ -28,7 +30,7 @@ namespace {
 
 int usage() {
     std::fprintf(stderr,
-                 "usage: pagedkv_testhost info|create|check|fuzz|selfreg|enqueue --lib LIB [--spec FILE] "
+                 "usage: pagedkv_testhost info|create|check|fuzz|selfreg|enqueue|run-engine --lib LIB [--spec FILE] "
                  "[--cases FILE] [--scenario NAME] [--plan FILE --out DIR] | exprs --pairs JSON\n");
     return 2;
 }
@@ -87,6 +89,11 @@ int main(int argc, char** argv) {
                 if (!options.count("plan") || !options.count("out")) return usage();
                 Json const plan = Json::parse(readFile(options["plan"]));
                 report = runEnqueue(library, plan, directoryOf(options["plan"]), options["out"]);
+                if (!report.at("ok").asBool()) status = 1;
+            } else if (command == "run-engine") {
+                if (!options.count("plan") || !options.count("out")) return usage();
+                Json const plan = Json::parse(readFile(options["plan"]));
+                report = runEngine(library, plan, directoryOf(options["plan"]), options["out"]);
                 if (!report.at("ok").asBool()) status = 1;
             } else {
                 return usage();

@@ -13,7 +13,8 @@ Checked at every step: the engine's input ids are the request's known tokens, ev
 clean, the guards are intact, and every attention output row equals float64 dense attention
 (``pagedkv.reference.dense_attention``) over K/V rebuilt from the request's whole token history with no paging
 at all — so a wrong block table, a reused block with the wrong contents or a stale page shows up as a mismatch.
-Not covered here: ``DeviceExecutor`` (the runtime's own pools, staged upload and CUDA graphs) and TensorRT.
+The runtime's own ``DeviceExecutor`` (its pools, staged upload, block copies and CUDA graphs) drives the same model
+in test_runtime_executor.py; TensorRT is not covered (none here).
 """
 
 from __future__ import annotations
