@@ -360,3 +360,15 @@ def test_native_errors_are_the_python_types():
            (2, 1, "g", "secondary", 1)
     with pytest.raises(ValueError, match="groups: names must be unique"):
         NativeKVManager([PoolGroup("g", KVLayout(1, 1, 4, 1))] * 2, 4)
+
+
+def test_close_is_idempotent_and_a_closed_manager_refuses_calls():
+    with NativeKVManager([PoolGroup("g", KVLayout(1, 1, 4, 1))], 4) as cc:
+        cc.add_sequence(1, [1, 2, 3])
+        assert 1 in cc and cc.num_free(0) == 4
+    cc.close()  # a second close does nothing
+    assert 1 not in cc  # (pagedkv_kv_contains answers 0 for a NULL manager)
+    with pytest.raises(ValueError, match="^manager: null pointer$"):
+        cc.reserve(1, 1)
+    with pytest.raises(ValueError, match="^manager: null pointer$"):
+        cc.num_free(0)

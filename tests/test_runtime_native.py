@@ -269,6 +269,22 @@ def test_cpp_engine_refuses_what_the_python_engine_refuses():
         pair.cc.add_request(10, [1], SamplingParams(stop=("x",)))
 
 
+def test_closing_the_engine_closes_its_kv_view_and_a_closed_engine_refuses_calls():
+    eng = native.NativeEngine([PoolGroup("g", KVLayout(1, 1, 4, 1))], 8, vocab=VOCAB)
+    kv = eng.kv
+    assert eng.kv is kv and kv.num_free(0) == 8
+    eng.add_request(1, [3, 4, 5], SamplingParams(max_new_tokens=2))
+    with eng:
+        assert eng.begin_step() is not None
+    eng.close()  # a second close does nothing
+    with pytest.raises(ValueError, match="^engine: null pointer$"):
+        eng.add_request(2, [3], SamplingParams())
+    with pytest.raises(ValueError, match="^engine: null pointer$"):
+        eng.kv
+    with pytest.raises(ValueError, match="^manager: null pointer$"):  # the view went with the engine
+        kv.num_free(0)
+
+
 def test_sampling_draws_equal_python_bit_for_bit():
     rng = np.random.default_rng(0)
     seeds = np.concatenate([rng.integers(0, 2 ** 63, 5000, dtype=np.uint64) * np.uint64(2) + np.uint64(1),

@@ -1,7 +1,7 @@
 // pagedkv_struct_layouts(): every struct the C API takes or fills, described field by field
 // (pagedkv/struct_description.h) for bindings that build their mirrors from the library
 // (src/pagedkv/kernels/_structs.py) instead of copying them by hand. Each list below is checked against its
-// struct at compile time (listsEveryField).
+// struct at compile time where pagedkv_struct_layouts describes it (PKV_DESCRIBE).
 #include <string>
 
 #include "capi_attention.h"
@@ -23,9 +23,7 @@ template <> struct TypeName<RopeParams> { static constexpr char const* value = "
 namespace {
 
 using namespace pagedkv;
-using structdesc::describeStruct;
 using structdesc::FieldDesc;
-using structdesc::listsEveryField;
 
 constexpr FieldDesc kKVLayout[] = {
     PKV_FIELD(KVLayout, numLayers),   PKV_FIELD(KVLayout, numKVHeads),     PKV_FIELD(KVLayout, pageSize),
@@ -86,27 +84,13 @@ constexpr FieldDesc kKernelShapes[] = {
     PKV_FIELD(PagedKVAttentionKernelShapes, multi_threads),  PKV_FIELD(PagedKVAttentionKernelShapes, multi_smem_bytes),
 };
 
-static_assert(listsEveryField<KVLayout>(kKVLayout), "kKVLayout does not list KVLayout's members in order");
-static_assert(listsEveryField<StepMetadata>(kStepMetadata), "kStepMetadata does not list StepMetadata's members");
-static_assert(listsEveryField<RopeConfig>(kRopeConfig), "kRopeConfig does not list RopeConfig's members");
-static_assert(listsEveryField<RopeParams>(kRopeParams), "kRopeParams does not list RopeParams' members");
-static_assert(listsEveryField<QKVWriteParams>(kQKVWriteParams), "kQKVWriteParams does not list its members");
-static_assert(listsEveryField<AttentionParams>(kAttentionParams), "kAttentionParams does not list its members");
-static_assert(listsEveryField<PagedKVAttentionPlanInfo>(kPlanInfo), "kPlanInfo does not list its members");
-static_assert(listsEveryField<PagedKVAttentionKernelShapes>(kKernelShapes), "kKernelShapes does not list its members");
-
 }  // namespace
 
 extern "C" const char* pagedkv_struct_layouts(void) {
-    static std::string const json = "{" + describeStruct<KVLayout>("KVLayout", kKVLayout) + "," +
-                                    describeStruct<StepMetadata>("StepMetadata", kStepMetadata) + "," +
-                                    describeStruct<RopeConfig>("RopeConfig", kRopeConfig) + "," +
-                                    describeStruct<RopeParams>("RopeParams", kRopeParams) + "," +
-                                    describeStruct<QKVWriteParams>("QKVWriteParams", kQKVWriteParams) + "," +
-                                    describeStruct<AttentionParams>("AttentionParams", kAttentionParams) + "," +
-                                    describeStruct<PagedKVAttentionPlanInfo>("PagedKVAttentionPlanInfo", kPlanInfo) + "," +
-                                    describeStruct<PagedKVAttentionKernelShapes>("PagedKVAttentionKernelShapes",
-                                                                           kKernelShapes) +
-                                    "}";
+    static std::string const json = structdesc::describeStructs(
+        {PKV_DESCRIBE(KVLayout, kKVLayout), PKV_DESCRIBE(StepMetadata, kStepMetadata),
+         PKV_DESCRIBE(RopeConfig, kRopeConfig), PKV_DESCRIBE(RopeParams, kRopeParams),
+         PKV_DESCRIBE(QKVWriteParams, kQKVWriteParams), PKV_DESCRIBE(AttentionParams, kAttentionParams),
+         PKV_DESCRIBE(PagedKVAttentionPlanInfo, kPlanInfo), PKV_DESCRIBE(PagedKVAttentionKernelShapes, kKernelShapes)});
     return json.c_str();
 }

@@ -1,4 +1,5 @@
-"""Locating and loading the shared libraries the wheel ships in ``pagedkv/lib``.
+"""Locating and loading the shared libraries the wheel ships in ``pagedkv/lib``; what their ctypes bindings share
+(declaring signatures, owning a C object through its handle, the kernels' C API status check).
 
 ``PAGEDKV_LIB_DIR`` overrides the search (e.g. a CMake build tree during development).
 """
@@ -77,8 +78,45 @@ def capi() -> ctypes.CDLL:
 
 @functools.lru_cache(maxsize=None)
 def runtime() -> ctypes.CDLL:
-    """The C++ runtime library, loaded once; ``pagedkv.kvcache.native`` declares its signatures."""
+    """The C++ runtime library, loaded once; ``pagedkv.kvcache.native`` and ``pagedkv.runtime.native`` declare
+    its signatures."""
     return ctypes.CDLL(str(require_file(RUNTIME_NAME)))
+
+
+def declare(lib: ctypes.CDLL, signatures: dict[str, tuple[list, object]]) -> ctypes.CDLL:
+    """Give each entry of ``lib`` its ctypes signature, ``{name: ([argtypes], restype)}``; returns ``lib``."""
+    for name, (args, res) in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, res
+    return lib
+
+
+class NativeHandle:
+    """Owner of one object of a pagedkv C library, held through its opaque pointer ``self._h`` (a
+    ``ctypes.c_void_p``; NULL before creation and once released). ``close()`` or leaving a ``with`` block releases
+    it, exactly once (closing again does nothing); the collector does it as a last resort. A closed object passes
+    NULL on and each later call gets the C API's answer to a NULL handle (the status ``"manager: null pointer"``,
+    raised as ``ValueError``, from the entries that return one): the C side checks its handles, Python does not
+    check them again. Subclasses create the object into ``self._h`` in ``__init__`` and free it in ``_release``."""
+
+    _h = None  # also what __del__ sees when __init__ raised before creating the object
+
+    def _release(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        if self._h:
+            self._release()
+            self._h = ctypes.c_void_p()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):  # last resort; deterministic release is close()/with
+        self.close()
 
 
 def build_info() -> dict[str, str]:

@@ -1,18 +1,21 @@
 // Describing a C API's structs field by field, for bindings that build their mirrors from the library
 // (src/pagedkv/kernels/_structs.py) instead of copying them by hand. Used by the kernels' C API
-// (capi/capi_structs.cpp: pagedkv_struct_layouts) and the runtime's (runtime/capi/kv_capi.cpp:
-// pagedkv_kv_struct_layouts). Host C++ only.
+// (capi/capi_structs.cpp: pagedkv_struct_layouts) and the runtime's two (runtime/capi/kv_capi.cpp:
+// pagedkv_kv_struct_layouts, runtime/capi/runtime_capi.cpp: pagedkv_rt_struct_layouts). Host C++ only.
 //
-// A description is a constexpr array of PKV_FIELD(Struct, member) entries; listsEveryField<Struct>(array) checks at
-// compile time that the entries follow one another as the C++ layout rules place them and end at sizeof, so a
-// member added to a struct (or reordered, or retyped) without its entry fails the build instead of shifting a
-// binding. describeStruct() renders one description as the JSON the bindings read:
-//   "Name": {"size": S, "align": A, "fields": [{"name", "type", "offset", "size"[, "count"]}, ...]}
+// A description is a constexpr array of PKV_FIELD(Struct, member) entries. An API's *_struct_layouts() entry lists
+// each of its structs once, PKV_DESCRIBE(Struct, array), in describeStructs({...}): that checks at compile time
+// (listsEveryField) that the entries follow one another as the C++ layout rules place them and end at sizeof, so
+// a member added to a struct (or reordered, or retyped) without its entry fails the build instead of shifting a
+// binding, and renders the JSON the bindings read:
+//   {"Name": {"size": S, "align": A, "fields": [{"name", "type", "offset", "size"[, "count"]}, ...]}, ...}
 // with type one of i32, i64, u64, f32, f64, bool, ptr, str (a NUL-terminated char const*), or a described struct's name.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <iterator>
 #include <string>
 #include <type_traits>
 
@@ -65,17 +68,26 @@ constexpr bool listsEveryField(FieldDesc const (&fields)[N]) {
     return (end + alignof(S) - 1) / alignof(S) * alignof(S) == sizeof(S);
 }
 
-template <typename S, size_t N>
-std::string describeStruct(char const* name, FieldDesc const (&fields)[N]) {
+// One struct's entry of the JSON, its description `Fields` checked against S (PKV_DESCRIBE names it).
+template <typename S, auto const& Fields>
+std::string describeStruct(char const* name) {
+    static_assert(listsEveryField<S>(Fields), "the description does not list the struct's members in order");
     std::string out = std::string("\"") + name + "\":{\"size\":" + std::to_string(sizeof(S)) +
                       ",\"align\":" + std::to_string(alignof(S)) + ",\"fields\":[";
-    for (size_t i = 0; i < N; ++i) {
-        FieldDesc const& f = fields[i];
+    for (size_t i = 0; i < std::size(Fields); ++i) {
+        FieldDesc const& f = Fields[i];
         out += std::string(i ? "," : "") + "{\"name\":\"" + f.name + "\",\"type\":\"" + f.type +
                "\",\"offset\":" + std::to_string(f.offset) + ",\"size\":" + std::to_string(f.size) +
                (f.count ? ",\"count\":" + std::to_string(f.count) : "") + "}";
     }
     return out + "]}";
+}
+
+// The JSON object of an API's structs, from their PKV_DESCRIBE entries.
+inline std::string describeStructs(std::initializer_list<std::string> entries) {
+    std::string out = "{";
+    for (std::string const& e : entries) out += (out.size() > 1 ? "," : "") + e;
+    return out + "}";
 }
 
 }  // namespace structdesc
@@ -86,3 +98,6 @@ std::string describeStruct(char const* name, FieldDesc const (&fields)[N]) {
         #f, offsetof(S, f), sizeof(S::f), alignof(std::remove_all_extents_t<decltype(S::f)>),                 \
             ::pagedkv::structdesc::typeName<decltype(S::f)>(), std::extent_v<decltype(S::f)>                  \
     }
+
+// The entry of struct S described by the FieldDesc array `fields`, named as S is spelled here.
+#define PKV_DESCRIBE(S, fields) ::pagedkv::structdesc::describeStruct<S, fields>(#S)

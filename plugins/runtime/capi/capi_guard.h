@@ -1,12 +1,13 @@
 // What the runtime's C entries share (kv_capi.cpp, runtime_capi.cpp): the KV manager handle (owning, or borrowed
-// from an engine) and guarded(), which runs an entry's body and turns each exception type into a status code
-// plus the thread-local error record of pagedkv_kv_last_error().
+// from an engine), guarded(), which runs an entry's body and turns each exception type into a status code
+// plus the thread-local error record of pagedkv_kv_last_error(), and the reading of pool group descriptions.
 #pragma once
 
 #include <memory>
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "pagedkv/runtime/engine.h"
 #include "pagedkv/runtime/kv_capi.h"
@@ -130,6 +131,36 @@ int32_t guarded(F&& body) {
 
 inline void need(void const* p, char const* what) {
     if (!p) throw KVArgumentError(std::string(what) + ": null pointer", std::nullopt);
+}
+
+// The pool groups of `num_groups` descriptions (checked by makePoolGroup) with their block counts.
+struct GroupDescs {
+    std::vector<PoolGroup> groups;
+    std::vector<int64_t> numBlocks, hostBlocks;
+};
+
+inline GroupDescs readGroupDescs(pagedkv_kv_group_desc const* descs, int32_t num_groups) {
+    if (num_groups > 0) need(descs, "groups");
+    GroupDescs out;
+    for (int32_t g = 0; g < num_groups; ++g) {
+        pagedkv_kv_group_desc const& d = descs[g];
+        PoolGroupParams p;
+        p.name = d.name ? d.name : "";
+        p.numLayers = d.num_layers;
+        p.numKVHeads = d.num_kv_heads;
+        p.pageSize = d.page_size;
+        p.headDim = d.head_dim;
+        p.pageLayout = PageLayout(d.page_layout);
+        p.ringSinkTokens = d.ring_sink_tokens;
+        p.cyclicLen = d.cyclic_len;
+        p.cacheDType = CacheDType(d.cache_dtype);
+        p.window = d.window;
+        p.attentionSinks = d.attention_sinks;
+        out.groups.push_back(makePoolGroup(p));
+        out.numBlocks.push_back(d.num_blocks);
+        out.hostBlocks.push_back(d.host_blocks);
+    }
+    return out;
 }
 
 }  // namespace pagedkv::runtime::capi

@@ -50,9 +50,9 @@ int32_t listOut(pagedkv_kv_manager const* mgr, T* out, int32_t capacity, int32_t
     });
 }
 
-// The C API's structs, described for ctypes (pagedkv/struct_description.h; checked at compile time).
+// The C API's structs, described for ctypes (pagedkv/struct_description.h; checked at compile time where
+// pagedkv_kv_struct_layouts describes them).
 using structdesc::FieldDesc;
-using structdesc::listsEveryField;
 #define E(f) PKV_FIELD(pagedkv_kv_error, f)
 constexpr FieldDesc kError[] = {E(code),   E(has_seq),   E(seq),      E(message),  E(needed), E(free),
                                 E(tier),   E(group),     E(what),     E(has_block), E(has_page), E(block),
@@ -83,16 +83,6 @@ constexpr FieldDesc kStepBuffers[] = {B(cu_q_lens), B(past_lens), B(q_lens), B(k
 constexpr FieldDesc kGroupStepBuffers[] = {P(block_table), P(num_pages), P(last_page_lens), P(kv_indptr),
                                            P(kv_indices)};
 #undef P
-static_assert(listsEveryField<pagedkv_kv_error>(kError), "kError does not list pagedkv_kv_error's members");
-static_assert(listsEveryField<pagedkv_kv_group_desc>(kGroupDesc), "kGroupDesc does not list its members");
-static_assert(listsEveryField<pagedkv_kv_group_stats>(kGroupStats), "kGroupStats does not list its members");
-static_assert(listsEveryField<pagedkv_kv_seq_info>(kSeqInfo), "kSeqInfo does not list its members");
-static_assert(listsEveryField<pagedkv_kv_block_copy>(kBlockCopy), "kBlockCopy does not list its members");
-static_assert(listsEveryField<pagedkv_kv_step_shape>(kStepShape), "kStepShape does not list its members");
-static_assert(listsEveryField<pagedkv_kv_step_buffers>(kStepBuffers), "kStepBuffers does not list its members");
-static_assert(listsEveryField<pagedkv_kv_group_step_buffers>(kGroupStepBuffers),
-              "kGroupStepBuffers does not list its members");
-
 }  // namespace
 
 extern "C" {
@@ -100,16 +90,12 @@ extern "C" {
 int32_t pagedkv_kv_capi_version(void) { return PAGEDKV_KV_CAPI_VERSION; }
 
 const char* pagedkv_kv_struct_layouts(void) {
-    using structdesc::describeStruct;
-    static std::string const json =
-        "{" + describeStruct<pagedkv_kv_error>("pagedkv_kv_error", kError) + "," +
-        describeStruct<pagedkv_kv_group_desc>("pagedkv_kv_group_desc", kGroupDesc) + "," +
-        describeStruct<pagedkv_kv_group_stats>("pagedkv_kv_group_stats", kGroupStats) + "," +
-        describeStruct<pagedkv_kv_seq_info>("pagedkv_kv_seq_info", kSeqInfo) + "," +
-        describeStruct<pagedkv_kv_block_copy>("pagedkv_kv_block_copy", kBlockCopy) + "," +
-        describeStruct<pagedkv_kv_step_shape>("pagedkv_kv_step_shape", kStepShape) + "," +
-        describeStruct<pagedkv_kv_step_buffers>("pagedkv_kv_step_buffers", kStepBuffers) + "," +
-        describeStruct<pagedkv_kv_group_step_buffers>("pagedkv_kv_group_step_buffers", kGroupStepBuffers) + "}";
+    static std::string const json = structdesc::describeStructs(
+        {PKV_DESCRIBE(pagedkv_kv_error, kError), PKV_DESCRIBE(pagedkv_kv_group_desc, kGroupDesc),
+         PKV_DESCRIBE(pagedkv_kv_group_stats, kGroupStats), PKV_DESCRIBE(pagedkv_kv_seq_info, kSeqInfo),
+         PKV_DESCRIBE(pagedkv_kv_block_copy, kBlockCopy), PKV_DESCRIBE(pagedkv_kv_step_shape, kStepShape),
+         PKV_DESCRIBE(pagedkv_kv_step_buffers, kStepBuffers),
+         PKV_DESCRIBE(pagedkv_kv_group_step_buffers, kGroupStepBuffers)});
     return json.c_str();
 }
 
@@ -123,29 +109,10 @@ int32_t pagedkv_kv_create(const pagedkv_kv_group_desc* groups, int32_t num_group
     return guarded([&] {
         need(out, "out");
         *out = nullptr;
-        if (num_groups > 0) need(groups, "groups");
-        std::vector<PoolGroup> specs;
-        std::vector<int64_t> blocks, host;
-        for (int32_t g = 0; g < num_groups; ++g) {
-            pagedkv_kv_group_desc const& d = groups[g];
-            PoolGroupParams p;
-            p.name = d.name ? d.name : "";
-            p.numLayers = d.num_layers;
-            p.numKVHeads = d.num_kv_heads;
-            p.pageSize = d.page_size;
-            p.headDim = d.head_dim;
-            p.pageLayout = PageLayout(d.page_layout);
-            p.ringSinkTokens = d.ring_sink_tokens;
-            p.cyclicLen = d.cyclic_len;
-            p.cacheDType = CacheDType(d.cache_dtype);
-            p.window = d.window;
-            p.attentionSinks = d.attention_sinks;
-            specs.push_back(makePoolGroup(p));
-            blocks.push_back(d.num_blocks);
-            host.push_back(d.host_blocks);
-        }
+        GroupDescs g = readGroupDescs(groups, num_groups);
         auto handle = std::make_unique<pagedkv_kv_manager>();
-        handle->owned = std::make_unique<KVManager>(std::move(specs), blocks, host, enable_prefix_reuse != 0);
+        handle->owned =
+            std::make_unique<KVManager>(std::move(g.groups), g.numBlocks, g.hostBlocks, enable_prefix_reuse != 0);
         handle->manager = handle->owned.get();
         *out = handle.release();
     });

@@ -34,22 +34,6 @@ struct pagedkv_rt_engine {
 
 namespace {
 
-PoolGroup groupOf(pagedkv_kv_group_desc const& d) {
-    PoolGroupParams p;
-    p.name = d.name ? d.name : "";
-    p.numLayers = d.num_layers;
-    p.numKVHeads = d.num_kv_heads;
-    p.pageSize = d.page_size;
-    p.headDim = d.head_dim;
-    p.pageLayout = PageLayout(d.page_layout);
-    p.ringSinkTokens = d.ring_sink_tokens;
-    p.cyclicLen = d.cyclic_len;
-    p.cacheDType = CacheDType(d.cache_dtype);
-    p.window = d.window;
-    p.attentionSinks = d.attention_sinks;
-    return makePoolGroup(p);
-}
-
 SamplingParams paramsOf(pagedkv_rt_sampling_params const& p) {
     SamplingParams s;
     s.maxNewTokens = p.max_new_tokens > 0 ? std::optional<int32_t>(p.max_new_tokens) : std::nullopt;
@@ -94,8 +78,8 @@ Request const& requestOf(pagedkv_rt_engine const& e, int64_t id) {
     return *it->second;
 }
 
+// The C API's structs, described for ctypes (checked where pagedkv_rt_struct_layouts describes them).
 using structdesc::FieldDesc;
-using structdesc::listsEveryField;
 #define M(f) PKV_FIELD(pagedkv_rt_model_info, f)
 constexpr FieldDesc kModelInfo[] = {M(vocab), M(num_top_logprobs), M(explicit_positions), M(static_max_blocks),
                                     M(num_layers)};
@@ -128,13 +112,6 @@ constexpr FieldDesc kStats[] = {T(steps),   T(preemptions), T(swaps_out),     T(
                                 T(waiting), T(running),     T(swapped),       T(max_model_len), T(schedule_s),
                                 T(prepare_s), T(execute_s), T(finish_s)};
 #undef T
-static_assert(listsEveryField<pagedkv_rt_model_info>(kModelInfo), "kModelInfo does not list its members");
-static_assert(listsEveryField<pagedkv_rt_engine_config>(kEngineConfig), "kEngineConfig does not list its members");
-static_assert(listsEveryField<pagedkv_rt_sampling_params>(kSamplingParams), "kSamplingParams does not list its members");
-static_assert(listsEveryField<pagedkv_rt_step_view>(kStepView), "kStepView does not list its members");
-static_assert(listsEveryField<pagedkv_rt_request_info>(kRequestInfo), "kRequestInfo does not list its members");
-static_assert(listsEveryField<pagedkv_rt_stats>(kStats), "kStats does not list its members");
-
 }  // namespace
 
 extern "C" {
@@ -142,14 +119,10 @@ extern "C" {
 int32_t pagedkv_rt_capi_version(void) { return PAGEDKV_RT_CAPI_VERSION; }
 
 const char* pagedkv_rt_struct_layouts(void) {
-    using structdesc::describeStruct;
-    static std::string const json =
-        "{" + describeStruct<pagedkv_rt_model_info>("pagedkv_rt_model_info", kModelInfo) + "," +
-        describeStruct<pagedkv_rt_engine_config>("pagedkv_rt_engine_config", kEngineConfig) + "," +
-        describeStruct<pagedkv_rt_sampling_params>("pagedkv_rt_sampling_params", kSamplingParams) + "," +
-        describeStruct<pagedkv_rt_step_view>("pagedkv_rt_step_view", kStepView) + "," +
-        describeStruct<pagedkv_rt_request_info>("pagedkv_rt_request_info", kRequestInfo) + "," +
-        describeStruct<pagedkv_rt_stats>("pagedkv_rt_stats", kStats) + "}";
+    static std::string const json = structdesc::describeStructs(
+        {PKV_DESCRIBE(pagedkv_rt_model_info, kModelInfo), PKV_DESCRIBE(pagedkv_rt_engine_config, kEngineConfig),
+         PKV_DESCRIBE(pagedkv_rt_sampling_params, kSamplingParams), PKV_DESCRIBE(pagedkv_rt_step_view, kStepView),
+         PKV_DESCRIBE(pagedkv_rt_request_info, kRequestInfo), PKV_DESCRIBE(pagedkv_rt_stats, kStats)});
     return json.c_str();
 }
 
@@ -178,7 +151,7 @@ int32_t pagedkv_rt_copy_plan(const pagedkv_kv_group_desc* group, int32_t num_tok
                              int64_t* width) {
     return guarded([&] {
         need(group, "group");
-        PoolGroup const spec = groupOf(*group);
+        PoolGroup const spec = readGroupDescs(group, 1).groups[0];
         CopyPlan const p = copyPlan(spec.layout, spec.itemsize(), num_tokens);
         if (rows) *rows = p.rows;
         if (pitch) *pitch = p.pitch;
@@ -194,14 +167,7 @@ int32_t pagedkv_rt_engine_create(const pagedkv_kv_group_desc* groups, int32_t nu
         *out = nullptr;
         need(model, "model");
         need(config, "config");
-        if (num_groups > 0) need(groups, "groups");
-        std::vector<PoolGroup> specs;
-        std::vector<int64_t> blocks, host;
-        for (int32_t g = 0; g < num_groups; ++g) {
-            specs.push_back(groupOf(groups[g]));
-            blocks.push_back(groups[g].num_blocks);
-            host.push_back(groups[g].host_blocks);
-        }
+        GroupDescs g = readGroupDescs(groups, num_groups);
         ModelInfo info;
         info.vocab = model->vocab;
         info.numTopLogprobs = model->num_top_logprobs;
@@ -222,7 +188,7 @@ int32_t pagedkv_rt_engine_create(const pagedkv_kv_group_desc* groups, int32_t nu
         cfg.seed = config->seed;
         auto e = std::make_unique<pagedkv_rt_engine>();
         e->executor = std::make_unique<HostExecutor>(
-            KVManager(std::move(specs), blocks, host, enable_prefix_reuse != 0), info);
+            KVManager(std::move(g.groups), g.numBlocks, g.hostBlocks, enable_prefix_reuse != 0), info);
         e->engine = std::make_unique<Engine>(*e->executor, std::move(cfg));
         *out = e.release();
     });
@@ -445,9 +411,7 @@ int32_t pagedkv_rt_blocks_for_budget(const pagedkv_kv_group_desc* groups, int32_
                                      const double* shares, int32_t num_shares, int64_t* out) {
     return guarded([&] {
         need(out, "out");
-        std::vector<PoolGroup> specs;
-        if (num_groups > 0) need(groups, "groups");
-        for (int32_t g = 0; g < num_groups; ++g) specs.push_back(groupOf(groups[g]));
+        std::vector<PoolGroup> const specs = readGroupDescs(groups, num_groups).groups;
         std::vector<double> split;
         if (num_shares > 0) need(shares, "shares");
         if (num_shares > 0) split.assign(shares, shares + num_shares);

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import json
+from types import SimpleNamespace
 
 from pagedkv import _lib
 from pagedkv.layout import KVLayout
@@ -49,6 +50,15 @@ def build_struct(name: str, descriptions: dict, built: dict | None = None) -> ty
                            f"alignment {desc['align']}")
     built[name] = struct
     return struct
+
+
+def struct_mirrors(layouts, names: dict[str, str]) -> SimpleNamespace:
+    """The checked mirrors of another API's structs by Python name: ``layouts`` is its ``*_struct_layouts`` entry
+    (a ctypes function of the loaded library), ``names`` maps each Python name to the C struct's
+    (``{"SeqInfo": "pagedkv_kv_seq_info"}``)."""
+    layouts.argtypes, layouts.restype = [], ctypes.c_char_p
+    descriptions, built = json.loads(layouts().decode()), {}
+    return SimpleNamespace(**{name: build_struct(c_name, descriptions, built) for name, c_name in names.items()})
 
 
 _built: dict = {}  # the library's structs, each built once (nested ones are shared)

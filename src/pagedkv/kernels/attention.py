@@ -52,24 +52,15 @@ __all__ = ["IODType", "StepPointers", "attention_params", "attention_plan", "att
 
 @functools.lru_cache(maxsize=None)
 def _capi() -> ctypes.CDLL:
-    lib = _lib.capi()
-    params = ctypes.POINTER(_structs.struct("AttentionParams"))
-    i32p = ctypes.POINTER(ctypes.c_int32)
-    lib.pagedkv_attention.argtypes = [params, ctypes.c_void_p]
-    lib.pagedkv_attention.restype = ctypes.c_int32
-    lib.pagedkv_attention_workspace_bytes.argtypes = [ctypes.c_int32] * 6
-    lib.pagedkv_attention_workspace_bytes.restype = ctypes.c_int64
-    lib.pagedkv_attention_plan.argtypes = [params, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
-                                           ctypes.POINTER(_structs.struct("PagedKVAttentionPlanInfo"))]
-    lib.pagedkv_attention_plan.restype = ctypes.c_int32
-    lib.pagedkv_attention_kernel_shapes.argtypes = [ctypes.c_int32] * 3 + [
-        ctypes.POINTER(_structs.struct("PagedKVAttentionKernelShapes"))]
-    lib.pagedkv_attention_kernel_shapes.restype = ctypes.c_int32
-    lib.pagedkv_attention_schedule_check.argtypes = [
-        params, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, i32p, i32p, i32p,
-        i32p, i32p]
-    lib.pagedkv_attention_schedule_check.restype = ctypes.c_int32
-    return lib
+    params, p = ctypes.POINTER(_structs.struct("AttentionParams")), ctypes.POINTER
+    i32, i32p = ctypes.c_int32, ctypes.POINTER(ctypes.c_int32)
+    return _lib.declare(_lib.capi(), {
+        "pagedkv_attention": ([params, ctypes.c_void_p], i32),
+        "pagedkv_attention_workspace_bytes": ([i32] * 6, ctypes.c_int64),
+        "pagedkv_attention_plan": ([params, i32, i32, i32, p(_structs.struct("PagedKVAttentionPlanInfo"))], i32),
+        "pagedkv_attention_kernel_shapes": ([i32] * 3 + [p(_structs.struct("PagedKVAttentionKernelShapes"))], i32),
+        "pagedkv_attention_schedule_check": ([params, ctypes.c_int64] + [i32] * 4 + [i32p] * 5, i32),
+    })
 
 
 def attention_params(cfg: AttentionConfig, *, io_dtype: IODType, num_tokens: int, num_seqs: int, max_blocks: int,

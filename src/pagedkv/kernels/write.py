@@ -75,18 +75,13 @@ class IODType(enum.IntEnum):
 @functools.lru_cache(maxsize=None)
 def _capi() -> ctypes.CDLL:
     """The C API with this module's signatures declared."""
-    lib = _lib.capi()
-    params = ctypes.POINTER(_structs.struct("QKVWriteParams"))
-    lib.pagedkv_qkv_write.argtypes = [params, ctypes.c_void_p]
-    lib.pagedkv_qkv_write.restype = ctypes.c_int32
-    lib.pagedkv_rope_params.argtypes = [ctypes.POINTER(_structs.struct("RopeConfig")), ctypes.c_int32,
-                                        ctypes.POINTER(_structs.struct("RopeParams"))]
-    lib.pagedkv_rope_params.restype = ctypes.c_int32
-    lib.pagedkv_rope_angles.argtypes = [ctypes.POINTER(ctypes.c_float), ctypes.c_int32,
-                                        ctypes.POINTER(ctypes.c_int32), ctypes.c_int32,
-                                        ctypes.POINTER(ctypes.c_float)]
-    lib.pagedkv_rope_angles.restype = ctypes.c_int32
-    return lib
+    f32p, i32 = ctypes.POINTER(ctypes.c_float), ctypes.c_int32
+    return _lib.declare(_lib.capi(), {
+        "pagedkv_qkv_write": ([ctypes.POINTER(_structs.struct("QKVWriteParams")), ctypes.c_void_p], i32),
+        "pagedkv_rope_params": ([ctypes.POINTER(_structs.struct("RopeConfig")), i32,
+                                 ctypes.POINTER(_structs.struct("RopeParams"))], i32),
+        "pagedkv_rope_angles": ([f32p, i32, ctypes.POINTER(i32), i32, f32p], i32),
+    })
 
 
 @dataclass(frozen=True)

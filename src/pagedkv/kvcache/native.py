@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import json
 from collections.abc import Iterable, Sequence
-from types import SimpleNamespace
 
 import numpy as np
 
 from pagedkv import _lib
-from pagedkv.kernels._structs import build_struct
+from pagedkv.kernels._structs import struct_mirrors
 from pagedkv.kvcache.copies import BlockCopy, Tier
 from pagedkv.kvcache.errors import BlockRefcountError, KVCacheError, KVCacheExhaustedError, KVInvariantError
 from pagedkv.pool_group import PoolGroup
@@ -48,12 +46,9 @@ _STRUCTS = {"KVError": "pagedkv_kv_error", "GroupDesc": "pagedkv_kv_group_desc",
 @functools.lru_cache(maxsize=None)
 def _runtime() -> ctypes.CDLL:
     lib = _lib.runtime()
-    lib.pagedkv_kv_struct_layouts.restype = ctypes.c_char_p
-    descriptions, built = json.loads(lib.pagedkv_kv_struct_layouts().decode()), {}
-    T = lib.structs = SimpleNamespace(**{name: build_struct(c_name, descriptions, built)
-                                         for name, c_name in _STRUCTS.items()})
+    T = lib.structs = struct_mirrors(lib.pagedkv_kv_struct_layouts, _STRUCTS)
     h, seq = ctypes.c_void_p, _i64
-    signatures = {
+    return _lib.declare(lib, {
         "pagedkv_kv_last_error": ([], ctypes.POINTER(T.KVError)),
         "pagedkv_kv_create": ([ctypes.POINTER(T.GroupDesc), _i32, _i32, ctypes.POINTER(h)], _i32),
         "pagedkv_kv_destroy": ([h], None),
@@ -80,11 +75,7 @@ def _runtime() -> ctypes.CDLL:
         "pagedkv_kv_write_step": ([h, ctypes.POINTER(T.StepBuffers), ctypes.POINTER(T.GroupStepBuffers)], _i32),
         "pagedkv_kv_pool_descriptors": ([h, ctypes.POINTER(ctypes.c_uint64), _i64p], _i32),
         "pagedkv_kv_validate": ([h], _i32),
-    }
-    for name, (args, res) in signatures.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = args, res
-    return lib
+    })
 
 
 def group_descs(groups: Sequence[PoolGroup], num_blocks: Sequence[int], host_blocks: Sequence[int]):
@@ -139,9 +130,10 @@ def _int32_tokens(tokens, message: str) -> np.ndarray:
     return np.ascontiguousarray(ids, dtype=np.int32)
 
 
-class NativeKVManager:
+class NativeKVManager(_lib.NativeHandle):
     """The C++ KV manager for ``groups`` (``PoolGroup``), ``num_blocks`` / ``host_blocks`` per group (or
-    one count for all). Bookkeeping only: ``drain_copies()`` gives the block copies a device backend runs."""
+    one count for all). Bookkeeping only: ``drain_copies()`` gives the block copies a device backend runs.
+    ``close()`` or ``with`` frees it."""
 
     def __init__(self, groups: Sequence[PoolGroup], num_blocks, *, host_blocks=0,
                  enable_prefix_reuse: bool = False):
@@ -166,20 +158,8 @@ class NativeKVManager:
         mgr._lib, mgr._h, mgr.prefix_reuse = _runtime(), handle, bool(enable_prefix_reuse)
         return mgr
 
-    def close(self) -> None:
-        if self._h:
-            self._lib.pagedkv_kv_destroy(self._h)
-            self._h = ctypes.c_void_p()
-
-    def __del__(self):
-        if getattr(self, "_h", None):
-            self.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+    def _release(self) -> None:
+        self._lib.pagedkv_kv_destroy(self._h)
 
     # ---- sequences -----------------------------------------------------------------------------------
     def add_sequence(self, seq_id: int, prompt_tokens=None, *, salt: bytes = b"") -> int:

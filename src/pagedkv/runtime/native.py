@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import json
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -26,7 +25,7 @@ import numpy as np
 
 from pagedkv import _lib
 from pagedkv import engine_io as io
-from pagedkv.kernels._structs import build_struct
+from pagedkv.kernels._structs import struct_mirrors
 from pagedkv.kvcache.native import NativeKVManager, _check, _ptr, _runtime as _kv_runtime, group_descs
 from pagedkv.pool_group import PoolGroup
 from pagedkv.runtime.request import ContextLengthError, FinishReason, RequestState
@@ -45,11 +44,9 @@ _REASONS = {0: None, 1: FinishReason.STOP, 2: FinishReason.LENGTH, 3: FinishReas
 @functools.lru_cache(maxsize=None)
 def _lib_rt() -> ctypes.CDLL:
     lib = _kv_runtime()  # (the same library, its pagedkv_kv_* signatures declared)
-    lib.pagedkv_rt_struct_layouts.restype = ctypes.c_char_p
-    descriptions, built = json.loads(lib.pagedkv_rt_struct_layouts().decode()), {}
-    lib.rt = SimpleNamespace(**{name: build_struct(c, descriptions, built) for name, c in _STRUCTS.items()})
-    T, h, p = lib.rt, ctypes.c_void_p, ctypes.POINTER
-    signatures = {
+    T = lib.rt = struct_mirrors(lib.pagedkv_rt_struct_layouts, _STRUCTS)
+    h, p = ctypes.c_void_p, ctypes.POINTER
+    return _lib.declare(lib, {
         "pagedkv_rt_uniforms": ([p(_u64), p(_u64), _i64, p(ctypes.c_double), p(ctypes.c_float)], _i32),
         "pagedkv_rt_derive_seeds": ([_u64, p(_u64), _i64, p(_u64)], _i32),
         "pagedkv_rt_copy_plan": ([p(lib.structs.GroupDesc), _i32, p(_i64), p(_i64), p(_i64)], _i32),
@@ -73,11 +70,7 @@ def _lib_rt() -> ctypes.CDLL:
                                         p(T.ModelInfo), p(_i32)], _i32),
         "pagedkv_rt_blocks_for_budget": ([p(lib.structs.GroupDesc), _i32, _i64, p(ctypes.c_double), _i32, p(_i64)],
                                          _i32),
-    }
-    for name, (args, res) in signatures.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = args, res
-    return lib
+    })
 
 
 class PluginLibraryError(RuntimeError):
@@ -193,11 +186,13 @@ def _array(address: int, count: int, dtype) -> np.ndarray:
     return np.ctypeslib.as_array(ctypes.cast(address, ctypes.POINTER(ctype)), shape=(count,)).copy()
 
 
-class NativeEngine:
+class NativeEngine(_lib.NativeHandle):
     """The C++ engine over ``groups`` (``PoolGroup``) with ``num_blocks`` / ``host_blocks`` per group (or one
     count for all), for a model of ``vocab`` tokens (``num_top_logprobs``, ``explicit_positions`` and a static
     block-table width ``max_blocks`` as its engine has them). ``config``, ``max_model_len``, ``eos_token_ids``
-    and ``seed`` are the Python ``Engine``'s."""
+    and ``seed`` are the Python ``Engine``'s. ``close()`` or ``with`` frees it (and closes ``kv``)."""
+
+    _kv: NativeKVManager | None = None  # the view ``kv`` hands out, once asked for
 
     def __init__(self, groups, num_blocks, *, vocab: int, host_blocks=0, enable_prefix_reuse: bool = True,
                  num_top_logprobs: int = 0, explicit_positions: bool = False, max_blocks: int | None = None,
@@ -221,25 +216,12 @@ class NativeEngine:
         _call(lib.pagedkv_rt_engine_create(descs, G, int(bool(enable_prefix_reuse)), ctypes.byref(model), ctypes.byref(c),
                                            ctypes.byref(self._h)))
         self.num_top_logprobs = num_top_logprobs
-        self._kv = None
 
-    def close(self) -> None:
-        if self._kv is not None:
+    def _release(self) -> None:
+        if self._kv is not None:  # (its handle points into the engine)
             self._kv.close()
             self._kv = None
-        if self._h:
-            self._lib.pagedkv_rt_engine_destroy(self._h)
-            self._h = ctypes.c_void_p()
-
-    def __del__(self):
-        if getattr(self, "_h", None):
-            self.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        self._lib.pagedkv_rt_engine_destroy(self._h)
 
     @property
     def kv(self) -> NativeKVManager:
