@@ -2,10 +2,10 @@
 # The GPU suite, run on the device machine (H200) from the repository root:
 #   bash .ci/gpu-run.sh [stages...]      stages: setup build tests sanitize bench  (default: all)
 #   PAGEDKV_BENCHES="write attention runtime serving headdim" picks the benchmarks of the bench stage.
-# It installs the Python wheels the machine's image lacks from .whl/ (fetch them here first with
-# `bash .ci/fetch-gpu-wheels.sh`), builds pagedkv for sm_90 there (TensorRT headers from the carried
-# kernel-lens wheel: the machine has no network), runs the `gpu` tests, compute-sanitizer memcheck and
-# racecheck on the kernels, and the benchmarks side by side with FlashInfer. Logs go to $OUT (or ./out).
+# It installs the Python wheels the machine's image lacks from .whl/ (FlashInfer, the serve extra's closure and
+# the rest: fetch them here first with `bash .ci/fetch-gpu-wheels.sh`), builds pagedkv for sm_90 there (TensorRT
+# headers from the carried kernel-lens wheel: the machine has no network), runs the `gpu` tests, compute-sanitizer
+# memcheck and racecheck on the kernels, and the benchmarks side by side with FlashInfer. Logs go to $OUT (or ./out).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"

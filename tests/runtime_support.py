@@ -5,7 +5,9 @@ comparison scenario.
 serialized model (bytes: every test opens its own executor on it). ``tokenizer_dir(path, vocab)`` writes a BPE
 tokenizer trained here on a few sentences, small enough for the tiny models' vocabularies, with a chat
 template, a generation_config (EOS) and a config (context length): what a Hugging Face model directory holds.
-``serve_in_thread(llm)`` runs ``pagedkv serve``'s app for an ``LLM`` on 127.0.0.1 (a free port) in a thread.
+``serve_in_thread(llm)`` runs ``pagedkv serve``'s app for an ``LLM`` on 127.0.0.1 (a free port) in a thread;
+``assert_nothing_left(worker)``, ``sse_events(response)`` and ``metric_values(text)`` check what it leaves and
+read what it answers (tests/test_serve.py, tests/gpu/test_serve_gpu.py).
 ``hf_scenario(family, tmp, backend=..., tolerance=...)`` runs one engine over a tiny random HF model (ragged
 batch, chunked prefill mixed with decodes, arrivals mid-stream, a shared prefix) and compares every request's
 greedy tokens with ``model.generate`` of its prompt alone (tests/test_runtime_hf.py, tests/gpu/).
@@ -94,6 +96,38 @@ def serve_in_thread(llm, *, model_name: str = "tiny", max_pending: int = 64):
         worker.close()
         sock.close()
 
+
+
+def assert_nothing_left(worker, timeout: float = 20.0) -> None:
+    """Nothing left behind by a served engine: no request in flight, every KV block back in the pool, the KV
+    validator clean (run on the engine thread, between steps). Waits for aborts still in the worker's inbox."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = worker.call(lambda e: (e.manager.validate(), len(e.requests), list(e.manager.sequences),
+                                       [nb - e.manager.num_free(g) for g, nb in enumerate(e.manager.num_blocks)])
+                            ).result(10)
+        metrics = worker.metrics()
+        if (state[1:] == (0, [], [0] * len(state[3]))) and metrics["in_flight"] == 0:
+            return
+        assert time.monotonic() < deadline, f"left behind: requests {state[1]}, sequences {state[2]}, " \
+                                            f"blocks used {state[3]}, in flight {metrics['in_flight']}"
+        time.sleep(0.02)
+
+
+def sse_events(response) -> list:
+    """The data payloads of a server-sent event stream (an httpx streaming response), ``[DONE]`` as the string."""
+    events = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def metric_values(text: str) -> dict[str, float]:
+    """The samples of a Prometheus text page by their name as written there (``name{label="value"}``)."""
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line and not line.startswith("#")}
 
 # ---- the Hugging Face scenario -------------------------------------------------------------------------
 HF_NEW_TOKENS = 10

@@ -11,7 +11,6 @@ refuses bad arguments in one line.
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import subprocess
 import sys
@@ -19,7 +18,8 @@ import threading
 import time
 
 import pytest
-from runtime_support import SMALL, needs_tokenizers, serve_in_thread, synthetic_rewritten, tokenizer_dir
+from runtime_support import (SMALL, assert_nothing_left, metric_values, needs_tokenizers, serve_in_thread,
+                             sse_events, synthetic_rewritten, tokenizer_dir)
 
 pytest.importorskip("starlette", reason="the serve extra is not installed (pip install 'pagedkv[serve]')")
 pytest.importorskip("uvicorn", reason="the serve extra is not installed (pip install 'pagedkv[serve]')")
@@ -64,32 +64,6 @@ def server(model_dir):
         yield s
 
 
-def _clean(worker):
-    """Nothing left behind: no request in flight, every block back, the KV validator clean (on the engine thread,
-    between steps). Waits for aborts still in the worker's inbox."""
-    deadline = time.monotonic() + 20
-    while True:
-        state = worker.call(lambda e: (e.manager.validate(), len(e.requests), list(e.manager.sequences),
-                                       [nb - e.manager.num_free(g) for g, nb in enumerate(e.manager.num_blocks)])
-                            ).result(10)
-        metrics = worker.metrics()
-        if (state[1:] == (0, [], [0] * len(state[3]))) and metrics["in_flight"] == 0:
-            return
-        assert time.monotonic() < deadline, f"left behind: requests {state[1]}, sequences {state[2]}, " \
-                                            f"blocks used {state[3]}, in flight {metrics['in_flight']}"
-        time.sleep(0.02)
-
-
-def _sse_events(response) -> list:
-    """The data payloads of a server-sent event stream, ``[DONE]`` as the string."""
-    events = []
-    for line in response.iter_lines():
-        if line.startswith("data: "):
-            data = line[len("data: "):]
-            events.append(data if data == "[DONE]" else json.loads(data))
-    return events
-
-
 SEEDED = dict(temperature=0.8, top_p=0.9, top_k=20, seed=7)
 
 
@@ -120,7 +94,7 @@ def test_completions_equal_llm_generate(server, expected):
         r = client.post("/v1/completions", json={"prompt": "the lazy dog", "max_tokens": 5, "temperature": 0,
                                                  "ignore_eos": True})
         assert r.json()["choices"][0]["text"] == greedy.text
-    _clean(worker)
+    assert_nothing_left(worker)
 
 
 def test_streaming_completions_equal_llm_generate(server, expected):
@@ -132,7 +106,7 @@ def test_streaming_completions_equal_llm_generate(server, expected):
                 "prompt": "paged attention", "max_tokens": 8, "ignore_eos": True, "logprobs": 2, "stream": True,
                 "return_token_ids": True, "stream_options": {"include_usage": True}, **SEEDED}) as r:
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-            events = _sse_events(r)
+            events = sse_events(r)
     assert events[-1] == "[DONE]"
     usage = events[-2]
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 8
@@ -144,7 +118,7 @@ def test_streaming_completions_equal_llm_generate(server, expected):
     assert logprobs == pytest.approx([lp.logprob for lp in want.logprobs], abs=1e-6)
     tops = [t for c in chunks if c["logprobs"] for t in c["logprobs"]["top_logprobs"]]
     assert len(tops) == 8 and all(len(t) <= 2 for t in tops)
-    _clean(worker)
+    assert_nothing_left(worker)
 
 
 def test_chat_equals_llm_chat(server, expected):
@@ -168,7 +142,7 @@ def test_chat_equals_llm_chat(server, expected):
                                                                      {"type": "text", "text": "there"}]}])
         assert client.post("/v1/chat/completions", json=parts).json()["choices"][0]["token_ids"] == want.output_ids
         with client.stream("POST", "/v1/chat/completions", json=dict(request, stream=True)) as r:
-            events = _sse_events(r)
+            events = sse_events(r)
     assert events[-1] == "[DONE]"
     chunks = [e["choices"][0] for e in events[:-1]]
     assert all(e["object"] == "chat.completion.chunk" for e in events[:-1])
@@ -176,7 +150,7 @@ def test_chat_equals_llm_chat(server, expected):
     assert "".join(c["delta"].get("content", "") for c in chunks) == want.text
     assert sum((c.get("token_ids", []) for c in chunks), []) == want.output_ids
     assert chunks[-1]["finish_reason"] == "length"
-    _clean(worker)
+    assert_nothing_left(worker)
 
 
 def test_stop_strings_and_eos(server, expected):
@@ -191,13 +165,13 @@ def test_stop_strings_and_eos(server, expected):
                        "stop": [stop], "stream": stream}
             if stream:
                 with client.stream("POST", "/v1/completions", json=request) as r:
-                    chunks = [e["choices"][0] for e in _sse_events(r)[:-1]]
+                    chunks = [e["choices"][0] for e in sse_events(r)[:-1]]
                 text, reason = "".join(c["text"] for c in chunks), chunks[-1]["finish_reason"]
             else:
                 choice = client.post("/v1/completions", json=request).json()["choices"][0]
                 text, reason = choice["text"], choice["finish_reason"]
             assert (text, reason) == (want.text, "stop")
-    _clean(worker)
+    assert_nothing_left(worker)
 
 
 # ---- bad requests ----------------------------------------------------------------------------------------
@@ -245,7 +219,7 @@ def test_bad_requests_get_openai_errors_and_leak_nothing(server, path, body, sta
     error = r.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert error["param"] == param and error["code"] == code and message in error["message"], error
-    _clean(worker)
+    assert_nothing_left(worker)
 
 
 def test_wrong_method_and_models_and_health(server):
@@ -270,7 +244,7 @@ def test_full_queue_answers_429_and_stopped_engine_503(model_dir):
                     r = c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
                 assert r.status_code == 429 and r.headers["retry-after"] == "1"
                 assert r.json()["error"]["code"] == "rate_limit_exceeded" and "max_pending=2" in r.text
-        _clean(worker)  # both streams were closed unread: aborted
+        assert_nothing_left(worker)  # both streams were closed unread: aborted
         with httpx.Client(base_url=url, timeout=30) as c:
             assert 'pagedkv_requests_rejected_total{status="429"} 1.0' in c.get("/metrics").text
             worker.close()
@@ -280,11 +254,9 @@ def test_full_queue_answers_429_and_stopped_engine_503(model_dir):
 
 
 def _finished(url, reason: str) -> float:
+    name = f'pagedkv_requests_finished_total{{finish_reason="{reason}"}}'
     with httpx.Client(base_url=url, timeout=30) as client:
-        for line in client.get("/metrics").text.splitlines():
-            if line.startswith(f'pagedkv_requests_finished_total{{finish_reason="{reason}"}}'):
-                return float(line.split()[-1])
-    return 0.0
+        return metric_values(client.get("/metrics").text).get(name, 0.0)
 
 
 def test_disconnect_mid_stream_aborts_and_frees_kv(model_dir):
@@ -297,7 +269,7 @@ def test_disconnect_mid_stream_aborts_and_frees_kv(model_dir):
                 used = worker.metrics()["kv_blocks_used"]
                 assert used[0] > 0 and worker.metrics()["running"] == 1
             # leaving the block closed the connection mid-stream
-        _clean(worker)
+        assert_nothing_left(worker)
         assert _finished(url, "abort") == 1 and _finished(url, "length") == 0
         assert worker.metrics()["steps"] < 240  # the engine stopped it: 480 tokens would take 480 steps
 
@@ -307,7 +279,7 @@ def test_disconnect_while_waiting_for_a_completion_aborts(model_dir):
         with httpx.Client(base_url=url, timeout=httpx.Timeout(30, read=0.3)) as client:
             with pytest.raises(httpx.ReadTimeout):
                 client.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 480, "ignore_eos": True})
-        _clean(worker)
+        assert_nothing_left(worker)
         assert _finished(url, "abort") == 1 and _finished(url, "length") == 0
         assert worker.metrics()["steps"] < 240  # the engine stopped it: 480 tokens would take 480 steps
 
@@ -331,7 +303,7 @@ def test_concurrent_clients_on_loopback(server, expected):
                                "seed": 100 + c * 10 + m, "return_token_ids": True, "stream": bool(m % 2)}
                     if request["stream"]:
                         with http.stream("POST", "/v1/completions", json=request) as r:
-                            got[c, m] = sum((e["choices"][0]["token_ids"] for e in _sse_events(r)[:-1]), [])
+                            got[c, m] = sum((e["choices"][0]["token_ids"] for e in sse_events(r)[:-1]), [])
                     else:
                         got[c, m] = http.post("/v1/completions", json=request).json()["choices"][0]["token_ids"]
         except Exception as exc:  # reported below, with the client
@@ -346,7 +318,7 @@ def test_concurrent_clients_on_loopback(server, expected):
     assert not any(t.is_alive() for t in threads), "clients still waiting after 60 s"
     assert not errors and got == want
     assert time.monotonic() - start < 60
-    _clean(worker)
+    assert_nothing_left(worker)
     with httpx.Client(base_url=url, timeout=30) as http:
         metrics = http.get("/metrics").text
     assert "pagedkv_time_to_first_token_seconds_count" in metrics
@@ -360,7 +332,7 @@ def test_metrics_count_tokens_and_latencies(model_dir):
                 assert client.post("/v1/completions", json={"prompt": [4, 5, 6], "max_tokens": n,
                                                             "ignore_eos": True}).status_code == 200
             text = client.get("/metrics").text
-    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line and line[0] != "#"}
+    values = metric_values(text)
     assert values["pagedkv_generation_tokens_total"] == 8 and values["pagedkv_prompt_tokens_total"] == 6
     assert values["pagedkv_time_to_first_token_seconds_count"] == 2
     assert values["pagedkv_inter_token_latency_seconds_count"] == 6  # every token after each first
