@@ -118,9 +118,10 @@ __device__ __forceinline__ void reportBadPage(int32_t* status, SeqSpan const& sp
 // flight at once. A parameter operand that misses stalls its instruction, and the instructions behind it wait
 // in order: touched one by one as the code reaches them (the first loads' addresses, the metadata, the pool
 // descriptor, RoPE, q output, status), the ~8 distinct lines are a chain of dependent misses at kernel start,
-// where a decode step has nothing else to overlap them with. Skipped: the RoPE frequency tables of the caller's
-// parameters (invFreq, longInvFreq: never read by the kernel) and the turns tables (staged in parallel by the
-// kernel itself; the last touch below may land in the first line of ropeTurns).
+// where a decode step has nothing else to overlap them with. The turns table (ropeTurns) too: the kernel stages it
+// after its first token records, i.e. after two round trips, and finds its lines cached then. Skipped: the RoPE
+// frequency tables of the caller's parameters (invFreq, longInvFreq: never read by the kernel) and the LongRoPE
+// turns table (staged by the few launches that use it).
 // Returns a value the caller must store (a real use, so that the compiler keeps the loads).
 __device__ __forceinline__ uint32_t warmParameterLines(QKVWriteKernelParams const& kp) {
     constexpr size_t kLine = 64;
@@ -141,7 +142,8 @@ __device__ __forceinline__ uint32_t warmParameterLines(QKVWriteKernelParams cons
 #pragma unroll
     for (size_t at = 0; at < kFreqTable + 16; at += kLine) touched ^= bytes[at];  // + the line of rope.style
 #pragma unroll
-    for (size_t at = kAfterFreqTable; at < kTurnsTable + kLine; at += kLine) touched ^= bytes[at];
+    for (size_t at = kAfterFreqTable; at < kTurnsTable + sizeof(QKVWriteKernelParams::ropeTurns); at += kLine)
+        touched ^= bytes[at];
     return touched;
 }
 
@@ -209,39 +211,35 @@ constexpr int32_t kRecordTailShift = 8;     // rows of t's page past t (kRecordZ
 
 constexpr int32_t kMaxChunkTokens = kQKVWriteWarps * kQKVWriteRecordsPerWarp;  // a group of 8: 64 (2 per lane)
 
-// Sets up tokens [base, base + count) (count <= kMaxChunkTokens) into records[0, count): one warp, lane l
-// taking tokens base + l and base + l + 32, so that their lookups go out together: sequence (a guess exact for
-// decode batches and equal chunks; on misses one cooperative search per distinct sequence), block-table entry and
-// position, one or two round trips for the whole chunk. Raises the status record for an owned token whose page
-// is unusable (its K/V are skipped); a token at the edge of two CTAs' windows is reported by both, with the same
-// (seq, page, entry).
+// Sets up tokens [base, base + count) (count <= kMaxChunkTokens) into records[0, count): one warp, lane l taking
+// tokens base + l and base + l + 32, so that their loads go out together: sequence (a guess exact for decode
+// batches and equal chunks; on misses one cooperative search per distinct sequence), then block-table entry, pool
+// descriptor and position_ids together: two round trips for the whole chunk (more on guess misses). Raises the status record for an owned token whose page is unusable (its K/V are
+// skipped); a token at the edge of two CTAs' windows is reported by both, with the same (seq, page, entry).
 template <typename kv_t>
 __device__ __forceinline__ void buildTokenRecords(QKVWriteKernelParams const& kp, int32_t base, int32_t count,
                                                   TokenRecord<kv_t>* records, int32_t lane) {
     QKVWriteParams const& p = kp.p;
     StepMetadata const& meta = p.meta;
     KVLayout const& layout = p.layout;
-    constexpr int kPerLane = kMaxChunkTokens / 32;
-    int32_t t[kPerLane];
-    bool live[kPerLane];
-    SeqSpan span[kPerLane];
+    constexpr int kTokensPerLane = kMaxChunkTokens / 32;
+    SeqSpan span[kTokensPerLane];
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-        t[i] = base + lane + 32 * i;
-        live[i] = lane + 32 * i < count;
-        span[i] = live[i] ? guessSequence(meta, kp.seqsPerToken, t[i]) : SeqSpan{-1, 0, 0, 0};
-    }
+    for (int i = 0; i < kTokensPerLane; ++i)
+        span[i] = lane + 32 * i < count ? guessSequence(meta, kp.seqsPerToken, base + lane + 32 * i)
+                                        : SeqSpan{-1, 0, 0, 0};
     // Misses: the warp searches the first missing token's sequence; every missing token inside it takes it, and
     // the searched token takes the answer anyway (owned or not: t >= cuQLens[B] is owned by none).
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-        bool missing = live[i] && !(t[i] >= span[i].begin && t[i] < span[i].end);
+    for (int i = 0; i < kTokensPerLane; ++i) {
+        int32_t const t = base + lane + 32 * i;
+        bool missing = lane + 32 * i < count && !(t >= span[i].begin && t < span[i].end);
         for (uint32_t ballot = __ballot_sync(kFullMask, missing); ballot != 0;
              ballot = __ballot_sync(kFullMask, missing)) {
             int32_t const leader = __ffs(ballot) - 1;
-            int32_t const wanted = __shfl_sync(kFullMask, t[i], leader);
+            int32_t const wanted = __shfl_sync(kFullMask, t, leader);
             SeqSpan const found = findSequence(meta, kp.seqsPerToken, wanted, lane);
-            if (missing && ((t[i] >= found.begin && t[i] < found.end) || lane == leader)) {
+            if (missing && ((t >= found.begin && t < found.end) || lane == leader)) {
                 span[i] = found;
                 missing = false;
             }
@@ -252,15 +250,16 @@ __device__ __forceinline__ void buildTokenRecords(QKVWriteKernelParams const& kp
     kv_t* const pool = reinterpret_cast<kv_t*>(__ldg(desc + kPoolDescAddress));
     int64_t const poolBlocks = __ldg(desc + kPoolDescNumBlocks);
 #pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-        if (!live[i]) continue;
+    for (int i = 0; i < kTokensPerLane; ++i) {
+        if (lane + 32 * i >= count) continue;
+        int32_t const t = base + lane + 32 * i;
         SeqSpan const& s = span[i];
         // Cache position = pastLen + index in the sequence's new tokens: chunk k of a prefill lands after the
         // earlier chunks, never over them.
-        bool const owned = t[i] >= s.begin && t[i] < s.end;  // false only for cuQLens[B] <= t: K/V not written
-        int32_t const cachePos = s.pastLen + (t[i] - s.begin);
+        bool const owned = t >= s.begin && t < s.end;  // false only for cuQLens[B] <= t: K/V not written
+        int32_t const cachePos = s.pastLen + (t - s.begin);
         int32_t const kvLen = s.pastLen + (s.end - s.begin);
-        TokenRecord<kv_t> r{p.positionIds != nullptr ? __ldg(p.positionIds + t[i]) : cachePos, 0u, pool};
+        TokenRecord<kv_t> r{p.positionIds != nullptr ? __ldg(p.positionIds + t) : cachePos, 0u, pool};
         // LongRoPE: the whole sequence's new tokens take the long table once its kv length after this step passes
         // the switch (Hugging Face: max(position_ids) + 1 > original_max_positions).
         if (kp.ropeLongAboveKVLen > 0 && kvLen > kp.ropeLongAboveKVLen) r.bits |= kRecordLongRope;
@@ -269,7 +268,7 @@ __device__ __forceinline__ void buildTokenRecords(QKVWriteKernelParams const& kp
                                          meta.maxBlocks, poolBlocks};
             KVLocation const loc = locateToken(layout, blockRow, cachePos);
             if (loc.block == kInvalidBlock) {
-                reportBadPage(p.status, s, t[i], layout, meta, desc);
+                reportBadPage(p.status, s, t, layout, meta, desc);
             } else {
                 // Cyclic ring: when a later token of this same step maps to the same slot, only that one writes
                 // (the result of writing in token order, with exactly one writer per slot).
@@ -281,7 +280,7 @@ __device__ __forceinline__ void buildTokenRecords(QKVWriteKernelParams const& kp
                 // never superseded.
                 bool const wrapped = layout.cyclicLen > 0 &&
                                      static_cast<int64_t>(kvLen) - layout.ringSinkTokens > layout.cyclicLen;
-                bool const zeroTail = p.zeroVTail && t[i] == s.end - 1 && s.end - s.begin > 1 && !wrapped;
+                bool const zeroTail = p.zeroVTail && t == s.end - 1 && s.end - s.begin > 1 && !wrapped;
                 if (!superseded) r.bits |= kRecordWriteKV;
                 if (zeroTail) r.bits |= kRecordZeroTail;
                 r.bits |= static_cast<uint32_t>(layout.pageSize - 1 - loc.offset) << kRecordTailShift;
@@ -425,11 +424,26 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
 #pragma unroll
     for (int k = 0; k < kPrefetch; ++k) loadPair(k, k < cur.left);
 
+    // ---- my group's window, one chunk of token records at a time ----------------------------------------------
+    // Group g of W warps keeps records [g W * R, (g + 1) W * R) (R = kQKVWriteRecordsPerWarp); its first warp
+    // builds a chunk of up to W * R tokens (2 per lane at most), its warps read them at their token entries. The
+    // CTA's groups go through qkvWriteChunkRounds rounds together, one chunk each per round, between CTA barriers
+    // (a barrier id held in a register would reserve all 16 of the CTA's). The first chunk is built right away
+    // (decode: the kernel is a chain of two round trips, sequence guess then block-table entry), the RoPE tables
+    // staged after it, and one barrier publishes both.
+    __shared__ TokenRecord<kv_t> records[kQKVWriteWarps * kQKVWriteRecordsPerWarp];
+    int32_t const groupFirstWarp = (warp >> plan.groupShift) << plan.groupShift;
+    bool const builder = warp == groupFirstWarp;
+    TokenRecord<kv_t>* const groupRecords = records + groupFirstWarp * kQKVWriteRecordsPerWarp;
+    int32_t const chunkTokens = kQKVWriteRecordsPerWarp * plan.groupWarps;
+    int32_t const windowEnd = group.firstToken + group.tokenCount;
+    if (builder && group.tokenCount > 0)
+        buildTokenRecords<kv_t>(kp, group.firstToken, min(chunkTokens, group.tokenCount), groupRecords, lane);
+
     // RoPE turns per position by frequency index, in shared memory: [0] kp.ropeTurns, [1] kp.ropeTurnsLong
     // (LongRoPE; tokens of long sequences rotate with it). Warp w copies entries [w * S, w * S + S) of each
     // table; its S loads use warp-uniform indices (one broadcast each, no constant-cache serialization) and are
-    // all issued before any is used, so a table costs one constant-cache miss latency. The CTA barrier after the
-    // groups' first records covers them too (decode: one barrier on the critical chain).
+    // all issued before any is used; ropeTurns' lines were fetched at entry (warmParameterLines).
     __shared__ uint64_t ropeTurnsStaged[2][kMaxRotaryPairs];
     bool const rope = kp.ropePartner != RopePartner::kNone;
     auto const stageTurns = [&](uint64_t const (&table)[kMaxRotaryPairs], uint64_t* staged) {
@@ -456,18 +470,6 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
     int32_t const laneBiasDim = min(lr.dim0, headDim - kVecElems);
     int32_t const partnerBiasDelta = (lrope.partnerLane - lane) * kVecElems;
 
-    // ---- my group's window, one chunk of token records at a time ----------------------------------------------
-    // Group g of W warps keeps records [g W * R, (g + 1) W * R) (R = kQKVWriteRecordsPerWarp); its first warp
-    // builds a chunk of up to W * R tokens (2 per lane at most), its warps read them at their token entries. The
-    // CTA's groups go through qkvWriteChunkRounds rounds together, one chunk each per round, between CTA barriers
-    // (a barrier id held in a register would reserve all 16 of the CTA's); the first round's barrier also
-    // publishes the RoPE tables.
-    __shared__ TokenRecord<kv_t> records[kQKVWriteWarps * kQKVWriteRecordsPerWarp];
-    int32_t const groupFirstWarp = (warp >> plan.groupShift) << plan.groupShift;
-    bool const builder = warp == groupFirstWarp;
-    TokenRecord<kv_t>* const groupRecords = records + groupFirstWarp * kQKVWriteRecordsPerWarp;
-    int32_t const chunkTokens = kQKVWriteRecordsPerWarp * plan.groupWarps;
-    int32_t const windowEnd = group.firstToken + group.tokenCount;
     int32_t const rounds = qkvWriteChunkRounds(plan, static_cast<int32_t>(blockIdx.x));
 
     // My current token's state (warp-uniform except cos/sin), set at its entry from its record.
@@ -481,9 +483,11 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
     for (int32_t round = 0; round < rounds; ++round) {
         int32_t const chunk = group.firstToken + round * chunkTokens;  // my group's chunk [chunk, chunkEnd)
         int32_t const chunkEnd = min(chunk + chunkTokens, windowEnd);
-        if (round > 0) __syncthreads();  // every warp is past the previous round's records
-        if (builder && chunk < chunkEnd) buildTokenRecords<kv_t>(kp, chunk, chunkEnd - chunk, groupRecords, lane);
-        __syncthreads();
+        if (round > 0) {
+            __syncthreads();  // every warp is past the previous round's records
+            if (builder && chunk < chunkEnd) buildTokenRecords<kv_t>(kp, chunk, chunkEnd - chunk, groupRecords, lane);
+        }
+        __syncthreads();  // the round's records (and, in round 0, the RoPE tables) are written
 
 #pragma unroll 1
         for (; cur.left > 0 && cur.token < chunkEnd; cur.advance(plan.groupWarps, passes)) {
