@@ -2,9 +2,7 @@
 
 Each case: the QKV write then the attention over the same pool, on shuffled pages with NaN-poisoned
 slots, a mixed batch (prefill chunk + decodes), compared with the float64 references so that a case that
-runs clean but wrong still fails. The write runs twice, with its own walk (groups of one warp for a step this
-small) and with the CTA's 8 warps as one group (shared token records, group barriers), which must write the
-same bits. Small shapes: the sanitizers slow kernels down by 10-100x.
+runs clean but wrong still fails. Small shapes: the sanitizers slow kernels down by 10-100x.
 """
 
 from __future__ import annotations
@@ -73,21 +71,16 @@ def run_case(rng, heads, kv_heads, head_dim, page, cache, page_layout, window, s
     q_ref = qkv_write(qkv, bias, meta, pool_ref, wcfg)
     out_ref = paged_attention(q_ref, meta, pool_ref, acfg)
 
-    pool_w8 = pool.copy()
     q = qkv_write_numpy(qkv, bias, meta, pool, wcfg)
-    q_w8 = qkv_write_numpy(qkv, bias, meta, pool_w8, wcfg, group_warps=8)
-    same_bits = np.array_equal(q.view(np.uint8), q_w8.view(np.uint8)) and \
-        np.array_equal(pool.view(np.uint8), pool_w8.view(np.uint8))
     out = paged_attention_numpy(np.asarray(q), meta, pool, acfg).astype(np.float64)
     atol, rtol = TOLERANCES["bfloat16"]
     # The kernel attends over its own (bf16-rounded) q and its own quantized K/V: compare to the reference
     # with the bf16 tolerance, widened for quantized caches by their relative step.
     if cache.quantized:
         rtol = atol = 0.08
-    good = np.allclose(out, out_ref, atol=atol, rtol=rtol) and not np.isnan(out).any() and same_bits
+    good = np.allclose(out, out_ref, atol=atol, rtol=rtol) and not np.isnan(out).any()
     print(f"case H={heads} KVH={kv_heads} D={head_dim} P={page} {cache.name} {page_layout.name} window={window} "
-          f"sinks={sinks} cyclic={cyclic}: max abs err {np.abs(out - out_ref).max():.3e}, write walks "
-          f"{'agree' if same_bits else 'DIFFER'} {'PASS' if good else 'FAIL'}")
+          f"sinks={sinks} cyclic={cyclic}: max abs err {np.abs(out - out_ref).max():.3e} {'PASS' if good else 'FAIL'}")
     return bool(good)
 
 

@@ -9,19 +9,13 @@ activations, NeoX RoPE over the full head, pages of 16 and 64 tokens:
 and the same with an fp8 e4m3 cache (ours only: FlashInfer's append copies, it does not quantize).
 Head dims (``--cases headdim``): prefill 8 x 2048 and decode 256 x 1 @4096 (P16) at D = 80 and 96 (a warp pass
 of 3 / 2 head rows on 30 / 24 lanes instead of 2 rows on 32 at D = 128), FlashInfer tried at those D too.
-Walks (in the prefill case): the bf16 HND rows again with the kernel's warps forced into groups of W = 1, 2 and 4
-(the launcher's prefill walk is its ``kQKVWritePrefillGroupWarps``; W = 1 is the walk of rounds 1-3), same tensors.
-Copy walks (``--cases copy``, NOTES-write.md round 4, hypothesis 4): a synthetic 201 MB -> 201 MB copy in the
-kernel's access pattern (512 B chunks per warp, 4 in flight through a cp.async ring, one wave of 3 CTAs x 8 warps
-per SM), the chunks taken in warp ranges, CTA-interleaved, or grid-stride (a memcpy's order), plus 384 B chunks on
-24 lanes in warp ranges (the D = 96 pass), next to torch's copy_; compiled at run time with NVRTC (cuda-python).
 
 Timing: median of ``triton.testing.do_bench`` (which flushes L2 between repetitions) after warm-up. "GB" is
 the minimal traffic (read the packed QKV once, write q once, write K and V once); TB/s = GB / time; the copy
 ceiling is the measured 4.28 TB/s device-to-device copy (../shared/ANCHORS.md).
 
 Run on the GPU machine from the repository root (pagedkv installed, torch + triton, FlashInfer importable):
-    python benchmarks/bench_write.py [--json out.json] [--cases prefill,decode,copy,headdim] [--no-check]
+    python benchmarks/bench_write.py [--json out.json] [--cases prefill,decode,headdim] [--no-check]
 """
 
 from __future__ import annotations
@@ -36,7 +30,6 @@ COPY_CEILING_TBS = 4.28
 H, KVH, D = 32, 8, 128
 HEAD_DIMS = (80, 96)  # --cases headdim
 THETA = 10000.0
-FORCED_GROUPS = (1, 2, 4)  # prefill rows with the kernel's walk forced to groups of W warps (0 = the launcher's)
 
 
 @dataclass
@@ -112,9 +105,8 @@ class Step:
         self.kv_len = kv_len
 
 
-def our_launcher(step: Step, torch, cache: str, layout: str, group_warps: int = 0):
-    """A zero-argument launch of our kernel on torch's current stream (graph-capturable), and its pool;
-    ``group_warps`` forces the kernel's walk (``pagedkv.kernels.write``), 0 keeps the launcher's."""
+def our_launcher(step: Step, torch, cache: str, layout: str):
+    """A zero-argument launch of our kernel on torch's current stream (graph-capturable), and its pool."""
     from pagedkv.config import PoolConfig, RopeConfig, WriteConfig
     from pagedkv.kernels import write
     from pagedkv.layout import CacheDType, PageLayout
@@ -138,10 +130,9 @@ def our_launcher(step: Step, torch, cache: str, layout: str, group_warps: int = 
     keep = (pool, descs, args)
 
     def launch():
-        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        rc = lib.pagedkv_qkv_write_grouped(ctypes.byref(args), group_warps, stream)
+        rc = lib.pagedkv_qkv_write(ctypes.byref(args), ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
         if rc != 0:
-            raise RuntimeError(f"pagedkv_qkv_write_grouped: {rc}: {lib.pagedkv_last_error().decode()}")
+            raise RuntimeError(f"pagedkv_qkv_write: {rc}: {lib.pagedkv_last_error().decode()}")
 
     def launch_with_status_reset():  # what the plugin's enqueue does: zero the status, then launch
         from cuda.bindings import runtime as rt
@@ -213,133 +204,6 @@ def check_against_flashinfer(step: Step, our_pool, fi_pool, torch) -> str:
     return f"max|K,V ours - FlashInfer| = {(ours_kv - theirs_kv).abs().max().item():.4f}"
 
 
-# ---- copy walks: the kernel's access pattern without its arithmetic (hypothesis 4) -------------------------------
-COPY_WALKS_SOURCE = r"""
-// Every warp moves chunks of `lanes` x 16 bytes (32 lanes: 512 B, a bf16 pass of two D = 128 head rows), each loaded
-// 4 chunks ahead through a ring of 5 cp.async slots in shared memory and stored with 16-byte stores, as the QKV
-// write kernel does; only the order in which the warps take the chunks differs (`walk`).
-extern "C" __global__ void __launch_bounds__(256, 3)
-copy_walk(const char* __restrict__ src, char* __restrict__ dst, long long chunks, int lanes, int walk, int warps) {
-    __shared__ __align__(16) unsigned char ring[5][256][16];
-    int const lane = threadIdx.x & 31;
-    int const warp = threadIdx.x >> 5;
-    long long const w = (long long)blockIdx.x * 8 + warp;
-    long long first = 0, step = 1, count = 0;
-    if (walk == 0) {  // warp ranges: warp w its own balanced contiguous range (rounds 1-3, W = 1)
-        if (w < warps) {
-            first = w * chunks / warps;
-            count = (w + 1) * chunks / warps - first;
-        }
-    } else if (walk == 1) {  // CTA-interleaved: the CTA's balanced range, warp j taking every 8th chunk (W = 8)
-        long long const w0 = (long long)blockIdx.x * 8;
-        long long const w1 = w0 + 8 < warps ? w0 + 8 : warps;
-        long long const begin = w0 * chunks / warps, end = w1 * chunks / warps;
-        first = begin + warp;
-        step = 8;
-        count = first < end ? (end - first + 7) / 8 : 0;
-    } else {  // grid-stride: warp w takes chunks w, w + N, w + 2N, ... (a memcpy's order)
-        first = w;
-        step = warps;
-        count = w < chunks ? (chunks - w + warps - 1) / warps : 0;
-    }
-    long long const bytes = 16LL * lanes;
-    bool const mine = lane < lanes;
-    unsigned const column = (unsigned)__cvta_generic_to_shared(&ring[0][threadIdx.x][0]);
-    long long ahead = first;
-    auto const issue = [&](int slot, bool valid) {
-        int const n = valid && mine ? 16 : 0;
-        const char* const from = n ? src + ahead * bytes + 16 * lane : src;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(column + slot * 4096), "l"(from), "r"(n)
-                     : "memory");
-        asm volatile("cp.async.commit_group;\n" ::: "memory");
-        ahead += step;
-    };
-    for (int k = 0; k < 4; ++k) issue(k, k < count);
-    int slot = 0;
-    for (long long i = 0; i < count; ++i) {
-        asm volatile("cp.async.wait_group 3;\n" ::: "memory");
-        unsigned x, y, z, v;
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(x), "=r"(y), "=r"(z), "=r"(v)
-                     : "r"(column + slot * 4096)
-                     : "memory");
-        issue(slot == 0 ? 4 : slot - 1, i + 4 < count);
-        if (mine) *reinterpret_cast<uint4*>(dst + (first + i * step) * bytes + 16 * lane) = make_uint4(x, y, z, v);
-        slot = slot == 4 ? 0 : slot + 1;
-    }
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-"""
-COPY_WALKS = ((0, 32, "warp ranges, 512 B chunks (W=1)"), (1, 32, "CTA-interleaved, 512 B chunks (W=8)"),
-              (2, 32, "grid-stride, 512 B chunks (memcpy order)"), (0, 24, "warp ranges, 384 B chunks on 24 lanes"))
-
-
-def compile_copy_walk(major: int, minor: int):
-    """The copy_walk kernel compiled by NVRTC for this GPU and loaded (cuda-python): (module, function)."""
-    from cuda.bindings import driver, nvrtc
-
-    def ok(result, what):
-        err, *rest = result
-        if err not in (nvrtc.nvrtcResult.NVRTC_SUCCESS, driver.CUresult.CUDA_SUCCESS):
-            raise RuntimeError(f"{what}: {err}")
-        return rest[0] if len(rest) == 1 else None
-
-    prog = ok(nvrtc.nvrtcCreateProgram(COPY_WALKS_SOURCE.encode(), b"copy_walk.cu", 0, [], []), "nvrtcCreateProgram")
-    opts = [f"--gpu-architecture=sm_{major}{minor}".encode(), b"-std=c++17"]
-    compiled, = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-    if compiled != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        log = b" " * ok(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-        ok(nvrtc.nvrtcGetProgramLog(prog, log), "nvrtcGetProgramLog")
-        raise RuntimeError(f"nvrtcCompileProgram: {log.decode(errors='replace')[:400]}")
-    cubin = b" " * ok(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-    ok(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
-    module = ok(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
-    return module, ok(driver.cuModuleGetFunction(module, b"copy_walk"), "cuModuleGetFunction")
-
-
-def copy_walk_rows(torch, triton) -> list[Result]:
-    """The copy walks of ``COPY_WALKS`` and torch's copy_ on 201 MB (the 16K-token prefill's qkv), each checked
-    against its source once. An NVRTC or driver failure is printed and leaves the rows out."""
-    from cuda.bindings import driver
-
-    props = torch.cuda.get_device_properties(0)
-    src = torch.randint(-2 ** 31, 2 ** 31 - 1, (16384 * (H + 2 * KVH) * D * 2 // 4,), device="cuda", dtype=torch.int32)
-    dst = torch.empty_like(src)
-    chunks = src.numel() * 4 // 512  # 393216: the prefill's (token, pass) pairs
-    try:
-        module, fn = compile_copy_walk(props.major, props.minor)
-        err, per_sm = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, 256, 0)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor: {err}")
-    except Exception as exc:  # noqa: BLE001 - e.g. no NVRTC on the machine: the copy rows are left out
-        print(f"copy walks skipped: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-        return []
-    ctas = min(per_sm, 3) * props.multi_processor_count  # the write kernel's wave: 24 warps per SM
-    results = []
-    for walk, lanes, name in COPY_WALKS:
-        def launch(walk=walk, lanes=lanes):
-            args = ((src.data_ptr(), dst.data_ptr(), chunks, lanes, walk, 8 * ctas),
-                    (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_int))
-            stream = driver.CUstream(torch.cuda.current_stream().cuda_stream)
-            err, = driver.cuLaunchKernel(fn, ctas, 1, 1, 256, 1, 1, 0, stream, args, 0)
-            if err != driver.CUresult.CUDA_SUCCESS:
-                raise RuntimeError(f"cuLaunchKernel: {err}")
-
-        dst.zero_()
-        launch()
-        torch.cuda.synchronize()
-        moved = chunks * lanes * 16  # bytes read (and written)
-        same = torch.equal(dst.view(torch.uint8)[:moved], src.view(torch.uint8)[:moved])
-        us = time_us(launch, torch, triton, graph=False)
-        results.append(Result("copy 201 MB", f"copy walk: {name}", us, 2 * moved / 1e9, 0.0, 0.0, None,
-                              f"{ctas} CTAs x 8 warps; " + ("copy checked" if same else "COPY WRONG")))
-    us = time_us(lambda: dst.copy_(src), torch, triton, graph=False)
-    results.append(Result("copy 201 MB", "torch copy_ (the ceiling's pattern)", us, 2 * src.numel() * 4 / 1e9,
-                          0.0, 0.0, None, ""))
-    driver.cuModuleUnload(module)
-    return results
-
-
 def run(which: set[str], check: bool) -> list[Result]:
     import torch
     import triton
@@ -394,18 +258,8 @@ def run(which: set[str], check: bool) -> list[Result]:
                     results.append(Result(shape.name, "pagedkv bf16 HND x2 in one graph", us_2, 2 * gb, 0.0, 0.0,
                                           None, f"second launch: {us_2 - us:.1f} us"))
                 del pool, keep
-        if not shape.decode and shape.head_dim == D:  # the walks, on the same tensors (bf16 HND)
-            for group_warps in FORCED_GROUPS:
-                launch, _, pool, keep = our_launcher(step, torch, "bf16", "HND", group_warps)
-                us = time_us(launch, torch, triton, graph=False)
-                results.append(Result(shape.name, f"pagedkv bf16 cache HND, groups of W={group_warps}", us,
-                                      minimal_bytes(shape, 2) / 1e9, 0.0, 0.0, us / fi_us if fi_us else None,
-                                      "forced walk (the row above: the launcher's)"))
-                del pool, keep
         del step
         torch.cuda.empty_cache()
-    if "copy" in which:  # last: a fault in the synthetic kernel cannot take the rows above with it
-        results += copy_walk_rows(torch, triton)
     for r in results:
         r.tbs = r.gb / (r.us * 1e-6) / 1e3
         r.pct_ceiling = 100.0 * r.tbs / COPY_CEILING_TBS
@@ -424,15 +278,15 @@ def print_table(results: list[Result]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", help="write the results to this file")
-    ap.add_argument("--cases", default="prefill,decode,copy",
-                    help="comma-separated: prefill, decode, copy, headdim (not in the default: FlashInfer may "
-                         "JIT-compile or refuse those head dims; .ci/gpu-run.sh runs them on their own)")
+    ap.add_argument("--cases", default="prefill,decode",
+                    help="comma-separated: prefill, decode, headdim (not in the default: FlashInfer may JIT-compile "
+                         "or refuse those head dims; .ci/gpu-run.sh runs them on their own)")
     ap.add_argument("--no-check", action="store_true", help="skip the ours-vs-FlashInfer value check")
     args = ap.parse_args()
     which = set(args.cases.split(","))
-    unknown = which - {"prefill", "decode", "copy", "headdim"}
+    unknown = which - {"prefill", "decode", "headdim"}
     if unknown:
-        ap.error(f"--cases: unknown {sorted(unknown)}; expected prefill, decode, copy and/or headdim")
+        ap.error(f"--cases: unknown {sorted(unknown)}; expected prefill, decode and/or headdim")
     results = run(which, check=not args.no_check)
     print_table(results)
     print(f"\nreproduce: python benchmarks/bench_write.py --cases {args.cases}   (GPU: see nvidia-smi)")

@@ -16,30 +16,6 @@ int32_t pagedkv_qkv_write(const pagedkv::QKVWriteParams* params, cudaStream_t st
     return pagedkv::launchQKVWrite(*params, stream);
 }
 
-int32_t pagedkv_qkv_write_grouped(const pagedkv::QKVWriteParams* params, int32_t group_warps, cudaStream_t stream) {
-    if (params == nullptr) {
-        pagedkv::clearLastError();
-        return pagedkv::invalidArgument("params=NULL: expected a QKVWriteParams");
-    }
-    return pagedkv::launchQKVWrite(*params, stream, group_warps);
-}
-
-int32_t pagedkv_qkv_write_schedule_check(const pagedkv::QKVWriteParams* params, int32_t group_warps,
-                                         int64_t resident_warps, int32_t* visits, int64_t* summary) {
-    pagedkv::clearLastError();
-    PKV_REQUIRE(params != nullptr && visits != nullptr && summary != nullptr, "params", 0,
-                "a QKVWriteParams, visits int32[T * P] and summary int64[5]");
-    pagedkv::QKVWriteReplay replay{};
-    cudaError_t const err = pagedkv::replayQKVWriteSchedule(*params, group_warps, resident_warps, visits, replay);
-    if (err != cudaSuccess) return err;
-    summary[0] = replay.numWarps;
-    summary[1] = replay.groupWarps;
-    summary[2] = replay.tokenEntries;
-    summary[3] = replay.chunksBuilt;
-    summary[4] = replay.pairsVisited;
-    return 0;
-}
-
 int32_t pagedkv_rope_params(const pagedkv::RopeConfig* config, int32_t head_dim, pagedkv::RopeParams* out) {
     pagedkv::clearLastError();
     if (config == nullptr || out == nullptr)

@@ -17,18 +17,6 @@ extern "C" {
 // that) and launches. Never synchronizes.
 PAGEDKV_EXPORT int32_t pagedkv_qkv_write(const pagedkv::QKVWriteParams* params, cudaStream_t stream);
 
-// The same with the kernel's walk forced: its warps in groups of `group_warps` (0 auto, 1, 2, 4 or 8; see
-// launchQKVWrite): the tests run every walk on every configuration, the benchmark compares them.
-PAGEDKV_EXPORT int32_t pagedkv_qkv_write_grouped(const pagedkv::QKVWriteParams* params, int32_t group_warps,
-                                                 cudaStream_t stream);
-
-// Host replay of that walk (replayQKVWriteSchedule, no CUDA): for params' shape (num_tokens, heads, head_dim;
-// nothing else is read), `group_warps` and `resident_warps` resident warps, visits[t * P + pass] counts the visits
-// of each pair (int32[T * P], P passes per token) and summary = int64[5] {warps, group warps, token entries,
-// record chunks, pairs visited}.
-PAGEDKV_EXPORT int32_t pagedkv_qkv_write_schedule_check(const pagedkv::QKVWriteParams* params, int32_t group_warps,
-                                                        int64_t resident_warps, int32_t* visits, int64_t* summary);
-
 // computeRopeParams: the RoPE table of `config` for heads of `head_dim` (what the plugin precomputes).
 PAGEDKV_EXPORT int32_t pagedkv_rope_params(const pagedkv::RopeConfig* config, int32_t head_dim,
                                            pagedkv::RopeParams* out);

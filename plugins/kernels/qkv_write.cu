@@ -122,14 +122,7 @@ QKVWritePlan makeQKVWritePlan(QKVWriteParams const& p) {
     plan.numHeadRows = p.numQHeads + 2 * p.numKVHeads;
     plan.passesPerToken = ceilDiv(plan.numHeadRows, plan.rowsPerPass);
     plan.totalPasses = static_cast<int64_t>(p.meta.numTokens) * plan.passesPerToken;
-    plan.rowElems = plan.numHeadRows * p.headDim;
-    plan.qRowElems = p.numQHeads * p.headDim;
-    plan.passElems = plan.rowsPerPass * p.headDim;
-    plan.kvRowBegin = p.numQHeads;
-    plan.vRowBegin = p.numQHeads + p.numKVHeads;
-    plan.numWarps = 0;  // set at launch (QKVWriteGrid::apply)
-    plan.groupWarps = 1;
-    plan.groupShift = 0;
+    plan.numWarps = 0;  // set at launch
     return plan;
 }
 
@@ -161,99 +154,38 @@ QKVWriteKernelParams makeQKVWriteKernelParams(QKVWriteParams const& p) {
 namespace {
 
 template <IODType IO>
-cudaError_t dispatchCache(QKVWriteKernelParams const& kp, int32_t smCount, int32_t groupWarps, cudaStream_t stream) {
+cudaError_t dispatchCache(QKVWriteKernelParams const& kp, int32_t smCount, cudaStream_t stream) {
     switch (kp.p.cacheDType) {
-        case CacheDType::kFP16: return runQKVWriteKernel<IO, CacheDType::kFP16>(kp, smCount, groupWarps, stream);
-        case CacheDType::kBF16: return runQKVWriteKernel<IO, CacheDType::kBF16>(kp, smCount, groupWarps, stream);
-        case CacheDType::kFP8E4M3:
-            return runQKVWriteKernel<IO, CacheDType::kFP8E4M3>(kp, smCount, groupWarps, stream);
-        case CacheDType::kINT8: return runQKVWriteKernel<IO, CacheDType::kINT8>(kp, smCount, groupWarps, stream);
+        case CacheDType::kFP16: return runQKVWriteKernel<IO, CacheDType::kFP16>(kp, smCount, stream);
+        case CacheDType::kBF16: return runQKVWriteKernel<IO, CacheDType::kBF16>(kp, smCount, stream);
+        case CacheDType::kFP8E4M3: return runQKVWriteKernel<IO, CacheDType::kFP8E4M3>(kp, smCount, stream);
+        case CacheDType::kINT8: return runQKVWriteKernel<IO, CacheDType::kINT8>(kp, smCount, stream);
         default: break;
     }
     return invalidArgument("cache_dtype=" + str(static_cast<int32_t>(kp.p.cacheDType)) +
                            ": no QKV-write kernel for this cache dtype");
 }
 
-cudaError_t dispatchIO(QKVWriteKernelParams const& kp, int32_t smCount, int32_t groupWarps, cudaStream_t stream) {
+cudaError_t dispatchIO(QKVWriteKernelParams const& kp, int32_t smCount, cudaStream_t stream) {
     switch (kp.p.ioDType) {
-        case IODType::kFP16: return dispatchCache<IODType::kFP16>(kp, smCount, groupWarps, stream);
-        case IODType::kBF16: return dispatchCache<IODType::kBF16>(kp, smCount, groupWarps, stream);
+        case IODType::kFP16: return dispatchCache<IODType::kFP16>(kp, smCount, stream);
+        case IODType::kBF16: return dispatchCache<IODType::kBF16>(kp, smCount, stream);
         default: break;
     }
     return invalidArgument("io_dtype=" + str(static_cast<int32_t>(kp.p.ioDType)) +
                            ": no QKV-write kernel for this I/O dtype");
 }
 
-constexpr bool isGroupWarps(int32_t w) { return w == 0 || w == 1 || w == 2 || w == 4 || w == kQKVWriteWarps; }
-static_assert(kQKVWriteWarps == 8, "group sizes 1, 2, 4, 8 divide the CTA");
-constexpr char const* kGroupWarpsValues = "0 (auto), 1, 2, 4 or 8";
-
 }  // namespace
 
-cudaError_t launchQKVWrite(QKVWriteParams const& params, cudaStream_t stream, int32_t groupWarps) {
+cudaError_t launchQKVWrite(QKVWriteParams const& params, cudaStream_t stream) {
     clearLastError();  // only this launch's failures may be reported
-    PKV_REQUIRE(isGroupWarps(groupWarps), "group_warps", groupWarps, kGroupWarpsValues);
     cudaError_t err = validateQKVWrite(params);
     if (err != cudaSuccess || params.meta.numTokens == 0) return err;
     QKVWriteKernelParams const kp = makeQKVWriteKernelParams(params);
     // The one dispatch point: (I/O dtype) x (cache dtype) kernel instances; head dim and RoPE style are
     // runtime values validated above (kSupportedHeadDims; none/neox/gptj).
-    return recordCudaError(dispatchIO(kp, smCountOfCurrentDevice(), groupWarps, stream), "launchQKVWrite");
-}
-
-cudaError_t replayQKVWriteSchedule(QKVWriteParams const& params, int32_t groupWarps, int64_t residentWarps,
-                                   int32_t* visits, QKVWriteReplay& out) {
-    clearLastError();
-    PKV_REQUIRE(isGroupWarps(groupWarps), "group_warps", groupWarps, kGroupWarpsValues);
-    PKV_REQUIRE(residentWarps > 0 && residentWarps % kQKVWriteWarps == 0 && residentWarps <= (int64_t{1} << 24),
-                "resident_warps", residentWarps, "a positive multiple of " + str(kQKVWriteWarps) + " up to 2^24");
-    PKV_REQUIRE(params.meta.numTokens > 0, "num_tokens", params.meta.numTokens, "> 0");
-    PKV_REQUIRE(params.numQHeads > 0 && params.numKVHeads > 0, "num_q_heads", params.numQHeads,
-                "> 0 (and num_kv_heads > 0)");
-    PKV_REQUIRE(isSupportedHeadDim(params.headDim), "head_dim", params.headDim,
-                std::string("one of ") + supportedHeadDimsText());
-    QKVWritePlan const shape = makeQKVWritePlan(params);
-    PKV_REQUIRE(shape.totalPasses <= INT32_MAX / 2, "num_tokens", params.meta.numTokens, "fewer for these heads");
-    QKVWritePlan const plan =
-        qkvWriteGrid(shape.totalPasses, params.meta.numTokens, residentWarps, groupWarps).apply(shape);
-    int32_t const ctas = (plan.numWarps + kQKVWriteWarps - 1) / kQKVWriteWarps;
-    int32_t const chunkTokens = kQKVWriteRecordsPerWarp * plan.groupWarps;
-    int64_t const pairs = plan.totalPasses;
-    for (int64_t g = 0; g < pairs; ++g) visits[g] = 0;
-    out = QKVWriteReplay{plan.numWarps, plan.groupWarps, 0, 0, 0};
-    // Every warp of the grid as the kernel walks it (its loader follows the same cursor kPrefetch pairs ahead): the
-    // CTA's rounds, in each its group's chunk of records, within it the pairs whose token is in the chunk, a token
-    // entry (a record read) where the token changes.
-    for (int32_t cta = 0; cta < ctas; ++cta) {
-        int32_t const rounds = qkvWriteChunkRounds(plan, cta);
-        for (int32_t w = 0; w < kQKVWriteWarps; ++w) {
-            QKVWriteGroup const group = qkvWriteGroup(plan, cta, w);
-            QKVWriteCursor cur = qkvWriteWalk(plan, group, w);
-            int32_t const windowEnd = group.firstToken + group.tokenCount;
-            int32_t token = -1;
-            for (int32_t round = 0; round < rounds; ++round) {
-                int32_t const chunk = group.firstToken + round * chunkTokens;
-                int32_t const chunkEnd = chunk + chunkTokens < windowEnd ? chunk + chunkTokens : windowEnd;
-                if (w == ((w >> plan.groupShift) << plan.groupShift) && chunk < chunkEnd) ++out.chunksBuilt;
-                for (; cur.left > 0 && cur.token < chunkEnd; cur.advance(plan.groupWarps, plan.passesPerToken)) {
-                    int64_t const g = static_cast<int64_t>(cur.token) * plan.passesPerToken + cur.pass;
-                    PKV_REQUIRE(cur.token >= chunk && cur.pass >= 0 && cur.pass < plan.passesPerToken && g < pairs,
-                                "pair", g,
-                                "in [0, " + str(pairs) + ") with its token in the chunk's records [" + str(chunk) +
-                                    ", " + str(chunkEnd) + ") (cta " + str(cta) + ", warp " + str(w) + ")");
-                    if (cur.token != token) {
-                        token = cur.token;
-                        ++out.tokenEntries;
-                    }
-                    ++visits[g];
-                    ++out.pairsVisited;
-                }
-            }
-            PKV_REQUIRE(cur.left == 0, "pairs left", cur.left,
-                        "0 after the window's last chunk (cta " + str(cta) + ", warp " + str(w) + ")");
-        }
-    }
-    return cudaSuccess;
+    return recordCudaError(dispatchIO(kp, smCountOfCurrentDevice(), stream), "launchQKVWrite");
 }
 
 }  // namespace pagedkv

@@ -5,12 +5,12 @@
 namespace pagedkv {
 
 template cudaError_t runQKVWriteKernel<IODType::kFP16, CacheDType::kFP16>(QKVWriteKernelParams const&, int32_t,
-    int32_t, cudaStream_t);
+                                                                          cudaStream_t);
 template cudaError_t runQKVWriteKernel<IODType::kFP16, CacheDType::kBF16>(QKVWriteKernelParams const&, int32_t,
-    int32_t, cudaStream_t);
+                                                                          cudaStream_t);
 template cudaError_t runQKVWriteKernel<IODType::kFP16, CacheDType::kFP8E4M3>(QKVWriteKernelParams const&, int32_t,
-    int32_t, cudaStream_t);
+                                                                             cudaStream_t);
 template cudaError_t runQKVWriteKernel<IODType::kFP16, CacheDType::kINT8>(QKVWriteKernelParams const&, int32_t,
-    int32_t, cudaStream_t);
+                                                                          cudaStream_t);
 
 }  // namespace pagedkv

@@ -41,7 +41,8 @@ constexpr int32_t kPrefetch = kQKVWritePrefetchRows;
 // issued into the slot read one pass earlier (that read has landed: its value was consumed).
 constexpr int32_t kRingSlots = kPrefetch + 1;
 
-// The sequence owning a token and what the write needs of it.
+// The sequence owning a token and what the write needs of it. A warp keeps the last one it found: in a
+// prefill the next token it handles usually belongs to the same sequence.
 struct alignas(16) SeqSpan {
     int32_t seq;      // b
     int32_t begin;    // cuQLens[b]: first token of the sequence in the step
@@ -118,10 +119,9 @@ __device__ __forceinline__ void reportBadPage(int32_t* status, SeqSpan const& sp
 // flight at once. A parameter operand that misses stalls its instruction, and the instructions behind it wait
 // in order: touched one by one as the code reaches them (the first loads' addresses, the metadata, the pool
 // descriptor, RoPE, q output, status), the ~8 distinct lines are a chain of dependent misses at kernel start,
-// where a decode step has nothing else to overlap them with. The turns table (ropeTurns) too: the kernel stages it
-// after its first token records, i.e. after two round trips, and finds its lines cached then. Skipped: the RoPE
-// frequency tables of the caller's parameters (invFreq, longInvFreq: never read by the kernel) and the LongRoPE
-// turns table (staged by the few launches that use it).
+// where a decode step has nothing else to overlap them with. Skipped: the RoPE frequency tables of the caller's
+// parameters (invFreq, longInvFreq: never read by the kernel) and the turns tables (staged in parallel by the
+// kernel itself; the last touch below may land in the first line of ropeTurns).
 // Returns a value the caller must store (a real use, so that the compiler keeps the loads).
 __device__ __forceinline__ uint32_t warmParameterLines(QKVWriteKernelParams const& kp) {
     constexpr size_t kLine = 64;
@@ -142,230 +142,14 @@ __device__ __forceinline__ uint32_t warmParameterLines(QKVWriteKernelParams cons
 #pragma unroll
     for (size_t at = 0; at < kFreqTable + 16; at += kLine) touched ^= bytes[at];  // + the line of rope.style
 #pragma unroll
-    for (size_t at = kAfterFreqTable; at < kTurnsTable + sizeof(QKVWriteKernelParams::ropeTurns); at += kLine)
-        touched ^= bytes[at];
+    for (size_t at = kAfterFreqTable; at < kTurnsTable + kLine; at += kLine) touched ^= bytes[at];
     return touched;
-}
-
-// ---- per-lane constants -------------------------------------------------------------------------------------
-
-// Which row of a warp pass and which 8-element vector of it a lane owns, for the whole kernel. The lanes past the
-// pass's last row (VPH not dividing 32) count as vectors past the end of that row: vec >= VPH, dims >= D, so they
-// rotate nothing and stage their own words; their head row is out of range (rowSlot), so they load and store
-// nothing.
-struct LaneRow {
-    int32_t slot;     // row of the pass (the last one for lanes past it)
-    int32_t vec;      // vector of the row (>= VPH past the last row)
-    int32_t dim0;     // first head dim of the vector
-    int32_t rowSlot;  // head row of pass `pass` = pass * RPP + rowSlot (NHR past the last row: never in range)
-};
-
-__device__ __forceinline__ LaneRow laneRow(QKVWritePlan const& plan, int32_t lane) {
-    LaneRow r;
-    r.slot = min(laneRowOf(lane, plan.laneRowMagic), plan.rowsPerPass - 1);
-    r.vec = lane - r.slot * plan.vecsPerRow;
-    r.dim0 = r.vec * kVecElems;
-    r.rowSlot = r.vec < plan.vecsPerRow ? r.slot : plan.numHeadRows;
-    return r;
-}
-
-// The lane's RoPE coefficients: they depend on its vector only, so they are set up once; per token only the angle
-// changes.
-struct LaneRope {
-    uint32_t rotateMask;  // bit k: dim0 + k rotates (kShuffle: all 8 dims or none, R/2 being a multiple of 8)
-    uint32_t firstMask;   // bit k: dim0 + k is the first of its pair (x*cos - partner*sin)
-    int32_t partnerLane;  // kShuffle: the lane holding dims dim0 +- R/2 of the same row
-};
-
-__device__ __forceinline__ LaneRope laneRope(QKVWriteKernelParams const& kp, LaneRow const& r, int32_t lane) {
-    RopeParams const& rope = kp.p.rope;
-    LaneRope lr{0u, 0u, lane};
-#pragma unroll
-    for (int k = 0; k < kVecElems; ++k) {
-        RopeElem const e = ropeElem(rope.style, rope.rotaryDim, r.dim0 + k);
-        lr.rotateMask |= e.rotates ? (1u << k) : 0u;
-        lr.firstMask |= (e.rotates && e.first) ? (1u << k) : 0u;
-    }
-    if (kp.ropePartner == RopePartner::kShuffle && lr.rotateMask != 0) {
-        int32_t const laneDelta = kp.ropeHalf / kVecElems;
-        lr.partnerLane = r.dim0 < kp.ropeHalf ? lane + laneDelta : lane - laneDelta;
-    }
-    return lr;
-}
-
-// ---- per-token set-up, once per group -----------------------------------------------------------------------
-
-// What every warp needs of one token of its group's window, set up by one warp of the group for up to
-// kMaxChunkTokens tokens at once (buildTokenRecords) and read by the group's warps when their walks enter it.
-template <typename kv_t>
-struct alignas(16) TokenRecord {
-    int32_t ropePos;  // RoPE position (position_ids[t], or the cache position)
-    uint32_t bits;    // kRecord* flags | tailRows << kRecordTailShift
-    kv_t* kvBase;     // pool + elemOffset(block, layer, 0, 0, offset): elemOffset is a sum of one term per
-                      // coordinate, so a K/V row adds elemOffset(0, 0, kv, head, 0); unused without kRecordWriteKV
-};
-constexpr uint32_t kRecordWriteKV = 1u;     // K/V go to the pool (valid page, not superseded in a cyclic ring)
-constexpr uint32_t kRecordZeroTail = 2u;    // t ends a prefill chunk: its V writers also zero the rows past it
-constexpr uint32_t kRecordLongRope = 4u;    // LongRoPE: the sequence rotates with the long table
-constexpr int32_t kRecordTailShift = 8;     // rows of t's page past t (kRecordZeroTail)
-
-constexpr int32_t kMaxChunkTokens = kQKVWriteWarps * kQKVWriteRecordsPerWarp;  // a group of 8: 64 (2 per lane)
-
-// Sets up tokens [base, base + count) (count <= kMaxChunkTokens) into records[0, count): one warp, lane l taking
-// tokens base + l and base + l + 32, so that their loads go out together: sequence (a guess exact for decode
-// batches and equal chunks; on misses one cooperative search per distinct sequence), then block-table entry, pool
-// descriptor and position_ids together: two round trips for the whole chunk (more on guess misses). Raises the status record for an owned token whose page is unusable (its K/V are
-// skipped); a token at the edge of two CTAs' windows is reported by both, with the same (seq, page, entry).
-template <typename kv_t>
-__device__ __forceinline__ void buildTokenRecords(QKVWriteKernelParams const& kp, int32_t base, int32_t count,
-                                                  TokenRecord<kv_t>* records, int32_t lane) {
-    QKVWriteParams const& p = kp.p;
-    StepMetadata const& meta = p.meta;
-    KVLayout const& layout = p.layout;
-    constexpr int kTokensPerLane = kMaxChunkTokens / 32;
-    SeqSpan span[kTokensPerLane];
-#pragma unroll
-    for (int i = 0; i < kTokensPerLane; ++i)
-        span[i] = lane + 32 * i < count ? guessSequence(meta, kp.seqsPerToken, base + lane + 32 * i)
-                                        : SeqSpan{-1, 0, 0, 0};
-    // Misses: the warp searches the first missing token's sequence; every missing token inside it takes it, and
-    // the searched token takes the answer anyway (owned or not: t >= cuQLens[B] is owned by none).
-#pragma unroll
-    for (int i = 0; i < kTokensPerLane; ++i) {
-        int32_t const t = base + lane + 32 * i;
-        bool missing = lane + 32 * i < count && !(t >= span[i].begin && t < span[i].end);
-        for (uint32_t ballot = __ballot_sync(kFullMask, missing); ballot != 0;
-             ballot = __ballot_sync(kFullMask, missing)) {
-            int32_t const leader = __ffs(ballot) - 1;
-            int32_t const wanted = __shfl_sync(kFullMask, t, leader);
-            SeqSpan const found = findSequence(meta, kp.seqsPerToken, wanted, lane);
-            if (missing && ((t >= found.begin && t < found.end) || lane == leader)) {
-                span[i] = found;
-                missing = false;
-            }
-        }
-    }
-    // This layer's pool descriptor (engine input kv_pools): address and capacity live in device memory.
-    int64_t const* const desc = meta.poolDescs + static_cast<int64_t>(meta.poolIndex) * kPoolDescFields;
-    kv_t* const pool = reinterpret_cast<kv_t*>(__ldg(desc + kPoolDescAddress));
-    int64_t const poolBlocks = __ldg(desc + kPoolDescNumBlocks);
-#pragma unroll
-    for (int i = 0; i < kTokensPerLane; ++i) {
-        if (lane + 32 * i >= count) continue;
-        int32_t const t = base + lane + 32 * i;
-        SeqSpan const& s = span[i];
-        // Cache position = pastLen + index in the sequence's new tokens: chunk k of a prefill lands after the
-        // earlier chunks, never over them.
-        bool const owned = t >= s.begin && t < s.end;  // false only for cuQLens[B] <= t: K/V not written
-        int32_t const cachePos = s.pastLen + (t - s.begin);
-        int32_t const kvLen = s.pastLen + (s.end - s.begin);
-        TokenRecord<kv_t> r{p.positionIds != nullptr ? __ldg(p.positionIds + t) : cachePos, 0u, pool};
-        // LongRoPE: the whole sequence's new tokens take the long table once its kv length after this step passes
-        // the switch (Hugging Face: max(position_ids) + 1 > original_max_positions).
-        if (kp.ropeLongAboveKVLen > 0 && kvLen > kp.ropeLongAboveKVLen) r.bits |= kRecordLongRope;
-        if (owned) {  // where its K/V go: one block-table load through the contract's locateToken
-            BlockTableRow const blockRow{meta.blockTable + static_cast<int64_t>(s.seq) * meta.maxBlocks,
-                                         meta.maxBlocks, poolBlocks};
-            KVLocation const loc = locateToken(layout, blockRow, cachePos);
-            if (loc.block == kInvalidBlock) {
-                reportBadPage(p.status, s, t, layout, meta, desc);
-            } else {
-                // Cyclic ring: when a later token of this same step maps to the same slot, only that one writes
-                // (the result of writing in token order, with exactly one writer per slot).
-                bool const superseded = layout.cyclicLen > 0 && cachePos >= layout.ringSinkTokens &&
-                                        static_cast<int64_t>(cachePos) + layout.cyclicLen < kvLen;
-                // After a prefill chunk, the last token's writer of each V row also zeroes the rows past it in the
-                // sequence's last page (attention loads whole pages; 0 * NaN = NaN). Not in a wrapped ring: those
-                // rows hold live older tokens. Decode tokens (q_len 1) never take this branch. The last token is
-                // never superseded.
-                bool const wrapped = layout.cyclicLen > 0 &&
-                                     static_cast<int64_t>(kvLen) - layout.ringSinkTokens > layout.cyclicLen;
-                bool const zeroTail = p.zeroVTail && t == s.end - 1 && s.end - s.begin > 1 && !wrapped;
-                if (!superseded) r.bits |= kRecordWriteKV;
-                if (zeroTail) r.bits |= kRecordZeroTail;
-                r.bits |= static_cast<uint32_t>(layout.pageSize - 1 - loc.offset) << kRecordTailShift;
-                r.kvBase = pool + layout.elemOffset(loc.block, p.layer, 0, 0, loc.offset);
-            }
-        }
-        records[lane + 32 * i] = r;
-    }
-}
-
-// cos/sin of RoPE position `pos` for the lane's 8 dims. The warp computes each frequency once (lane f takes
-// frequencies f, f + 32, ..., R/2 <= kMaxRotaryPairs = 4 x 32) into its staging row, then every lane reads its
-// dims' pairs: 2 __sincosf per lane for R = 128 instead of 8 (a lane's dims repeat across the row's halves and the
-// pass's rows), which matters once a warp enters a token every 3 passes (CTA-interleaved walks).
-__device__ __forceinline__ void tokenCosSin(QKVWriteKernelParams const& kp, LaneRow const& r, LaneRope const& lr,
-                                            uint64_t const* turns, int32_t pos, float2* table, int32_t lane,
-                                            float (&cosv)[kVecElems], float (&sinv)[kVecElems]) {
-    float const mscale = kp.p.rope.mscale;
-    // dims dim0 + k take frequency freq0 + k (kShuffle) or freq0 + k/2 (kInVector); 0 when dim0 does not rotate
-    int32_t const freq0 = ropeElem(kp.p.rope.style, kp.p.rope.rotaryDim, r.dim0).freq;
-    __syncwarp();  // the row's earlier readers (a previous token, a kGlobal pass) are done
-    for (int32_t f = lane; f < kp.ropeHalf; f += 32) {
-        float s;
-        float c;
-        __sincosf(ropeAngle(pos, turns[f]), &s, &c);
-        table[f] = make_float2(c * mscale, s * mscale);
-    }
-    __syncwarp();
-    if (kp.ropePartner == RopePartner::kShuffle) {  // 8 consecutive frequencies from freq0 (a multiple of 8)
-        float4 const* const pairs = reinterpret_cast<float4 const*>(table + freq0);
-#pragma unroll
-        for (int i = 0; i < kVecElems / 2; ++i) {
-            float4 const v = pairs[i];
-            cosv[2 * i] = v.x;
-            sinv[2 * i] = v.y;
-            cosv[2 * i + 1] = v.z;
-            sinv[2 * i + 1] = v.w;
-        }
-    } else if (kp.ropePartner == RopePartner::kInVector) {  // GPT-J: dims (2i, 2i + 1) share freq0 + i
-        float4 const* const pairs = reinterpret_cast<float4 const*>(table + freq0);
-#pragma unroll
-        for (int i = 0; i < kVecElems / 4; ++i) {
-            float4 const v = pairs[i];
-            cosv[4 * i] = cosv[4 * i + 1] = v.x;
-            sinv[4 * i] = sinv[4 * i + 1] = v.y;
-            cosv[4 * i + 2] = cosv[4 * i + 3] = v.z;
-            sinv[4 * i + 2] = sinv[4 * i + 3] = v.w;
-        }
-    } else {  // kGlobal: a vector may straddle R/2, so each dim looks its frequency up
-#pragma unroll
-        for (int k = 0; k < kVecElems; ++k) {
-            RopeElem const e = ropeElem(kp.p.rope.style, kp.p.rope.rotaryDim, r.dim0 + k);
-            float2 const v = e.rotates ? table[e.freq] : make_float2(1.f, 0.f);
-            cosv[k] = v.x;
-            sinv[k] = v.y;
-        }
-    }
-    // Signs: kShuffle's 8 dims are all firsts or all seconds; GPT-J's firsts are the even dims (unused values of dims
-    // that do not rotate are masked out by rotateMask).
-    if (kp.ropePartner == RopePartner::kShuffle) {
-        float const sign = (lr.firstMask & 1u) ? -1.f : 1.f;
-#pragma unroll
-        for (int k = 0; k < kVecElems; ++k) sinv[k] *= sign;
-    } else if (kp.ropePartner == RopePartner::kInVector) {
-#pragma unroll
-        for (int k = 0; k < kVecElems; k += 2) sinv[k] = -sinv[k];
-    } else {
-#pragma unroll
-        for (int k = 0; k < kVecElems; ++k) sinv[k] = ((lr.firstMask >> k) & 1u) ? -sinv[k] : sinv[k];
-    }
 }
 
 // 3 CTAs of 256 threads per SM (<= 80 registers, no spills; ~31 KB of static shared memory each) keep 24 warps
 // and, with kPrefetch = 4 copies in flight per thread, 24 x 32 x 4 x 16 B = 48 KB of reads in flight per SM:
 // Little's law at the read half of the copy ceiling (~16 B/ns per SM) covers ~3 us of loaded latency.
-//
-// Stages: prologue (parameter lines, lane constants, the warp's group and walk, its first kPrefetch loads, the
-// CTA's RoPE tables); then per round: token set-up (each group's first warp, buildTokenRecords, between CTA
-// barriers) and the warps' passes over their group's chunk of tokens: [token entry: its record, cos/sin] -> loader
-// (the copy kPrefetch pairs ahead, across tokens and chunks) -> compute (bias, rotation) -> epilogue (q / K / V
-// stores, V tail).
-//
-// kBias: QKV bias (p.bias != nullptr). A compile-time switch rather than a branch: ptxas if-converts a branch on the
-// pointer, so that a launch without bias would still issue its ~25 instructions per pass.
-template <IODType IO, CacheDType C, bool kBias>
+template <IODType IO, CacheDType C>
 __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
     qkvWriteKernel(__grid_constant__ QKVWriteKernelParams const kp) {
     using io_t = typename IOStorage<IO>::type;
@@ -373,80 +157,99 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
     QKVWriteParams const& p = kp.p;
     QKVWritePlan const& plan = kp.plan;
     KVLayout const& layout = p.layout;
+    StepMetadata const& meta = p.meta;
 
-    // ---- prologue ----------------------------------------------------------------------------------------------
     int32_t const warp = threadIdx.x >> 5;
-    // The lane index through an identity shuffle: ptxas otherwise re-derives the lane's constants (row, vector,
-    // ring address) from the thread index in every pass (~15 instructions) although registers are free.
-    int32_t const lane = __shfl_sync(kFullMask, static_cast<int32_t>(threadIdx.x & 31), threadIdx.x & 31);
-    // Per warp: one pass of rows for kGlobal partners (32 lanes x 8 dims floats: lane l stages dims [8 l, 8 l + 8)
-    // of the pass, the rows' dims and, past the last row, its idle lanes' own words), and at each token entry its
-    // (cos, sin) per frequency (R/2 <= 128 float2: the same 1 KB; tokenCosSin orders the two uses).
-    __shared__ __align__(16) float stage[kQKVWriteWarps][32 * kVecElems];
-    static_assert(kMaxRotaryPairs * 2 <= 32 * kVecElems, "a warp's (cos, sin) table fits its staging row");
+    int32_t const lane = threadIdx.x & 31;
+    // kGlobal partners only: one warp pass of rows (32 lanes x 8 dims floats: lane l stages dims [8 l, 8 l + 8)
+    // of the pass, the rows' dims and, past the last row, its idle lanes' own words) per warp.
+    __shared__ float stage[kQKVWriteWarps][32 * kVecElems];
     // The parameter lines, fetched together before anything else (warmParameterLines says why). The store is
-    // the loads' only use, into this thread's own word of its warp's staging row: the row's first other write
-    // (tokenCosSin, a kGlobal pass) follows a __syncwarp, and nothing reads the word before it.
+    // the loads' only use, into this thread's own word of its warp's staging row: the kGlobal path's first
+    // write there follows a __syncwarp, and nothing reads the word before that write.
     stage[warp][lane] = __uint_as_float(warmParameterLines(kp));
-    LaneRow const lr = laneRow(plan, lane);
+    // Which row of a warp pass and which 8-element vector of it. The lanes past the pass's last row (VPH not
+    // dividing 32) count as vectors past the end of that row: vec >= VPH, dims >= D, so they rotate nothing and
+    // stage their own words; their head row is out of range (rowSlot), so they load and store nothing.
+    int32_t const slot = min(laneRowOf(lane, plan.laneRowMagic), plan.rowsPerPass - 1);
+    int32_t const vec = lane - slot * plan.vecsPerRow;
+    int32_t const dim0 = vec * kVecElems;  // first head dim of my vector
+    int32_t const rowSlot = vec < plan.vecsPerRow ? slot : plan.numHeadRows;  // head row = pass * RPP + rowSlot
     int32_t const headDim = p.headDim;
-    int32_t const passes = plan.passesPerToken;  // P
-    // Rows [0, H) are Q heads, [H, H+KVH) K heads, [H+KVH, NHR) V heads. Strides and row bounds are plan fields
-    // (the constant bank), not locals, so that the loop reads them as operands instead of recomputing them.
-    io_t const* const qkv = static_cast<io_t const*>(p.qkv);
+    int32_t const kRowBegin = p.numQHeads;  // rows [0, H) Q heads, [H, H+KVH) K heads, [H+KVH, NHR) V heads
+    int32_t const vRowBegin = p.numQHeads + p.numKVHeads;
+    int64_t const rowStride = static_cast<int64_t>(plan.numHeadRows) * headDim;
+    int64_t const qRowStride = static_cast<int64_t>(p.numQHeads) * headDim;
     io_t const* const bias = static_cast<io_t const*>(p.bias);
+    // This layer's pool descriptor (engine input kv_pools): address and capacity live in device memory.
+    int64_t const* const desc = meta.poolDescs + static_cast<int64_t>(meta.poolIndex) * kPoolDescFields;
 
-    // My group (qkvWriteGroup: its range of pairs and its window of tokens) and my walk in it.
-    QKVWriteGroup const group = qkvWriteGroup(plan, static_cast<int32_t>(blockIdx.x), warp);
-    QKVWriteCursor cur = qkvWriteWalk(plan, group, warp);
+    // My contiguous, balanced share [g, gEnd) of the (token, pass) pairs g = t * P + pass; pass `pass` of
+    // token t is head row pass * rowsPerPass + rowSlot for my lane. Computed first, so that the first loads and
+    // the pool descriptor are in flight while the CTA sets up its RoPE table (decode: the kernel is a chain of
+    // round trips, and this takes one link off it).
+    int32_t const warpId = static_cast<int32_t>(blockIdx.x) * kQKVWriteWarps + warp;
+    int32_t const passes = plan.passesPerToken;  // P
+    int32_t g = 0;
+    int32_t gEnd = 0;
+    if (warpId < plan.numWarps) {
+        g = static_cast<int32_t>(static_cast<int64_t>(warpId) * plan.totalPasses / plan.numWarps);
+        gEnd = static_cast<int32_t>(static_cast<int64_t>(warpId + 1) * plan.totalPasses / plan.numWarps);
+    }
+    bool const active = g < gEnd;  // warp-uniform
 
-    // ---- loader: each byte of qkv is read once, 16 bytes per lane, as an asynchronous copy into this thread's
-    // column of a shared-memory ring (vec.cuh: copyAsync16 says why not registers), kPrefetch pairs ahead of the
-    // processing along the same walk, across token and chunk boundaries. Layout [slot][thread]: a warp's 16-byte
-    // accesses are consecutive, conflict-free. The loader's cursor is the consumer's kPrefetch pairs on, so only
-    // its token and pass are kept (pairs left: the consumer's minus kPrefetch).
+    // Loads run kPrefetch passes ahead of the processing, across token boundaries: (aheadToken, aheadPass) is
+    // the pair of the next pass to load. Each byte of qkv is read once, 16 bytes per lane, as an asynchronous
+    // copy into this thread's column of a shared-memory ring (vec.cuh: copyAsync16 says why not registers).
+    // Layout [slot][thread]: a warp's 16-byte accesses are consecutive, conflict-free.
     __shared__ uint4 ring[kRingSlots][kQKVWriteThreads];
-    constexpr uint32_t kRingSlotBytes = sizeof(ring[0]);
-    uint32_t const myRing = sharedAddress(&ring[0][warp * 32 + lane]);  // my column; slot s at + s * kRingSlotBytes
-    int32_t const laneElem = lr.rowSlot * headDim + lr.dim0;      // my vector's element offset within a pass
-    // the last pass whose row of mine exists (-1: lanes past the last row never load)
-    int32_t const lastLoadPass =
-        lr.rowSlot < plan.numHeadRows ? (plan.numHeadRows - 1 - lr.rowSlot) / plan.rowsPerPass : -1;
-    QKVWriteCursor ahead = cur;  // the next pair to load (its `left` is not maintained)
-    auto const loadPair = [&](int32_t slot, bool inWalk) {
-        bool const valid = inWalk && ahead.pass <= lastLoadPass;
-        io_t const* src = qkv;  // not read when !valid
-        if (valid) src += static_cast<int64_t>(ahead.token) * plan.rowElems + (ahead.pass * plan.passElems + laneElem);
-        copyAsync16(myRing + slot * kRingSlotBytes, src, valid);
-        commitAsyncCopies();  // one group per pair, also for a zero-fill: the wait below counts groups
-        ahead.advance(plan.groupWarps, passes);
+    int32_t aheadToken = g / passes;
+    int32_t aheadPass = g - aheadToken * passes;
+    int32_t aheadLeft = gEnd - g;  // pairs left to load
+    int32_t aheadSlot = 0;
+    auto const loadNext = [&]() {
+        int32_t const row = aheadPass * plan.rowsPerPass + rowSlot;
+        bool const valid = aheadLeft > 0 && row < plan.numHeadRows;
+        io_t const* src = static_cast<io_t const*>(p.qkv);  // not read when !valid
+        if (valid) src += static_cast<int64_t>(aheadToken) * rowStride + static_cast<int64_t>(row) * headDim + dim0;
+        copyAsync16(&ring[aheadSlot][threadIdx.x], src, valid);
+        commitAsyncCopies();  // one group per pass, also for a zero-fill: the wait below counts groups
+        --aheadLeft;
+        if (++aheadPass == passes) {
+            aheadPass = 0;
+            ++aheadToken;
+        }
+        if (++aheadSlot == kRingSlots) aheadSlot = 0;
     };
+    // The pool (address, NB) of this layer: device memory, loaded once per warp into registers. And the
+    // sequence guess of my first token (exact for decode batches), seeded into the warp's span cache below.
+    kv_t* pool = nullptr;
+    int64_t poolBlocks = 0;
+    SeqSpan firstGuess{-1, 0, 0, 0};  // empty: no token matches
+    if (active) {
 #pragma unroll
-    for (int k = 0; k < kPrefetch; ++k) loadPair(k, k < cur.left);
+        for (int k = 0; k < kPrefetch; ++k) loadNext();
+        pool = reinterpret_cast<kv_t*>(__ldg(desc + kPoolDescAddress));
+        poolBlocks = __ldg(desc + kPoolDescNumBlocks);
+        firstGuess = guessSequence(meta, kp.seqsPerToken, g / passes);
+    }
 
-    // ---- my group's window, one chunk of token records at a time ----------------------------------------------
-    // Group g of W warps keeps records [g W * R, (g + 1) W * R) (R = kQKVWriteRecordsPerWarp); its first warp
-    // builds a chunk of up to W * R tokens (2 per lane at most), its warps read them at their token entries. The
-    // CTA's groups go through qkvWriteChunkRounds rounds together, one chunk each per round, between CTA barriers
-    // (a barrier id held in a register would reserve all 16 of the CTA's). The first chunk is built right away
-    // (decode: the kernel is a chain of two round trips, sequence guess then block-table entry), the RoPE tables
-    // staged after it, and one barrier publishes both.
-    __shared__ TokenRecord<kv_t> records[kQKVWriteWarps * kQKVWriteRecordsPerWarp];
-    int32_t const groupFirstWarp = (warp >> plan.groupShift) << plan.groupShift;
-    bool const builder = warp == groupFirstWarp;
-    TokenRecord<kv_t>* const groupRecords = records + groupFirstWarp * kQKVWriteRecordsPerWarp;
-    int32_t const chunkTokens = kQKVWriteRecordsPerWarp * plan.groupWarps;
-    int32_t const windowEnd = group.firstToken + group.tokenCount;
-    if (builder && group.tokenCount > 0)
-        buildTokenRecords<kv_t>(kp, group.firstToken, min(chunkTokens, group.tokenCount), groupRecords, lane);
-
-    // RoPE turns per position by frequency index, in shared memory: [0] kp.ropeTurns, [1] kp.ropeTurnsLong
-    // (LongRoPE; tokens of long sequences rotate with it). Warp w copies entries [w * S, w * S + S) of each
-    // table; its S loads use warp-uniform indices (one broadcast each, no constant-cache serialization) and are
-    // all issued before any is used; ropeTurns' lines were fetched at entry (warmParameterLines).
-    __shared__ uint64_t ropeTurnsStaged[2][kMaxRotaryPairs];
+    // RoPE constants of my 8 dims. They depend on the lane's vector index only, so they are set up once per
+    // CTA; per token only the angle changes. The turns per position sit in shared memory laid out [k][vec]
+    // (what lane `vec` needs for its dim vec*8 + k), so that a warp's reads are conflict-free.
+    __shared__ uint64_t laneTurns[kVecElems * 32];  // [8][32]: vec < 32 (idle lanes' vec >= VPH read zeros)
+    // A parameter table (kp.ropeTurns, then kp.ropeTurnsLong) copied to shared memory by frequency index: step 1
+    // below stages ropeTurns for laneTurns; with LongRoPE, step 3 then stages ropeTurnsLong here for the loop.
+    __shared__ uint64_t ropeTurnsStaged[kMaxRotaryPairs];
     bool const rope = kp.ropePartner != RopePartner::kNone;
-    auto const stageTurns = [&](uint64_t const (&table)[kMaxRotaryPairs], uint64_t* staged) {
+    bool const longRope = rope && kp.ropeLongAboveKVLen > 0;  // uniform
+    static_assert(kVecElems * 32 == kQKVWriteThreads, "one thread per laneTurns entry");
+    // Warp w copies entries [w * S, w * S + S) of a parameter table to shared memory. Its S loads use warp-uniform
+    // indices (one broadcast each, no constant-cache serialization) and are all issued before any is used, so the
+    // copy costs one constant-cache miss latency. (Round 2 scanned the whole table in every thread, 8 loads at a
+    // time: 8 dependent misses after the launch, on the way to the barrier that every warp of the CTA waits at:
+    // the decode path's critical chain.)
+    auto const stageTurns = [&](uint64_t const (&table)[kMaxRotaryPairs]) {
         constexpr int32_t kTurnsPerWarp = kMaxRotaryPairs / kQKVWriteWarps;
         static_assert(kMaxRotaryPairs % kQKVWriteWarps == 0 && kTurnsPerWarp <= 32, "one lane per staged entry");
         int32_t const firstFreq = warp * kTurnsPerWarp;
@@ -457,148 +260,245 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
             uint64_t mine = 0;
 #pragma unroll
             for (int32_t j = 0; j < kTurnsPerWarp; ++j) mine = lane == j ? turns[j] : mine;
-            if (lane < kTurnsPerWarp) staged[firstFreq + lane] = mine;
+            if (lane < kTurnsPerWarp) ropeTurnsStaged[firstFreq + lane] = mine;
         }
     };
     if (rope) {
-        stageTurns(kp.ropeTurns, ropeTurnsStaged[0]);
-        if (kp.ropeLongAboveKVLen > 0) stageTurns(kp.ropeTurnsLong, ropeTurnsStaged[1]);
-    }
-    LaneRope const lrope = laneRope(kp, lr, lane);
-    // Bias element offsets within a row: my vector's, clamped into the row for lanes past the last row (their vec
-    // is >= VPH), and my shuffle partner's relative to it (0 where nothing rotates: the partner is the lane itself).
-    int32_t const laneBiasDim = min(lr.dim0, headDim - kVecElems);
-    int32_t const partnerBiasDelta = (lrope.partnerLane - lane) * kVecElems;
-
-    int32_t const rounds = qkvWriteChunkRounds(plan, static_cast<int32_t>(blockIdx.x));
-
-    // My current token's state (warp-uniform except cos/sin), set at its entry from its record.
-    int32_t token = -1;
-    bool tokenRope = false;  // RoPE is on and my passes of the token include Q or K rows
-    uint32_t bits = 0;       // its record's kRecord* bits
-    kv_t* kvBase = nullptr;
-    float cosv[kVecElems];  // cos of my dims' angles (x mscale)
-    float sinv[kVecElems];  // signed sin: -sin for the first of a pair, +sin for the second
-    int32_t readSlot = 0;   // the ring slot of the current pair
-    for (int32_t round = 0; round < rounds; ++round) {
-        int32_t const chunk = group.firstToken + round * chunkTokens;  // my group's chunk [chunk, chunkEnd)
-        int32_t const chunkEnd = min(chunk + chunkTokens, windowEnd);
-        if (round > 0) {
-            __syncthreads();  // every warp is past the previous round's records
-            if (builder && chunk < chunkEnd) buildTokenRecords<kv_t>(kp, chunk, chunkEnd - chunk, groupRecords, lane);
+        stageTurns(kp.ropeTurns);  // step 1
+        __syncthreads();
+        // Step 2: thread i fills laneTurns entry i = (k, v) from shared memory (dims v * 8 + k >= D never rotate:
+        // 0). Entries [0, R/2) were all staged: the 8 warps cover [0, kMaxRotaryPairs) >= R/2.
+        int32_t const i = threadIdx.x;
+        int32_t const k = i >> 5;
+        int32_t const v = i & 31;
+        RopeElem const e = ropeElem(p.rope.style, p.rope.rotaryDim, v * kVecElems + k);
+        laneTurns[i] = e.rotates ? ropeTurnsStaged[e.freq] : 0;  // freq < R/2 = ropeHalf when it rotates
+        __syncthreads();
+        if (longRope) {
+            // Step 3 (LongRoPE): the long table replaces the staged short one (step 2's reads are behind the
+            // barrier). Tokens of long sequences read it by frequency index, once per token (below).
+            stageTurns(kp.ropeTurnsLong);
+            __syncthreads();
         }
-        __syncthreads();  // the round's records (and, in round 0, the RoPE tables) are written
+    }
+    uint32_t rotateMask = 0;  // bit k: dim0 + k rotates
+    uint32_t firstMask = 0;   // bit k: dim0 + k is the first of its pair (x*cos - partner*sin)
+#pragma unroll
+    for (int k = 0; k < kVecElems; ++k) {
+        RopeElem const e = ropeElem(p.rope.style, p.rope.rotaryDim, dim0 + k);
+        rotateMask |= e.rotates ? (1u << k) : 0u;
+        firstMask |= (e.rotates && e.first) ? (1u << k) : 0u;
+    }
+    int32_t partnerLane = lane;  // kShuffle: the lane holding dims dim0 +- R/2 of the same row
+    if (kp.ropePartner == RopePartner::kShuffle && rotateMask != 0) {
+        int32_t const laneDelta = kp.ropeHalf / kVecElems;
+        partnerLane = dim0 < kp.ropeHalf ? lane + laneDelta : lane - laneDelta;
+    }
+
+    // Each warp's last sequence lookup. It lives in shared memory, not registers: it is read once per token,
+    // and 4 registers held across the row loop would cost a CTA of occupancy. It starts as the guess for my
+    // first token: a real (seq, cuQLens[seq], cuQLens[seq+1], pastLens[seq]) entry, used only for the tokens
+    // it contains, exactly as findSequence would return it for them; a miss searches as usual.
+    __shared__ SeqSpan warpSpan[kQKVWriteWarps];
+    if (lane == 0) warpSpan[warp] = firstGuess;
+    __syncwarp();
+
+    if (!active) return;  // after the CTA barrier above; an inactive warp issued no copies
+
+    // Per-token state, set up when the range enters a new token (warp-uniform).
+    int32_t token = g / passes;
+    int32_t pass = g - token * passes;
+    bool enterToken = true;
+    bool owned = false;     // a sequence owns the token (false only for cuQLens[B] <= t: K/V not written)
+    bool tokenRope = false;  // this token's rows in my range include Q or K heads and RoPE is on
+    int32_t readSlot = 0;  // the ring slot of pass g
+    int64_t block = kInvalidBlock;
+    int32_t offset = 0;
+    bool writeKV = false;
+    bool zeroTail = false;
+    float cosv[kVecElems];
+    float sinv[kVecElems];  // signed: -sin for the first of a pair, +sin for the second
 
 #pragma unroll 1
-        for (; cur.left > 0 && cur.token < chunkEnd; cur.advance(plan.groupWarps, passes)) {
-            if (cur.token != token) {  // token entry (warp-uniform): its record, its cos/sin
-                token = cur.token;
-                TokenRecord<kv_t> const rec = groupRecords[token - chunk];
-                bits = rec.bits;
-                kvBase = rec.kvBase;
-                tokenRope = rope && cur.pass * plan.rowsPerPass < plan.vRowBegin;
-                if (tokenRope)
-                    tokenCosSin(kp, lr, lrope, ropeTurnsStaged[(bits & kRecordLongRope) != 0 ? 1 : 0], rec.ropePos,
-                                reinterpret_cast<float2*>(stage[warp]), lane, cosv, sinv);
+    for (; g < gEnd; ++g, ++pass) {
+        if (pass == passes) {
+            ++token;
+            pass = 0;
+            enterToken = true;
+        }
+        if (enterToken) {  // a new token: its sequence, page and cos/sin, once for all my rows of it
+            enterToken = false;
+            int32_t const t = token;
+            int32_t const tokenPassEnd = min(passes, pass + (gEnd - g));  // my passes of t: [pass, tokenPassEnd)
+            bool const needKV = tokenPassEnd * plan.rowsPerPass > kRowBegin;
+            tokenRope = rope && pass * plan.rowsPerPass < vRowBegin;
+
+            // Sequence and cache position. Cache position = pastLen + index in the sequence's new tokens: chunk
+            // k of a prefill lands after the earlier chunks, never over them.
+            owned = false;
+            int32_t cachePos = 0;
+            int32_t kvLen = 0;
+            SeqSpan span{-1, 0, 0, 0};
+            if (needKV || (tokenRope && (p.positionIds == nullptr || longRope))) {
+                span = warpSpan[warp];
+                if (!(t >= span.begin && t < span.end)) {
+                    span = findSequence(meta, kp.seqsPerToken, t, lane);
+                    __syncwarp();  // every lane has read the old span
+                    if (lane == 0) warpSpan[warp] = span;
+                    __syncwarp();
+                }
+                owned = t >= span.begin && t < span.end;
+                cachePos = span.pastLen + (t - span.begin);
+                kvLen = span.pastLen + (span.end - span.begin);
             }
 
-            // Loader. Groups committed so far: kPrefetch + (pairs processed); leaving kPrefetch - 1 pending
-            // completes this pair's. Its slot is read, then the copy kPrefetch pairs ahead goes out into the slot
-            // read one pair ago (kRingSlots = kPrefetch + 1), before this row is processed.
-            waitAsyncCopies<kPrefetch - 1>();
-            uint4 const mine = loadShared16(myRing + readSlot * kRingSlotBytes);
-            loadPair(readSlot == 0 ? kRingSlots - 1 : readSlot - 1, cur.left > kPrefetch);
-            if (++readSlot == kRingSlots) readSlot = 0;
+            // Where its K/V go: one block-table load through the contract's locateToken.
+            block = kInvalidBlock;
+            offset = 0;
+            writeKV = false;
+            zeroTail = false;
+            if (needKV && owned) {
+                BlockTableRow const blockRow{meta.blockTable + static_cast<int64_t>(span.seq) * meta.maxBlocks,
+                                             meta.maxBlocks, poolBlocks};
+                KVLocation const loc = locateToken(layout, blockRow, cachePos);
+                block = loc.block;
+                offset = loc.offset;
+                bool const valid = block != kInvalidBlock;
+                // Cyclic ring: when a later token of this same step maps to the same slot, only that one writes
+                // (the result of writing in token order, with exactly one writer per slot).
+                bool const superseded = layout.cyclicLen > 0 && cachePos >= layout.ringSinkTokens &&
+                                        static_cast<int64_t>(cachePos) + layout.cyclicLen < kvLen;
+                writeKV = valid && !superseded;
+                // After a prefill chunk, the last token's writer of each V row also zeroes the rows past it in
+                // the sequence's last page (attention loads whole pages; 0 * NaN = NaN). Not in a wrapped ring:
+                // those rows hold live older tokens. Decode tokens (q_len 1) never take this branch.
+                bool const wrapped =
+                    layout.cyclicLen > 0 && static_cast<int64_t>(kvLen) - layout.ringSinkTokens > layout.cyclicLen;
+                zeroTail = p.zeroVTail && valid && t == span.end - 1 && span.end - span.begin > 1 && !wrapped;
+            }
 
-            // Compute: bias, rotation (Q and K heads).
-            int32_t const passRow0 = cur.pass * plan.rowsPerPass;
-            int32_t const row = passRow0 + lr.rowSlot;
+            // cos/sin of the token's RoPE position, once for all my rows of it (every Q and K head). Dims that
+            // do not rotate have turns 0 (cos 1, sin 0, unused): no per-dim branch.
+            if (tokenRope) {
+                int32_t const ropePos = p.positionIds != nullptr ? __ldg(p.positionIds + t) : cachePos;
+                float const mscale = p.rope.mscale;
+                // LongRoPE: the whole sequence's new tokens take the long table once its kv length after this step
+                // passes the switch (Hugging Face: max(position_ids) + 1 > original_max_positions).
+                bool const longTable = longRope && kvLen > kp.ropeLongAboveKVLen;
+                bool const pairsShareFreq = kp.ropePartner == RopePartner::kInVector;  // GPT-J: (2i, 2i+1)
+#pragma unroll
+                for (int k = 0; k < kVecElems; ++k) {
+                    float s;
+                    float c;
+                    if (pairsShareFreq && (k & 1) != 0) {
+                        c = cosv[k - 1];
+                        s = -sinv[k - 1];  // undo the first element's sign, reapplied below
+                    } else {
+                        uint64_t turns = laneTurns[(k << 5) + vec];
+                        if (longTable) {  // by frequency index: a rare path, some bank conflicts are fine
+                            RopeElem const e = ropeElem(p.rope.style, p.rope.rotaryDim, dim0 + k);
+                            turns = e.rotates ? ropeTurnsStaged[e.freq] : 0;
+                        }
+                        __sincosf(ropeAngle(ropePos, turns), &s, &c);
+                        c *= mscale;
+                        s *= mscale;
+                    }
+                    cosv[k] = c;
+                    sinv[k] = ((firstMask >> k) & 1u) ? -s : s;
+                }
+            }
+        }
+
+        // One head row: bias, rotation (Q and K heads), store. Groups committed so far: kPrefetch + (passes
+        // processed); leaving kPrefetch - 1 pending completes pass g's. Its slot is read, then the load kPrefetch
+        // passes ahead goes out into the slot read one pass ago, before this row is processed.
+        int32_t const t = token;
+        int32_t const row = pass * plan.rowsPerPass + rowSlot;
+        waitAsyncCopies<kPrefetch - 1>();
+        uint4 const mine = ring[readSlot][threadIdx.x];
+        if (++readSlot == kRingSlots) readSlot = 0;
+        loadNext();
+        {
+            io_t const* const tokenRow = static_cast<io_t const*>(p.qkv) + static_cast<int64_t>(t) * rowStride;
             bool const inRange = row < plan.numHeadRows;
-            bool const passRotates = tokenRope && passRow0 < plan.vRowBegin;  // warp-uniform: a Q/K row in the pass
-            bool const rotatesRow = passRotates && row < plan.vRowBegin;
+            bool const rotatesRow = tokenRope && row < vRowBegin;  // Q and K heads
+            // The bias row is small and stays in L1/L2: loaded per row rather than held in registers.
+            io_t const* const rowBias =
+                (bias != nullptr && inRange) ? bias + static_cast<int64_t>(row) * headDim : nullptr;
             float x[kVecElems];
             unpack8<io_t>(mine, x);
-            // The bias row is small and stays in L1/L2: loaded per row rather than held in registers. Lanes
-            // without a row of this pass (they store nothing) read the last row's bias instead, so that no lane
-            // condition guards the load.
-            int32_t const rowBias = min(row, plan.numHeadRows - 1) * headDim + laneBiasDim;
-            if constexpr (kBias) addBias8<io_t>(x, bias + rowBias);
-            if (passRotates) {
+            if (rowBias != nullptr) addBias8<io_t>(x, rowBias + dim0);
+            if (tokenRope) {
                 float partner[kVecElems];
                 if (kp.ropePartner == RopePartner::kShuffle) {
-                    // The partner lane holds the same row. Shuffle the packed input (4 words, not 8 floats); every
-                    // lane takes part, rows out of range included, as shuffles need the whole warp.
+                    // The partner lane holds the same row. Shuffle the packed input (4 words, not 8 floats);
+                    // every lane takes part, rows out of range included, as shuffles need the whole warp.
                     uint4 theirs;
-                    theirs.x = __shfl_sync(kFullMask, mine.x, lrope.partnerLane);
-                    theirs.y = __shfl_sync(kFullMask, mine.y, lrope.partnerLane);
-                    theirs.z = __shfl_sync(kFullMask, mine.z, lrope.partnerLane);
-                    theirs.w = __shfl_sync(kFullMask, mine.w, lrope.partnerLane);
+                    theirs.x = __shfl_sync(kFullMask, mine.x, partnerLane);
+                    theirs.y = __shfl_sync(kFullMask, mine.y, partnerLane);
+                    theirs.z = __shfl_sync(kFullMask, mine.z, partnerLane);
+                    theirs.w = __shfl_sync(kFullMask, mine.w, partnerLane);
                     unpack8<io_t>(theirs, partner);
-                    if constexpr (kBias) addBias8<io_t>(partner, bias + rowBias + partnerBiasDelta);
+                    if (rowBias != nullptr && rotatesRow)
+                        addBias8<io_t>(partner, rowBias + dim0 + (partnerLane - lane) * kVecElems);
                 } else if (kp.ropePartner == RopePartner::kInVector) {
 #pragma unroll
                     for (int e = 0; e < kVecElems; ++e) partner[e] = x[e ^ 1];
                 } else {
-                    // kGlobal (NeoX only: GPT-J pairs sit in one vector): the pair distance R/2 is not a whole
-                    // number of vectors, so partners straddle two vectors. The warp stages its rows (bias included)
-                    // in shared memory and each lane reads its partners by dim (ropeElem's NeoX partner: d +- R/2
-                    // below R, else d itself). Rare configurations only; the common ones use a shuffle.
-                    float* const rowStage = stage[warp] + lr.slot * headDim;
-                    __syncwarp();  // the previous row's (or the cos/sin table's) reads are done
+                    // kGlobal: the pair distance R/2 is not a whole number of vectors, so partners straddle
+                    // two vectors. The warp stages its rows (bias included) in shared memory and each lane
+                    // reads its partners by dim. Rare configurations only; the common ones use a shuffle.
+                    float* const rowStage = stage[warp] + slot * headDim;
+                    __syncwarp();  // the previous row's reads are done
 #pragma unroll
-                    for (int e = 0; e < kVecElems; ++e) rowStage[lr.dim0 + e] = x[e];
+                    for (int e = 0; e < kVecElems; ++e) rowStage[dim0 + e] = x[e];
                     __syncwarp();
-                    int32_t const half = kp.ropeHalf;
-#pragma unroll
-                    for (int e = 0; e < kVecElems; ++e) {
-                        int32_t const d = lr.dim0 + e;
-                        partner[e] = rowStage[d >= 2 * half ? d : d < half ? d + half : d - half];
-                    }
-                }
-                if (rotatesRow && lrope.rotateMask == 0xffu) {  // every dim of my vector (kShuffle: all or none)
-#pragma unroll
-                    for (int e = 0; e < kVecElems; ++e) x[e] = fmaf(x[e], cosv[e], partner[e] * sinv[e]);
-                } else if (rotatesRow) {
 #pragma unroll
                     for (int e = 0; e < kVecElems; ++e)
-                        if ((lrope.rotateMask >> e) & 1u) x[e] = fmaf(x[e], cosv[e], partner[e] * sinv[e]);
+                        partner[e] = rowStage[ropeElem(p.rope.style, p.rope.rotaryDim, dim0 + e).partnerDim];
+                }
+                if (rotatesRow) {
+#pragma unroll
+                    for (int e = 0; e < kVecElems; ++e)
+                        if ((rotateMask >> e) & 1u) x[e] = fmaf(x[e], cosv[e], partner[e] * sinv[e]);
                 }
             }
             if (!inRange) continue;
 
-            // Epilogue: the row's store (and the V tail).
-            if (row < plan.kvRowBegin) {  // Q head -> qOut[t, row, :]
-                int64_t const at = static_cast<int64_t>(token) * plan.qRowElems + (row * headDim + lr.dim0);
+            if (row < kRowBegin) {  // Q head -> qOut[t, row, :]
+                int64_t const at = static_cast<int64_t>(t) * qRowStride + static_cast<int64_t>(row) * headDim + dim0;
                 if (p.qOutFP8) {
                     storeQuantized8<CacheDType::kFP8E4M3>(static_cast<__nv_fp8_storage_t*>(p.qOut) + at, x,
                                                           kp.invQScale);
                 } else {
                     storeActivation8<io_t>(static_cast<io_t*>(p.qOut) + at, x);
                 }
-            } else if ((bits & kRecordWriteKV) == 0) {
-                // K/V of a token with an unusable page (reported when its record was built) or superseded in a
-                // cyclic ring: not written
-            } else if (row < plan.vRowBegin) {  // K head
-                int32_t const kvHead = row - plan.kvRowBegin;
-                storeQuantized8<C>(kvBase + layout.elemOffset(0, 0, 0, kvHead, 0) + lr.dim0, x, kp.invKScale);
+            } else if (row < vRowBegin) {  // K head
+                int32_t const kvHead = row - kRowBegin;
+                // One reporter per token: the lane holding vector 0 of K head 0.
+                if (kvHead == 0 && vec == 0 && owned && block == kInvalidBlock)
+                    reportBadPage(p.status, warpSpan[warp], t, layout, meta, desc);
+                if (writeKV)
+                    storeQuantized8<C>(pool + layout.elemOffset(block, p.layer, 0, kvHead, offset) + dim0, x,
+                                       kp.invKScale);
             } else {  // V head
-                int32_t const kvHead = row - plan.vRowBegin;
-                kv_t* const vRow = kvBase + layout.elemOffset(0, 0, 1, kvHead, 0) + lr.dim0;
-                storeQuantized8<C>(vRow, x, kp.invVScale);
-                if ((bits & kRecordZeroTail) != 0) {
+                int32_t const kvHead = row - vRowBegin;
+                if (writeKV)
+                    storeQuantized8<C>(pool + layout.elemOffset(block, p.layer, 1, kvHead, offset) + dim0, x,
+                                       kp.invVScale);
+                if (zeroTail) {
                     // Exactly one writer per (row, head, vector): this lane of the last token's V head.
-                    int32_t const tailRows = static_cast<int32_t>(bits >> kRecordTailShift);
-                    for (int32_t off = 1; off <= tailRows; ++off)
-                        storeZero8<C>(vRow + layout.elemOffset(0, 0, 0, 0, off));
+                    for (int32_t off = offset + 1; off < layout.pageSize; ++off)
+                        storeZero8<C>(pool + layout.elemOffset(block, p.layer, 1, kvHead, off) + dim0);
                 }
             }
         }
     }
-    waitAsyncCopies<0>();  // the zero-fill copies issued past the walk: none outlives the thread
+    waitAsyncCopies<0>();  // the zero-fill copies issued past the range: none outlives the thread
 }
 
 // CTAs per SM the kernel can keep resident (occupancy calculator), cached per device.
-template <IODType IO, CacheDType C, bool kBias>
+template <IODType IO, CacheDType C>
 int residentCTAsPerSM() {
     static std::mutex mutex;
     static std::vector<int> perDevice;
@@ -609,36 +509,30 @@ int residentCTAsPerSM() {
     if (perDevice[device] == 0) {
         // The load ring lives in shared memory: ask for a carveout that holds kQKVWriteMinCTAsPerSM CTAs (a
         // hint; the default may favour L1 and leave room for fewer). Half of the SM's unified memory is ample.
-        if (cudaFuncSetAttribute(qkvWriteKernel<IO, C, kBias>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 50) != cudaSuccess)
+        if (cudaFuncSetAttribute(qkvWriteKernel<IO, C>, cudaFuncAttributePreferredSharedMemoryCarveout, 50) !=
+            cudaSuccess)
             (void)cudaGetLastError();  // only a hint: do not let its failure surface as the launch's error
         int n = 0;
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, qkvWriteKernel<IO, C, kBias>, kQKVWriteThreads, 0);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, qkvWriteKernel<IO, C>, kQKVWriteThreads, 0);
         perDevice[device] = n > 0 ? n : 1;
     }
     return perDevice[device];
 }
 
-// Grid: at most one wave of resident CTAs, whose warps split the (token, pass) pairs into balanced contiguous
-// ranges and walk them in groups (qkvWriteGrid in qkv_write_params.cuh chooses how many warps and the group size).
-template <IODType IO, CacheDType C, bool kBias>
-cudaError_t launchInstance(QKVWriteKernelParams const& kp, int32_t smCount, int32_t groupWarps, cudaStream_t stream) {
-    int64_t const residentWarps = static_cast<int64_t>(residentCTAsPerSM<IO, C, kBias>()) * smCount * kQKVWriteWarps;
-    QKVWriteKernelParams launch = kp;
-    launch.plan = qkvWriteGrid(kp.plan.totalPasses, kp.p.meta.numTokens, residentWarps, groupWarps).apply(kp.plan);
-    unsigned const grid = static_cast<unsigned>((launch.plan.numWarps + kQKVWriteWarps - 1) / kQKVWriteWarps);
-    if (grid == 0) return cudaSuccess;
-    qkvWriteKernel<IO, C, kBias><<<grid, kQKVWriteThreads, 0, stream>>>(launch);
-    return cudaGetLastError();
-}
-
 }  // namespace qkvwrite
 
+// Grid: at most one wave of resident CTAs, whose warps split the (token, pass) pairs into balanced contiguous
+// ranges (qkvWriteWarps in qkv_write_params.cuh chooses how many warps).
 template <IODType IO, CacheDType C>
-cudaError_t runQKVWriteKernel(QKVWriteKernelParams const& kp, int32_t smCount, int32_t groupWarps,
-                              cudaStream_t stream) {
-    return kp.p.bias != nullptr ? qkvwrite::launchInstance<IO, C, true>(kp, smCount, groupWarps, stream)
-                                : qkvwrite::launchInstance<IO, C, false>(kp, smCount, groupWarps, stream);
+cudaError_t runQKVWriteKernel(QKVWriteKernelParams const& kp, int32_t smCount, cudaStream_t stream) {
+    int64_t const residentWarps =
+        static_cast<int64_t>(qkvwrite::residentCTAsPerSM<IO, C>()) * smCount * kQKVWriteWarps;
+    QKVWriteKernelParams launch = kp;
+    launch.plan.numWarps = qkvWriteWarps(kp.plan.totalPasses, kp.p.meta.numTokens, residentWarps);
+    unsigned const grid = static_cast<unsigned>((launch.plan.numWarps + kQKVWriteWarps - 1) / kQKVWriteWarps);
+    if (grid == 0) return cudaSuccess;
+    qkvwrite::qkvWriteKernel<IO, C><<<grid, kQKVWriteThreads, 0, stream>>>(launch);
+    return cudaGetLastError();
 }
 
 }  // namespace pagedkv

@@ -10,7 +10,6 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "cache_convert.cuh"
 
@@ -51,35 +50,15 @@ __device__ __forceinline__ uint4 loadStreaming16(void const* p) { return __ldcs(
 // and a move waits for its load to land: the prefetch depth collapses to one). Completion is per thread:
 // commitAsyncCopies() closes a group, waitAsyncCopies<N>() waits until at most N of the thread's groups are
 // pending; the thread may then read what its own copies wrote, with no barrier.
-// `dstShared` is a shared-memory address (sharedAddress()), so that a ring indexed at run time costs one add per
-// access instead of a generic-to-shared conversion.
-__device__ __forceinline__ void copyAsync16(uint32_t dstShared, void const* src, bool valid) {
+__device__ __forceinline__ void copyAsync16(void* dst, void const* src, bool valid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-    uint4 const v = valid ? loadStreaming16(src) : make_uint4(0, 0, 0, 0);  // synchronous
-    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dstShared), "r"(v.x), "r"(v.y), "r"(v.z),
-                 "r"(v.w)
-                 : "memory");
+    *static_cast<uint4*>(dst) = valid ? loadStreaming16(src) : make_uint4(0, 0, 0, 0);  // synchronous
 #else
+    uint32_t const dstShared = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
     int32_t const srcBytes = valid ? 16 : 0;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dstShared), "l"(src), "r"(srcBytes)
                  : "memory");
 #endif
-}
-
-// The shared-memory address of a __shared__ object (what copyAsync16 and loadShared16 take).
-__device__ __forceinline__ uint32_t sharedAddress(void const* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte shared-memory load at a shared-memory address (sharedAddress()). "memory": it must stay after the
-// waitAsyncCopies that completes the copy it reads.
-__device__ __forceinline__ uint4 loadShared16(uint32_t addr) {
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"(addr)
-                 : "memory");
-    return v;
 }
 
 __device__ __forceinline__ void commitAsyncCopies() {
@@ -98,24 +77,14 @@ __device__ __forceinline__ void waitAsyncCopies() {
 // 16-byte load of small read-only data reused across tokens (the bias row).
 __device__ __forceinline__ uint4 loadReadOnly16(void const* p) { return __ldg(reinterpret_cast<uint4 const*>(p)); }
 
-// 8 activation elements (fp16/bf16 bits) -> 8 floats. A bf16 is the top half of its float, so a word of two
-// converts with a shift and a mask (2 instructions; the generic conversion takes 3).
+// 8 activation elements (fp16/bf16 bits) -> 8 floats.
 template <typename T>
 __device__ __forceinline__ void unpack8(uint4 bits, float (&out)[kVecElems]) {
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-        uint32_t const words[4] = {bits.x, bits.y, bits.z, bits.w};
+    T elems[kVecElems];
+    static_assert(sizeof(elems) == sizeof(uint4), "8 two-byte elements per 16-byte vector");
+    __builtin_memcpy(elems, &bits, sizeof(bits));
 #pragma unroll
-        for (int w = 0; w < 4; ++w) {
-            out[2 * w] = __uint_as_float(words[w] << 16);             // element 2w: the low half
-            out[2 * w + 1] = __uint_as_float(words[w] & 0xffff0000u);  // element 2w + 1: the high half
-        }
-    } else {
-        T elems[kVecElems];
-        static_assert(sizeof(elems) == sizeof(uint4), "8 two-byte elements per 16-byte vector");
-        __builtin_memcpy(elems, &bits, sizeof(bits));
-#pragma unroll
-        for (int k = 0; k < kVecElems; ++k) out[k] = toFloat<T>(elems[k]);
-    }
+    for (int k = 0; k < kVecElems; ++k) out[k] = toFloat<T>(elems[k]);
 }
 
 // x[k] += bias[k] for 8 activation elements loaded with one 16-byte read-only load.

@@ -8,9 +8,6 @@ Every case starts from a poisoned pool (NaN bit patterns for fp16/bf16/e4m3, a s
   most one quantization step apart (the same value rounded at a boundary) and almost all identical;
 - q matches the reference's float64 q within ``conftest.TOLERANCES`` (one e4m3 step with q_out_fp8);
 - q rows start as NaN on the device (0xFF), so a row the kernel skipped fails.
-Each case runs with the kernel's own walk and with forced ones (``group_warps``: its warps in groups of 1, 2, 4 or
-8 walking the (token, head-row pass) pairs together), so that every walk meets every configuration: small steps
-take groups of one warp by default, prefills groups of 8.
 The reference takes its inverse frequencies in float64 while the kernel's table is float32 (RopeParams), so
 the cases keep positions where that difference stays far below fp16's resolution; the large-position case
 uses a theta whose frequencies are exact powers of two (identical in both).
@@ -132,9 +129,8 @@ def fp16_mirror(cfg: WriteConfig) -> WriteConfig:
 class Run:
     """The kernel's pool and the reference's (plus its fp16 mirror) stepped through the same steps."""
 
-    def __init__(self, cfg: WriteConfig, num_blocks: int, group_warps: int = 0):
+    def __init__(self, cfg: WriteConfig, num_blocks: int):
         self.cfg = cfg
-        self.group_warps = group_warps
         self.initial = poisoned_pool(cfg, num_blocks)
         self.kernel = self.initial.copy()
         self.ref = self.initial.copy()
@@ -142,7 +138,7 @@ class Run:
         self.mirror = poisoned_pool(self.mirror_cfg, num_blocks)
 
     def step(self, qkv, bias, meta: StepMetadata) -> None:
-        q_kernel = qkv_write_numpy(qkv, bias, meta, self.kernel, self.cfg, group_warps=self.group_warps)
+        q_kernel = qkv_write_numpy(qkv, bias, meta, self.kernel, self.cfg)
         q_ref = reference_qkv_write(qkv, bias, meta, self.ref, self.cfg)
         reference_qkv_write(qkv, bias, meta, self.mirror, self.mirror_cfg)
         assert_q_matches(q_kernel, q_ref, self.cfg, qkv.dtype)
@@ -210,14 +206,14 @@ def assert_q_matches(q_kernel: np.ndarray, q_ref: np.ndarray, cfg: WriteConfig, 
         np.testing.assert_allclose(k, q_ref, atol=atol, rtol=rtol, err_msg="q")
 
 
-def run_case(case: Case, seed: int = 0, group_warps: int = 0) -> Run:
+def run_case(case: Case, seed: int = 0) -> Run:
     rng = np.random.default_rng(seed)
     cfg = case.cfg()
     final = [p + q for p, q in zip(case.past_lens, case.q_lens, strict=True)]
     table, num_blocks = block_table_for(cfg, final, rng, case.spare_blocks)
     meta = make_meta(table, case.q_lens, case.past_lens, rng, case.explicit_positions)
     qkv, bias = make_qkv(cfg, meta.num_tokens, case.io, rng)
-    run = Run(cfg, num_blocks, group_warps)
+    run = Run(cfg, num_blocks)
     run.step(qkv, bias, meta)
     return run
 
@@ -360,16 +356,9 @@ CASES = [
 ]
 
 
-# the launcher's walk (groups of one warp for these small steps) and groups of 4 and 8 (a prefill's walk)
-SMALL_STEP_GROUPS = pytest.mark.parametrize("group_warps", [0, 4, 8], ids=["auto", "W4", "W8"])
-# the launcher's walk (groups of 8 for a prefill) and groups of 1 and 2
-PREFILL_GROUPS = pytest.mark.parametrize("group_warps", [0, 1, 2], ids=["auto", "W1", "W2"])
-
-
-@SMALL_STEP_GROUPS
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_single_step_matches_reference(case, group_warps):
-    run_case(case, group_warps=group_warps)
+def test_single_step_matches_reference(case):
+    run_case(case)
 
 
 def test_large_positions_keep_angle_accuracy():
@@ -391,43 +380,11 @@ def test_large_positions_keep_angle_accuracy():
         Run(cfg, num_blocks).step(qkv, bias, meta)
 
 
-@PREFILL_GROUPS
-def test_large_prefill_matches_reference(group_warps):
-    # 20000 tokens x 6 head rows: far more pairs than the GPU keeps warps resident (132 SMs x 24 warps).
+def test_large_prefill_uses_the_grid_stride_loop():
+    # 20000 tokens x 6 head rows: far more warp items than the GPU keeps resident (132 SMs x 24 warps).
     case = Case("prefill-20000", q_lens=(12000, 1, 7999), past_lens=(0, 4000, 0), heads=4, kv_heads=1,
                 page_size=64, rope=RopeConfig(theta=500000.0))
-    run_case(case, seed=3, group_warps=group_warps)
-
-
-@pytest.mark.parametrize("group_warps", [0, 1], ids=["auto", "W1"])
-def test_prefill_of_several_record_chunks_matches_reference(group_warps):
-    # 70000 tokens over an H200's 396 CTAs: windows of ~177 tokens, so each group of 8 sets up three chunks of 64
-    # token records (groups of one warp: ~22 tokens, three chunks of 8) with group barriers in between; sequence
-    # boundaries inside chunks, a bias, 2-byte cache.
-    case = Case("prefill-70000-chunks", q_lens=(30000, 1, 25000, 14999), past_lens=(0, 300, 17, 0), heads=2,
-                kv_heads=1, head_dim=64, page_size=32, bias=True)
-    run_case(case, seed=5, group_warps=group_warps)
-
-
-def test_every_walk_writes_the_same_bits():
-    """Groups of 1, 2, 4 and 8 warps (and the launcher's choice) compute every element with the same arithmetic:
-    q and the pool come out bitwise equal, on a step big enough for prefill walks (3000 tokens, mixed batch,
-    NeoX with bias, a cyclic ring with sinks)."""
-    rng = np.random.default_rng(12)
-    case = Case("walks", q_lens=(1800, 1, 1, 1197, 1), past_lens=(0, 900, 40, 13, 2000), bias=True, sinks=5,
-                cyclic=1024, page_size=32)
-    cfg = case.cfg()
-    final = [p + q for p, q in zip(case.past_lens, case.q_lens, strict=True)]
-    table, num_blocks = block_table_for(cfg, final, rng, case.spare_blocks)
-    meta = make_meta(table, case.q_lens, case.past_lens, rng, case.explicit_positions)
-    qkv, bias = make_qkv(cfg, meta.num_tokens, case.io, rng)
-    pools, qs = {}, {}
-    for group_warps in (0, 1, 2, 4, 8):
-        pools[group_warps] = poisoned_pool(cfg, num_blocks)
-        qs[group_warps] = qkv_write_numpy(qkv, bias, meta, pools[group_warps], cfg, group_warps=group_warps)
-    for group_warps in (1, 2, 4, 8):
-        assert np.array_equal(bits(qs[group_warps]), bits(qs[0])), group_warps
-        assert np.array_equal(bits(pools[group_warps]), bits(pools[0])), group_warps
+    run_case(case, seed=3)
 
 
 # Long warp ranges: ~10 (token, pass) pairs per warp on an H200 (132 SMs x 24 resident warps), so the kernel's
@@ -450,10 +407,9 @@ LONG_RANGE_CASES = [
 ]
 
 
-@PREFILL_GROUPS
 @pytest.mark.parametrize("case", LONG_RANGE_CASES, ids=[c.name for c in LONG_RANGE_CASES])
-def test_long_warp_ranges_match_reference(case, group_warps):
-    run_case(case, seed=4, group_warps=group_warps)
+def test_long_warp_ranges_match_reference(case):
+    run_case(case, seed=4)
 
 
 # ---- several steps ---------------------------------------------------------------------------------------
@@ -518,9 +474,8 @@ DECODE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("group_warps", [0, 8], ids=["auto", "W8"])
 @pytest.mark.parametrize("case", DECODE_CASES, ids=[c.name for c in DECODE_CASES])
-def test_decode_steps_after_prefill(case, group_warps):
+def test_decode_steps_after_prefill(case):
     """A prefill step, then decode steps (one token per sequence) stepping kernel and reference together; the
     cyclic case decodes far enough to wrap its ring."""
     rng = np.random.default_rng(2)
@@ -528,7 +483,7 @@ def test_decode_steps_after_prefill(case, group_warps):
     decode_steps = 12
     final = [q + decode_steps for q in case.q_lens]
     table, num_blocks = block_table_for(cfg, final, rng, case.spare_blocks)
-    run = Run(cfg, num_blocks, group_warps)
+    run = Run(cfg, num_blocks)
     meta = make_meta(table, case.q_lens, case.past_lens, rng, explicit=False)
     qkv, bias = make_qkv(cfg, meta.num_tokens, case.io, rng)
     run.step(qkv, bias, meta)
@@ -551,11 +506,9 @@ BAD_ENTRIES = [
 ]
 
 
-@pytest.mark.parametrize("group_warps", [0, 8], ids=["auto", "W8"])
 @pytest.mark.parametrize("name,seq,page,entry,flag", BAD_ENTRIES, ids=[b[0] for b in BAD_ENTRIES])
 @pytest.mark.parametrize("cache", [CacheDType.BF16, CacheDType.FP8_E4M3], ids=["bf16", "fp8"])
-def test_bad_block_entry_raises_and_writes_nothing_outside_valid_slots(name, seq, page, entry, flag, cache,
-                                                                        group_warps):
+def test_bad_block_entry_raises_and_writes_nothing_outside_valid_slots(name, seq, page, entry, flag, cache):
     """The token's K/V are skipped and the status names (seq, page, entry); q is still written; the pool
     equals what the reference writes with the bad pages redirected to scratch blocks outside the pool."""
     rng = np.random.default_rng(4)
@@ -581,7 +534,7 @@ def test_bad_block_entry_raises_and_writes_nothing_outside_valid_slots(name, seq
 
     pool = poisoned_pool(cfg, num_blocks)
     initial = pool.copy()
-    q_kernel, status = qkv_write_numpy_unchecked(qkv, None, meta_bad, pool, cfg, group_warps=group_warps)
+    q_kernel, status = qkv_write_numpy_unchecked(qkv, None, meta_bad, pool, cfg)
     assert status[STATUS_FLAGS] == flag, status
     assert tuple(status[1:]) == (seq, page, expected_entry), status
 
@@ -595,7 +548,7 @@ def test_bad_block_entry_raises_and_writes_nothing_outside_valid_slots(name, seq
 
     # the checked entry point raises the same report as an exception
     with pytest.raises(KVWriteError) as err:
-        qkv_write_numpy(qkv, None, meta_bad, poisoned_pool(cfg, num_blocks), cfg, group_warps=group_warps)
+        qkv_write_numpy(qkv, None, meta_bad, poisoned_pool(cfg, num_blocks), cfg)
     assert (err.value.seq, err.value.page_in_seq, err.value.entry) == (seq, page, expected_entry)
 
 

@@ -107,11 +107,6 @@ struct QKVWriteParams {
 // Validates the parameters that the host can check (head dims, dtypes, heads divisibility, layout vs
 // counts, pointer presence) and launches one kernel on `stream`. Never syncs. Returns cudaErrorInvalidValue
 // with a message through lastErrorMessage() on invalid parameters.
-//
-// groupWarps: the kernel's warps walk the step's (token, head-row pass) pairs in groups of W warps, W neighbouring
-// passes at a time (benchmarks/NOTES-write.md, round 4). 0 lets the launcher choose (what callers want); 1, 2, 4
-// or 8 force W, so that tests run each walk on every configuration and the benchmark compares them on the same
-// tensors. The result is the same for every W.
-cudaError_t launchQKVWrite(QKVWriteParams const& params, cudaStream_t stream, int32_t groupWarps = 0);
+cudaError_t launchQKVWrite(QKVWriteParams const& params, cudaStream_t stream);
 
 }  // namespace pagedkv

@@ -28,11 +28,6 @@ Example (device pointers from ``pagedkv.cuda.DeviceBuffer``)::
 For tests, ``qkv_write_numpy`` takes host arrays, uploads them, runs, downloads and raises on a bad page.
 ``write_params`` fills the launcher's own ``pagedkv::QKVWriteParams`` (a ctypes mirror built from the library's
 description, ``pagedkv.kernels._structs``) and ``launch`` runs it, for callers that keep one per layer.
-
-``group_warps`` (every launch function takes it; 0, the default, lets the launcher choose) forces how the kernel's
-warps walk the step's (token, head-row pass) pairs: in groups of 1, 2, 4 or 8 warps, W neighbouring passes at a
-time (``benchmarks/NOTES-write.md``, round 4). The result is the same for each; tests run every walk on every
-configuration and ``benchmarks/bench_write.py`` compares them. ``schedule_check`` replays the walk on the host.
 """
 
 from __future__ import annotations
@@ -50,11 +45,9 @@ from pagedkv.kernels import _structs
 from pagedkv.layout import CacheDType
 from pagedkv.step import POOL_DESC_ADDRESS, POOL_DESC_FIELDS, POOL_DESC_NUM_BLOCKS, STATUS_FIELDS, StepMetadata
 
-__all__ = ["GROUP_WARPS", "IODType", "StepPointers", "compute_rope_params", "launch", "qkv_write", "qkv_write_numpy",
-           "qkv_write_numpy_unchecked", "rope_angles", "rope_config", "rope_inv_freq", "rope_params", "schedule_check",
-           "step_metadata", "write_params"]
-
-GROUP_WARPS = (1, 2, 4, 8)  # the walks ``group_warps`` can force (0: the launcher's choice)
+__all__ = ["IODType", "StepPointers", "compute_rope_params", "launch", "qkv_write", "qkv_write_numpy",
+           "qkv_write_numpy_unchecked", "rope_angles", "rope_config", "rope_inv_freq", "rope_params", "step_metadata",
+           "write_params"]
 
 
 class IODType(enum.IntEnum):
@@ -82,12 +75,9 @@ class IODType(enum.IntEnum):
 @functools.lru_cache(maxsize=None)
 def _capi() -> ctypes.CDLL:
     """The C API with this module's signatures declared."""
-    f32p, i32, i64 = ctypes.POINTER(ctypes.c_float), ctypes.c_int32, ctypes.c_int64
-    params = ctypes.POINTER(_structs.struct("QKVWriteParams"))
+    f32p, i32 = ctypes.POINTER(ctypes.c_float), ctypes.c_int32
     return _lib.declare(_lib.capi(), {
-        "pagedkv_qkv_write": ([params, ctypes.c_void_p], i32),
-        "pagedkv_qkv_write_grouped": ([params, i32, ctypes.c_void_p], i32),
-        "pagedkv_qkv_write_schedule_check": ([params, i32, i64, ctypes.POINTER(i32), ctypes.POINTER(i64)], i32),
+        "pagedkv_qkv_write": ([ctypes.POINTER(_structs.struct("QKVWriteParams")), ctypes.c_void_p], i32),
         "pagedkv_rope_params": ([ctypes.POINTER(_structs.struct("RopeConfig")), i32,
                                  ctypes.POINTER(_structs.struct("RopeParams"))], i32),
         "pagedkv_rope_angles": ([f32p, i32, ctypes.POINTER(i32), i32, f32p], i32),
@@ -165,60 +155,30 @@ def write_params(cfg: WriteConfig, io_dtype: IODType, *, qkv: int, q_out: int, s
     return p
 
 
-def launch(params: ctypes.Structure, stream: int = 0, *, group_warps: int = 0) -> None:
-    """Launches a prepared ``QKVWriteParams`` on ``stream`` (a ``cudaStream_t`` as int; 0 = legacy default);
-    ``group_warps`` as in the module docstring."""
-    if group_warps == 0:
-        rc = _capi().pagedkv_qkv_write(ctypes.byref(params), ctypes.c_void_p(stream or None))
-        _lib.check(rc, "pagedkv_qkv_write")
-    else:
-        rc = _capi().pagedkv_qkv_write_grouped(ctypes.byref(params), group_warps, ctypes.c_void_p(stream or None))
-        _lib.check(rc, "pagedkv_qkv_write_grouped")
-
-
-def schedule_check(cfg: WriteConfig, num_tokens: int, *, group_warps: int = 0,
-                   resident_warps: int = 132 * 24) -> tuple[np.ndarray, dict[str, int]]:
-    """Host replay of the kernel's walk (``pagedkv_qkv_write_schedule_check``, no GPU) for a step of ``num_tokens``
-    tokens of ``cfg``'s shape, with ``resident_warps`` resident warps (default: an H200's 132 SMs x 24). Returns
-    ``visits`` [T, P] (how often the kernel visits each (token, head-row pass) pair: 1 everywhere is the contract;
-    P = passes per token) and the walk's ``{"warps", "group_warps", "token_entries", "record_chunks", "pairs"}``.
-    Raises ``pagedkv._lib.CapiError`` if a pair falls outside its group's token records."""
-    pc = cfg.pool
-    rows = cfg.num_q_heads + 2 * pc.num_kv_heads
-    passes = -(-rows // (32 // (pc.head_dim // 8)))
-    params = _structs.struct("QKVWriteParams")()
-    params.numQHeads, params.numKVHeads, params.headDim = cfg.num_q_heads, pc.num_kv_heads, pc.head_dim
-    params.meta.numTokens = num_tokens
-    visits = np.zeros((num_tokens, passes), np.int32)
-    summary = np.zeros(5, np.int64)
-    rc = _capi().pagedkv_qkv_write_schedule_check(ctypes.byref(params), group_warps, resident_warps,
-                                                  visits.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
-                                                  summary.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)))
-    _lib.check(rc, "pagedkv_qkv_write_schedule_check")
-    keys = ("warps", "group_warps", "token_entries", "record_chunks", "pairs")
-    return visits, {k: int(v) for k, v in zip(keys, summary, strict=True)}
+def launch(params: ctypes.Structure, stream: int = 0) -> None:
+    """Launches a prepared ``QKVWriteParams`` on ``stream`` (a ``cudaStream_t`` as int; 0 = legacy default)."""
+    _lib.check(_capi().pagedkv_qkv_write(ctypes.byref(params), ctypes.c_void_p(stream or None)), "pagedkv_qkv_write")
 
 
 def qkv_write(qkv: int, q_out: int, status: int, meta: StepPointers, cfg: WriteConfig, *, io_dtype: IODType,
-              bias: int = 0, stream: int = 0, group_warps: int = 0) -> None:
+              bias: int = 0, stream: int = 0) -> None:
     """Launches the fused QKV write on device pointers (asynchronous: nothing is synchronized).
 
     ``qkv``/``q_out``/``bias`` as in the module docstring, ``status`` an int32[4] the caller zeroed. Raises
     ``pagedkv._lib.CapiError`` naming the field and the value when a parameter is invalid. A bad block-table
     entry is not an exception here: the kernel skips that token's K/V and raises ``status`` (read it back and
-    call ``pagedkv.step.raise_for_status``). ``group_warps`` as in the module docstring.
+    call ``pagedkv.step.raise_for_status``).
     """
     if cfg.has_bias != bool(bias):
         raise ValueError(f"bias: WriteConfig.has_bias={cfg.has_bias} but bias pointer={bias:#x}")
     if cfg.explicit_positions != bool(meta.position_ids):
         raise ValueError(f"position_ids: WriteConfig.explicit_positions={cfg.explicit_positions} but "
                          f"position_ids pointer={meta.position_ids:#x}")
-    launch(write_params(cfg, io_dtype, qkv=qkv, q_out=q_out, status=status, meta=meta, bias=bias), stream,
-           group_warps=group_warps)
+    launch(write_params(cfg, io_dtype, qkv=qkv, q_out=q_out, status=status, meta=meta, bias=bias), stream)
 
 
 def qkv_write_numpy(qkv: np.ndarray, bias: np.ndarray | None, meta: StepMetadata, pool: np.ndarray,
-                    cfg: WriteConfig, *, group_warps: int = 0) -> np.ndarray:
+                    cfg: WriteConfig) -> np.ndarray:
     """Test convenience: runs the kernel on host arrays, called like ``pagedkv.reference.write.qkv_write``.
 
     ``qkv`` float16 or bfloat16 ``[T, (H + 2*KVH) * D]``; ``bias`` like a row or None; ``meta`` the step
@@ -236,13 +196,13 @@ def qkv_write_numpy(qkv: np.ndarray, bias: np.ndarray | None, meta: StepMetadata
     """
     from pagedkv.step import raise_for_status
 
-    q_out, status = qkv_write_numpy_unchecked(qkv, bias, meta, pool, cfg, group_warps=group_warps)
+    q_out, status = qkv_write_numpy_unchecked(qkv, bias, meta, pool, cfg)
     raise_for_status(status, where="qkv_write")
     return q_out
 
 
 def qkv_write_numpy_unchecked(qkv: np.ndarray, bias: np.ndarray | None, meta: StepMetadata, pool: np.ndarray,
-                              cfg: WriteConfig, *, group_warps: int = 0) -> tuple[np.ndarray, np.ndarray]:
+                              cfg: WriteConfig) -> tuple[np.ndarray, np.ndarray]:
     """``qkv_write_numpy`` without the status check: returns ``(q_out, status int32[4])``.
 
     q_out starts as 0xFF bytes on the device (NaN in fp16, bf16 and e4m3), so a row the kernel did not
@@ -296,7 +256,7 @@ def qkv_write_numpy_unchecked(qkv: np.ndarray, bias: np.ndarray | None, meta: St
         # The legacy default stream (0): the uploads and the memset above ran there, and a pageable
         # cudaMemcpy or a cudaMemset may return before they finish, so the launch must queue behind them.
         qkv_write(qkv_buf.ptr, q_buf.ptr, status_buf.ptr, step, cfg, io_dtype=io_dtype,
-                  bias=bias_buf.ptr if bias_buf is not None else 0, stream=0, group_warps=group_warps)
+                  bias=bias_buf.ptr if bias_buf is not None else 0, stream=0)
         cuda.synchronize()
         pool[...] = pool_buf.download(pool.shape, pool.dtype)
         q_out = q_buf.download((meta.num_tokens, heads, head_dim), q_dtype)
