@@ -42,6 +42,14 @@ def test_refcount_not_equal_to_holders():
     assert "kv doctor: refcount-holders" in str(err) and f"block={b}" in str(err)
 
 
+def test_shared_block_count_is_checked():
+    mgr = healthy()  # b shares a's pages: 3 blocks of refcount 2
+    assert mgr.allocators[0].num_shared == 3
+    mgr.allocators[0]._num_shared = 0  # stale: a batched reserve would skip a copy-on-write
+    err = doctor(mgr)
+    assert (err.check, err.expected, err.found) == ("refcount-holders", 3, 0) and "num_shared" in err.detail
+
+
 def test_invalid_page_inside_the_live_range():
     mgr = healthy()
     row = mgr._seqs["b"].row
