@@ -94,12 +94,17 @@ class BlockAllocator:
         if count > self._num_free:
             raise KVCacheExhaustedError(needed=count, free=self._num_free, group=self.name, tier=self.tier,
                                         seq=seq, what=what)
+        nxt, prev, refcount, sentinel = self._next, self._prev, self._refcount, self._sentinel
         out = []
-        for _ in range(count):
-            b = self._next[self._sentinel]
-            self._unlink(b)
-            self._refcount[b] = 1
+        b = nxt[sentinel]
+        for _ in range(count):  # the first ``count`` blocks of the list, unlinked at once (not one by one)
             out.append(b)
+            refcount[b] = 1
+            following = nxt[b]
+            nxt[b] = prev[b] = -1
+            b = following
+        nxt[sentinel], prev[b] = b, sentinel  # b: the first block left free (or the sentinel)
+        self._num_free -= count
         return out
 
     def incref(self, block: int) -> None:

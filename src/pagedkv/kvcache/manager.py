@@ -673,14 +673,14 @@ class KVCacheManager:
         as with ``commit(seq, n)`` (no later page of theirs is registered for prefix reuse)."""
         batch = self.seq_batch(seq_ids, "commit_many")
         ids, rows = batch.ids, batch.rows
-        n = np.broadcast_to(np.asarray(num_tokens, dtype=np.int64), rows.shape)
+        n = _batch_counts(num_tokens, rows)
         L = self._length[rows].astype(np.int64)
         R = self._reserved[rows].astype(np.int64)
-        bad = np.flatnonzero((n < 0) | (n > R))
-        if bad.size:
-            i = int(bad[0])
+        bad = np.less(n, 0) | (n > R)
+        if bad.any():
+            i = int(np.argmax(bad))
             raise ValueError(f"commit_many: sequence {ids[i]!r} has {int(R[i])} reserved slot(s), cannot commit "
-                             f"{int(n[i])}")
+                             f"{int(np.broadcast_to(n, rows.shape)[i])}")
         new_len = L + n
         self._length[rows] = new_len
         self._reserved[rows] = R - n
@@ -702,7 +702,7 @@ class KVCacheManager:
                         st.append_tokens(known)
                     self._register_full_pages(st, g, end)
         if tokens_of is None and self.prefix is not None:  # (unknown tokens only matter for prefix reuse)
-            for i in np.flatnonzero(n).tolist():
+            for i in np.flatnonzero(np.broadcast_to(n, rows.shape)).tolist():
                 st = self._seqs[ids[i]]
                 if st.tokens_known < int(new_len[i]):
                     st.token_gap = True
@@ -714,7 +714,9 @@ class KVCacheManager:
         sequence), without per-entry parsing; ``page_indices=False``: without the FlashInfer-style page arrays
         (``build_step_arrays``), which engines do not read (kept under ``debug_validate``, which checks them)."""
         batch = self.seq_batch(seq_ids, "build_step")
-        q = np.broadcast_to(np.asarray(num_tokens, dtype=np.int32), batch.rows.shape)
+        q = np.array(num_tokens, dtype=np.int32)  # (a copy: the step's q_lens are its own)
+        if q.shape != batch.rows.shape:
+            q = np.broadcast_to(q, batch.rows.shape).copy()
         return self._build(batch.ids, batch.rows, q, position_ids, page_indices or self.debug_validate)
 
     # ---- step metadata -------------------------------------------------------------------------------
@@ -740,10 +742,12 @@ class KVCacheManager:
         """The step of sequences at ``rows`` with ``q`` new tokens each (-1: the whole reservation)."""
         past = self._length[rows]
         reserved = self._reserved[rows]
-        q = np.where(q < 0, reserved, q)
-        bad = np.flatnonzero((q <= 0) | (q > reserved))
-        if bad.size:
-            i = int(bad[0])
+        whole = q < 0
+        if whole.any():
+            q = np.where(whole, reserved, q)
+        bad = (q <= 0) | (q > reserved)
+        if bad.any():
+            i = int(np.argmax(bad))
             raise ValueError(f"build_step: sequence {ids[i]!r} has {int(reserved[i])} reserved slot(s) for "
                              f"{int(q[i])} new token(s); reserve() the step's tokens first (and at least 1)")
         step = build_step_arrays(self.groups, self._tables, self._npages, rows, past, q, ids, position_ids,

@@ -226,8 +226,12 @@ class Engine:
         t3 = time.perf_counter()
         mgr.commit_many(seqs, counts, tokens_of=(lambda i, a, b: reqs[i].tokens(a, b)) if mgr.prefix_reuse else None)
         mgr.drain_copies()  # the storage executed them; the log would only grow
-        for r, n in zip(reqs, counts.tolist()) if prefills else ((r, 1) for r in decodes):
-            r.num_computed += n
+        if prefills:
+            for r, n in zip(reqs, counts.tolist()):
+                r.num_computed += n
+        else:
+            for r in decodes:
+                r.num_computed += 1
         self._last = (samplers, tokens[:len(samplers)])
         # A step of prefill chunks short of their prompts' ends ran one placeholder row: no request takes it
         finished = self._take_tokens(samplers, tokens, logprobs, top_tokens, top_logprobs) if samplers else []

@@ -157,14 +157,18 @@ class Scheduler:
         cfg, mgr = self.config, self.manager
         step = ScheduledStep()
         self._preempted_now: set[int] = set()  # not resumed in the step that preempted them
-        step.decodes = [r for r in self.running if r.num_computed == r.num_tokens - 1]
+        # A running request decodes when all its known tokens but the last are in the cache; in a steady state of
+        # decodes (nothing else running) one pass finds that out
+        others = [r for r in self.running if r.num_computed != r.num_tokens - 1]
+        step.decodes = ([r for r in self.running if r.num_computed == r.num_tokens - 1] if others
+                        else list(self.running))
         while step.decodes:
             try:
                 mgr.reserve_many([r.id for r in step.decodes], 1)
                 break
             except KVCacheExhaustedError:
                 self._preempt(self.running[-1], step)
-        for r in [r for r in self.running if r.num_computed < r.num_tokens - 1]:
+        for r in [r for r in others if r.num_computed < r.num_tokens - 1]:  # (those still in prefill)
             if r.state != RequestState.RUNNING:  # preempted for an older request's chunk meanwhile
                 continue
             budget = cfg.max_num_batched_tokens - step.num_tokens
