@@ -50,6 +50,19 @@ def test_shared_block_count_is_checked():
     assert (err.check, err.expected, err.found) == ("refcount-holders", 3, 0) and "num_shared" in err.detail
 
 
+@pytest.mark.parametrize("flip", ["cached", "free"])
+def test_prefix_cached_flags_are_checked(flip):
+    """The by-block flags a batched reserve reads to find cached pages it writes must match the maps."""
+    mgr = healthy(prefix=True)
+    cache = mgr.prefix[0]
+    cached = sorted(cache.cached_blocks())
+    assert cached and cache.cached_among(np.arange(12)) == cached
+    b = cached[0] if flip == "cached" else min(set(range(12)) - set(cached))
+    cache._is_cached[b] = not cache._is_cached[b]  # stale: reserve_many would miss (or invent) an uncache
+    err = doctor(mgr)
+    assert (err.check, err.block, err.expected, err.found) == ("prefix-cache", b, flip == "cached", flip != "cached")
+
+
 def test_invalid_page_inside_the_live_range():
     mgr = healthy()
     row = mgr._seqs["b"].row

@@ -80,7 +80,9 @@ def _batch_counts(num_tokens, rows: np.ndarray):
     if isinstance(num_tokens, (int, np.integer)):
         return int(num_tokens)
     n = np.asarray(num_tokens, dtype=np.int64)
-    return int(n) if n.ndim == 0 else np.broadcast_to(n, rows.shape)
+    if n.ndim == 0:
+        return int(n)
+    return n if n.shape == rows.shape else np.broadcast_to(n, rows.shape)
 
 
 def split_step_entries(entries: Iterable) -> tuple[list, list[int]]:
@@ -141,7 +143,7 @@ class KVCacheManager:
         self.allocators = [BlockAllocator(nb, g.name, "primary") for g, nb in zip(self.groups, self.num_blocks)]
         self.host_allocators = [BlockAllocator(hb, g.name, "secondary")
                                 for g, hb in zip(self.groups, self.host_blocks)]
-        self.prefix = [PrefixCache() for _ in self.groups] if self.prefix_reuse else None
+        self.prefix = [PrefixCache(nb) for nb in self.num_blocks] if self.prefix_reuse else None
         self.copy_log: list[BlockCopy] = []
 
         # Block tables: one int32 array per group, a row per sequence slot, -1 past each sequence's pages.
@@ -662,7 +664,7 @@ class KVCacheManager:
                     rank[order] = np.arange(blocks.size) - np.repeat(np.cumsum(k) - k, k)
                     mult = k[inverse]
                     cow = (rank < mult - 1) | (refcount > mult)
-        uncache = self.prefix[g].cached_among(blocks[~cow].tolist()) if self.prefix is not None else []
+        uncache = self.prefix[g].cached_among(blocks[~cow]) if self.prefix is not None else []
         return cow, uncache
 
     def commit_many(self, seq_ids: Sequence | SeqBatch, num_tokens, tokens_of=None) -> None:
@@ -714,9 +716,9 @@ class KVCacheManager:
         sequence), without per-entry parsing; ``page_indices=False``: without the FlashInfer-style page arrays
         (``build_step_arrays``), which engines do not read (kept under ``debug_validate``, which checks them)."""
         batch = self.seq_batch(seq_ids, "build_step")
-        q = np.array(num_tokens, dtype=np.int32)  # (a copy: the step's q_lens are its own)
-        if q.shape != batch.rows.shape:
-            q = np.broadcast_to(q, batch.rows.shape).copy()
+        q = _batch_counts(num_tokens, batch.rows)
+        if not isinstance(q, int):
+            q = q.astype(np.int32)  # (a copy: the step's q_lens are its own)
         return self._build(batch.ids, batch.rows, q, position_ids, page_indices or self.debug_validate)
 
     # ---- step metadata -------------------------------------------------------------------------------
@@ -738,18 +740,24 @@ class KVCacheManager:
         rows = np.fromiter((st.row for st in states), dtype=np.int64, count=len(states))
         return self._build(tuple(ids), rows, np.asarray(counts, dtype=np.int32), position_ids)
 
-    def _build(self, ids: tuple, rows: np.ndarray, q: np.ndarray, position_ids, page_indices: bool = True) -> StepBatch:
-        """The step of sequences at ``rows`` with ``q`` new tokens each (-1: the whole reservation)."""
+    def _build(self, ids: tuple, rows: np.ndarray, q, position_ids, page_indices: bool = True) -> StepBatch:
+        """The step of sequences at ``rows`` with ``q`` new tokens each (int32 [B], or an int for all of them;
+        -1: the whole reservation)."""
         past = self._length[rows]
         reserved = self._reserved[rows]
-        whole = q < 0
-        if whole.any():
-            q = np.where(whole, reserved, q)
-        bad = (q <= 0) | (q > reserved)
+        if isinstance(q, int):
+            if q < 0:
+                q = reserved.copy()
+        else:
+            whole = q < 0
+            if whole.any():
+                q = np.where(whole, reserved, q)
+        bad = np.less_equal(q, 0) | (q > reserved)
         if bad.any():
             i = int(np.argmax(bad))
             raise ValueError(f"build_step: sequence {ids[i]!r} has {int(reserved[i])} reserved slot(s) for "
-                             f"{int(q[i])} new token(s); reserve() the step's tokens first (and at least 1)")
+                             f"{int(np.broadcast_to(q, rows.shape)[i])} new token(s); reserve() the step's tokens "
+                             "first (and at least 1)")
         step = build_step_arrays(self.groups, self._tables, self._npages, rows, past, q, ids, position_ids,
                                  page_indices)
         if self.debug_validate:

@@ -82,17 +82,23 @@ def build_step_arrays(groups, tables: Sequence[np.ndarray], npages: Sequence[np.
                       past: np.ndarray, q: np.ndarray, seq_ids: tuple, position_ids=None,
                       page_indices: bool = True) -> StepBatch:
     """Vectorised construction from the manager's tables (``tables[g][row]`` is a block list, -1 past its
-    ``npages[g][row]`` entries). ``rows``/``past``/``q`` are per step sequence. ``page_indices=False`` leaves
-    out what only a FlashInfer-style consumer reads (``kv_indptr``, ``kv_indices``, ``last_page_lens``,
-    ``num_pages``: None) — the engine inputs need block tables and lengths only."""
+    ``npages[g][row]`` entries). ``rows``/``past``/``q`` are per step sequence (``q`` may be one int >= 1 for
+    all: a decode step's 1). ``page_indices=False`` leaves out what only a FlashInfer-style consumer reads
+    (``kv_indptr``, ``kv_indices``, ``last_page_lens``, ``num_pages``: None) — the engine inputs need block
+    tables and lengths only."""
     B = int(rows.shape[0])
     past = np.ascontiguousarray(past, dtype=np.int32)
-    q = np.ascontiguousarray(q, dtype=np.int32)
+    if isinstance(q, int):  # the same count for every sequence: cu_q_lens is a ramp
+        max_q = q if B else 0
+        cu = np.arange(0, q * B + 1, q, dtype=np.int32)
+        q = np.full(B, q, dtype=np.int32)
+    else:
+        q = np.ascontiguousarray(q, dtype=np.int32)
+        max_q = int(q.max()) if B else 0
+        cu = np.zeros(B + 1, dtype=np.int32)
+        np.cumsum(q, out=cu[1:])
     kv = past + q
-    cu = np.zeros(B + 1, dtype=np.int32)
-    np.cumsum(q, out=cu[1:])
     T = int(cu[-1])
-    max_q = int(q.max()) if B else 0
     if T == B and max_q == 1:  # a decode step (B tokens, none of q above 1: one each)
         token_seq = np.arange(B, dtype=np.int32)
         positions = past.copy()

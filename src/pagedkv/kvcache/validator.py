@@ -16,7 +16,8 @@ Manager invariants, in the order they are checked:
    device block and one host block per live page.
 3. ``refcount-holders``: every block's refcount equals the number of block-list entries holding it (both
    tiers), and the allocator's ``num_shared`` counts the blocks of refcount >= 2.
-4. ``prefix-cache``: hash <-> block maps are inverse, registered blocks are in range and full.
+4. ``prefix-cache``: hash <-> block maps are inverse, registered blocks are in range and full, and the
+   by-block cached flags mark exactly the registered blocks.
 5. ``stale-row``: table rows that no sequence owns are all -1.
 
 Step invariants (``validate_step``): ``indptr-monotone``, ``pages-vs-kv-len``, ``length-formula``,
@@ -261,6 +262,11 @@ def _check_prefix(mgr, g, spec) -> None:
     if count != len(list(cache.cached_blocks())):
         _fail("prefix-cache", "hash and block maps differ in size", group=spec.name,
               expected=count, found=len(list(cache.cached_blocks())))
+    flagged = np.flatnonzero(cache._is_cached).tolist()
+    if flagged != sorted(cache.cached_blocks()):
+        b = min(set(flagged) ^ set(cache.cached_blocks()))
+        _fail("prefix-cache", "the by-block cached flags differ from the block -> hash map", group=spec.name,
+              block=b, expected=cache.is_cached(b), found=b in flagged)
 
 
 def validate_step(step, num_blocks, layouts) -> None:

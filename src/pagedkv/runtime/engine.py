@@ -191,9 +191,12 @@ class Engine:
         mgr = self.manager
         decodes, prefills = plan.decodes, plan.prefills
         nd = len(decodes)
-        reqs = decodes + [r for r, _ in prefills] if prefills else decodes
-        counts = np.ones(len(reqs), dtype=np.int64)
-        counts[nd:] = [n for _, n in prefills]
+        if prefills:
+            reqs = decodes + [r for r, _ in prefills]
+            counts = np.ones(len(reqs), dtype=np.int64)
+            counts[nd:] = [n for _, n in prefills]
+        else:  # decodes only: one token each
+            reqs, counts = decodes, 1
         t1 = time.perf_counter()
         seqs = mgr.seq_batch([r.id for r in reqs], "step")
         try:
