@@ -45,6 +45,8 @@ from pagedkv.layout import INVALID_BLOCK
 from pagedkv.pool_group import PoolGroup, WindowMode
 
 STORAGE_KINDS = ("none", "numpy", "device")
+_NO_ROWS = np.zeros(0, dtype=np.int64)  # (read only: no sequence of a batch)
+_NO_ROWS.flags.writeable = False
 
 
 class SeqBatch:
@@ -590,9 +592,12 @@ class KVCacheManager:
                 count = new_pages + written
             else:
                 page = L // spec.page_size  # the only held page new tokens can land in (a linear cache)
-                held = np.flatnonzero((R > 0) & (page < cur))
-                cow, uncache = self._plan_copies(g, rows[held], page[held])
-                cow = held[cow]
+                if self.allocators[g].num_shared or self.prefix is not None:
+                    held = np.flatnonzero((R > 0) & (page < cur))
+                    cow, uncache = self._plan_copies(g, rows[held], page[held])
+                    cow = held[cow]
+                else:  # no block has two holders, none is cached: no page to copy or to take out of the cache
+                    cow, uncache = _NO_ROWS, []
                 plans.append((cur, page, cow, uncache, grow, new_pages))
                 count = new_pages + cow.size
             if count > self.allocators[g].num_free:
@@ -618,11 +623,12 @@ class KVCacheManager:
         spec = self.groups[g]
         blocks = self._allocate(g, new_pages + cow.size, ids[0])
         got = np.flatnonzero(grow)
-        need = cur[got] + grow[got]
+        at, first = rows[got], cur[got]
+        need = first + grow[got]
         self._ensure_cols(g, int(need.max()) if got.size else 0)  # (may reallocate: index the table after)
         table, npages = self._tables[g], self._npages[g]
-        if not cow.size and int(grow.max()) <= 1:  # decode: at most one new page each
-            table[rows[got], cur[got]] = np.asarray(blocks, dtype=np.int32)
+        if not cow.size and new_pages == got.size:  # decode: one new page each
+            table[at, first] = np.asarray(blocks, dtype=np.int32)
         else:  # in sequence order: its copy-on-write block first, then its new pages (as reserve does)
             is_cow = np.zeros(rows.size, dtype=bool)
             is_cow[cow] = True
@@ -641,7 +647,7 @@ class KVCacheManager:
                 if grow[i]:
                     table[row, int(cur[i]):int(cur[i] + grow[i])] = blocks[k:k + int(grow[i])]
                     k += int(grow[i])
-        npages[rows[got]] = need
+        npages[at] = need
 
     def _plan_copies(self, g: int, rows: np.ndarray, pages: np.ndarray) -> tuple[np.ndarray, list[int]]:
         """Which of the held pages ``(rows[i], pages[i])`` (in sequence order) a sequential reserve would copy
