@@ -201,7 +201,8 @@ class Engine:
         else:  # decodes only: one token each
             reqs, counts = decodes, 1
         t1 = time.perf_counter()
-        seqs = mgr.seq_batch([r.id for r in reqs], "step")
+        ids = plan.decode_ids if not prefills and plan.decode_ids is not None else [r.id for r in reqs]
+        seqs = mgr.seq_batch(ids, "step")  # (decodes only: the batch the scheduler's reserve_many checked)
         try:
             batch = mgr.build_step_many(seqs, counts, page_indices=False)
             if prefills:  # a prefill chunk samples when it reaches the end of its request's known tokens

@@ -43,8 +43,7 @@ def uniforms(seeds, counters) -> np.ndarray:
     """float64 [R] in [0, 1): draw number ``counters[r]`` (0, 1, ...) of the SplitMix64 stream seeded
     ``seeds[r]`` — the generator's state after k draws is ``seed + k * golden``, so draw k needs no state."""
     with np.errstate(over="ignore"):
-        state = np.asarray(counters, dtype=np.uint64) * _GOLDEN
-        state += np.asarray(seeds, dtype=np.uint64)
+        state = np.asarray(seeds, dtype=np.uint64) + np.asarray(counters, dtype=np.uint64) * _GOLDEN
     u = (splitmix64(state) >> _SHIFTS[3]).astype(np.float64)
     u *= 2.0 ** -53
     return u

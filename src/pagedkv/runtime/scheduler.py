@@ -59,10 +59,13 @@ class SchedulerConfig:
 
 @dataclass
 class ScheduledStep:
-    """A step: ``decodes`` (one token each) then ``prefills`` (request, tokens), in the step's token order."""
+    """A step: ``decodes`` (one token each) then ``prefills`` (request, tokens), in the step's token order.
+    ``decode_ids``: the decodes' request ids as reserved (the engine's batched KV calls take them; None once one
+    of the decodes was preempted)."""
 
     decodes: list[Request] = field(default_factory=list)
     prefills: list[tuple[Request, int]] = field(default_factory=list)
+    decode_ids: tuple | None = None
 
     def __bool__(self) -> bool:
         return bool(self.decodes or self.prefills)
@@ -129,6 +132,7 @@ class Scheduler:
         mgr = self.manager
         if victim in step.decodes:
             step.decodes.remove(victim)
+            step.decode_ids = None
         step.prefills = [(r, n) for r, n in step.prefills if r is not victim]
         if mgr.reserved(victim.id):
             mgr.unreserve(victim.id)
@@ -163,8 +167,10 @@ class Scheduler:
         step.decodes = ([r for r in self.running if r.num_computed == r.num_tokens - 1] if others
                         else list(self.running))
         while step.decodes:
+            ids = tuple([r.id for r in step.decodes])
             try:
-                mgr.reserve_many([r.id for r in step.decodes], 1)
+                mgr.reserve_many(ids, 1)
+                step.decode_ids = ids
                 break
             except KVCacheExhaustedError:
                 self._preempt(self.running[-1], step)
