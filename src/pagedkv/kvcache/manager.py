@@ -45,7 +45,7 @@ from pagedkv.layout import INVALID_BLOCK
 from pagedkv.pool_group import PoolGroup, WindowMode
 
 STORAGE_KINDS = ("none", "numpy", "device")
-_NO_ROWS = np.zeros(0, dtype=np.int64)  # (read only: no sequence of a batch)
+_NO_ROWS = np.zeros(0, dtype=np.int64)  # no sequence of a batch (shared, so read-only)
 _NO_ROWS.flags.writeable = False
 
 
