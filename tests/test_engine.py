@@ -55,6 +55,23 @@ class StepLog:
         executor.execute = execute
 
 
+def _check_decode_ids(engine) -> list[bool]:
+    """Check every plan's ``decode_ids`` (what the engine's batched KV calls take) against its decodes: their ids
+    in order, or None after one was preempted. Returns, per plan without them, whether it had decodes."""
+    schedule, dropped = engine.scheduler.schedule, []
+
+    def checked():
+        plan = schedule()
+        if plan.decode_ids is None:
+            dropped.append(bool(plan.decodes))
+        else:
+            assert plan.decode_ids == tuple(r.id for r in plan.decodes)
+        return plan
+
+    engine.scheduler.schedule = checked
+    return dropped
+
+
 def _run(engine, manager) -> None:
     """Step to the end, the KV validator after every step."""
     while engine.has_unfinished:
@@ -140,6 +157,7 @@ def test_preemption_under_pool_pressure_changes_nothing(prompts, policy, host_bl
         engine = Engine(ex, SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, chunk_size=16,
                                             preemption=policy))
         reqs = [engine.add_request(i, p, params) for i, p in enumerate(prompts)]
+        dropped = _check_decode_ids(engine)
         _run(engine, ex.manager)
         stats = engine.scheduler.stats
         assert [r.output for r in reqs] == expect
@@ -147,6 +165,7 @@ def test_preemption_under_pool_pressure_changes_nothing(prompts, policy, host_bl
         assert not mgr.sequences and mgr.num_free(0) == 9 and mgr.host_allocators[0].num_free == host_blocks
     if policy == "recompute" or host_blocks < 4:
         assert stats.preemptions > 0
+        assert any(dropped), "no decode was preempted after its reservation: the decode_ids reset went untested"
     if policy == "swap":
         assert stats.swaps_out > 0 and stats.swaps_in == stats.swaps_out
 

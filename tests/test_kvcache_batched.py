@@ -48,6 +48,7 @@ def _steps_equal(a, b) -> None:
 @pytest.mark.parametrize("seed", range(6))
 def test_batched_operations_equal_the_sequential_ones(groups, seed):
     rng = np.random.default_rng(seed)
+    coin = np.random.default_rng(seed + 1000)  # (its own stream: the workload stays that of rng alone)
     prefix_reuse = groups == "full"
     make = lambda: KVCacheManager(GROUPS[groups][0], GROUPS[groups][1], storage="none",  # noqa: E731
                                   enable_prefix_reuse=prefix_reuse, debug_validate=True)
@@ -56,7 +57,7 @@ def test_batched_operations_equal_the_sequential_ones(groups, seed):
     tokens: dict[int, list[int]] = {}  # every token of each live sequence (prompt + fed)
     prompt_len: dict[int, int] = {}
     next_id = 0
-    exhausted = 0
+    exhausted = one_count = 0
     for _ in range(60):
         while len(tokens) < 6:  # new sequences, half of them with a shared prefix
             head = shared[:rng.integers(0, 12)] if rng.random() < 0.5 else np.zeros(0, np.int64)
@@ -69,9 +70,12 @@ def test_batched_operations_equal_the_sequential_ones(groups, seed):
         for s in ids:
             left = prompt_len[s] - seq.length(s)
             counts.append(int(min(left, rng.integers(1, 7))) if left > 0 else 1)
+        # one count for all (as a scheduler's decodes pass it) half the time the counts agree
+        batched = counts[0] if len(set(counts)) == 1 and coin.random() < 0.5 else counts
+        one_count += isinstance(batched, int)
         before = _state(bat)
         try:
-            bat.reserve_many(ids, counts)
+            bat.reserve_many(ids, batched)
         except KVCacheExhaustedError:
             exhausted += 1
             assert _state(bat) == before, "a failed reserve_many changed the manager"
@@ -85,7 +89,7 @@ def test_batched_operations_equal_the_sequential_ones(groups, seed):
         assert _state(bat) == _state(seq)
         if not ids:
             continue
-        _steps_equal(bat.build_step_many(ids, counts), seq.build_step(list(zip(ids, counts))))
+        _steps_equal(bat.build_step_many(ids, batched), seq.build_step(list(zip(ids, counts))))
         fed = {}
         for s, n in zip(ids, counts):
             start = seq.length(s)
@@ -93,7 +97,7 @@ def test_batched_operations_equal_the_sequential_ones(groups, seed):
                 tokens[s].append(int(rng.integers(1, 50)))
             fed[s] = tokens[s][start:start + n]
             seq.commit(s, n, token_ids=fed[s])
-        bat.commit_many(ids, counts, tokens_of=lambda i, start, end: tokens[ids[i]][start:end])
+        bat.commit_many(ids, batched, tokens_of=lambda i, start, end: tokens[ids[i]][start:end])
         assert _state(bat) == _state(seq)
         for s in [s for s in tokens if rng.random() < 0.08]:
             seq.free(s)
@@ -107,6 +111,7 @@ def test_batched_operations_equal_the_sequential_ones(groups, seed):
             next_id += 1
     assert exhausted, "the workload never ran the pool out: the all-or-nothing path was not exercised"
     assert any(c.src_tier == c.dst_tier for c in bat.copy_log), "no copy-on-write happened in a batch"
+    assert one_count, "no batched call got one count for all its sequences"
     if prefix_reuse:
         assert len(bat.prefix[0]) > 0, "no block was ever registered for prefix reuse"
 

@@ -35,6 +35,22 @@ def test_allocator_refcounts_and_revival_from_the_middle():
     assert a.decref(2) and list(a.free_list()) == [0, 1, 3, 2]
 
 
+def test_allocator_counts_shared_blocks():
+    """``num_shared`` (blocks of refcount >= 2, what lets a batched reserve skip its copy-on-write lookups)
+    follows every incref and decref of a random sequence of them."""
+    rng = np.random.default_rng(3)
+    a = BlockAllocator(9)
+    a.allocate(9)
+    for _ in range(400):
+        b = int(rng.integers(9))
+        if a.refcount(b) and rng.random() < 0.5:
+            a.decref(b)
+        else:
+            a.incref(b)
+        assert a.num_shared == sum(a.refcount(i) >= 2 for i in range(9))
+    assert a.snapshot()[-1] == a.num_shared
+
+
 def test_allocator_exhaustion_changes_nothing():
     a = BlockAllocator(3, name="g0")
     a.allocate(2)

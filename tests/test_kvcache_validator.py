@@ -42,6 +42,27 @@ def test_refcount_not_equal_to_holders():
     assert "kv doctor: refcount-holders" in str(err) and f"block={b}" in str(err)
 
 
+def test_shared_block_count_is_checked():
+    mgr = healthy()  # b shares a's pages: 3 blocks of refcount 2
+    assert mgr.allocators[0].num_shared == 3
+    mgr.allocators[0]._num_shared = 0  # stale: a batched reserve would skip a copy-on-write
+    err = doctor(mgr)
+    assert (err.check, err.expected, err.found) == ("refcount-holders", 3, 0) and "num_shared" in err.detail
+
+
+@pytest.mark.parametrize("flip", ["cached", "free"])
+def test_prefix_cached_flags_are_checked(flip):
+    """The by-block flags a batched reserve reads to find cached pages it writes must match the maps."""
+    mgr = healthy(prefix=True)
+    cache = mgr.prefix[0]
+    cached = sorted(cache.cached_blocks())
+    assert cached and cache.cached_among(np.arange(12)) == cached
+    b = cached[0] if flip == "cached" else min(set(range(12)) - set(cached))
+    cache._is_cached[b] = not cache._is_cached[b]  # stale: reserve_many would miss (or invent) an uncache
+    err = doctor(mgr)
+    assert (err.check, err.block, err.expected, err.found) == ("prefix-cache", b, flip == "cached", flip != "cached")
+
+
 def test_invalid_page_inside_the_live_range():
     mgr = healthy()
     row = mgr._seqs["b"].row

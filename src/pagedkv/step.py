@@ -77,12 +77,12 @@ class StepMetadata:
             raise ValueError(f"past_lens: expected shape ({b},), got {self.past_lens.shape}")
         if b and self.cu_q_lens[0] != 0:
             raise ValueError(f"cu_q_lens[0]: expected 0, got {self.cu_q_lens[0]}")
-        steps = np.diff(self.cu_q_lens)
-        if np.any(steps < 0):
-            i = int(np.argmax(steps < 0))
+        falls = self.cu_q_lens[1:] < self.cu_q_lens[:-1]
+        if falls.any():
+            i = int(np.argmax(falls))
             raise ValueError(f"cu_q_lens: must be non-decreasing, cu_q_lens[{i + 1}]={self.cu_q_lens[i + 1]} "
                              f"< cu_q_lens[{i}]={self.cu_q_lens[i]}")
-        if np.any(self.past_lens < 0):
+        if b and self.past_lens.min() < 0:
             i = int(np.argmax(self.past_lens < 0))
             raise ValueError(f"past_lens[{i}]: must be >= 0, got {self.past_lens[i]}")
         if self.position_ids is not None and self.position_ids.shape != (self.num_tokens,):

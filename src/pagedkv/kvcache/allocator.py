@@ -6,7 +6,9 @@ holds a cached prefix is revived by a prefix hit. Blocks are handed out from the
 tail, so the free blocks that were released longest ago are reused (evicted from the prefix cache) first.
 
 A block is free exactly when its reference count is 0. Holders are block-table entries of live sequences;
-the validator checks ``refcount == holders`` for every block.
+the validator checks ``refcount == holders`` for every block. ``num_shared`` counts the blocks of two holders
+or more (kept where refcounts change): while it is 0, no write needs a copy-on-write, and a batched reserve
+skips looking up the refcounts of every page it writes.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class BlockAllocator:
         self._next = list(range(1, n + 1)) + [0 if n else n]
         self._prev = ([n] + list(range(0, n - 1)) + [n - 1]) if n else [0]
         self._num_free = n
+        self._num_shared = 0  # blocks with refcount >= 2
 
     # ---- queries -------------------------------------------------------------------------------------
     @property
@@ -42,6 +45,11 @@ class BlockAllocator:
     @property
     def num_used(self) -> int:
         return self.num_blocks - self._num_free
+
+    @property
+    def num_shared(self) -> int:
+        """Blocks held more than once (refcount >= 2)."""
+        return self._num_shared
 
     def refcount(self, block: int) -> int:
         self._check_id(block)
@@ -86,20 +94,28 @@ class BlockAllocator:
         if count > self._num_free:
             raise KVCacheExhaustedError(needed=count, free=self._num_free, group=self.name, tier=self.tier,
                                         seq=seq, what=what)
+        nxt, prev, refcount, sentinel = self._next, self._prev, self._refcount, self._sentinel
         out = []
-        for _ in range(count):
-            b = self._next[self._sentinel]
-            self._unlink(b)
-            self._refcount[b] = 1
+        b = nxt[sentinel]
+        for _ in range(count):  # the first ``count`` blocks of the list, unlinked at once (not one by one)
             out.append(b)
+            refcount[b] = 1
+            following = nxt[b]
+            nxt[b] = prev[b] = -1
+            b = following
+        nxt[sentinel], prev[b] = b, sentinel  # b: the first block left free (or the sentinel)
+        self._num_free -= count
         return out
 
     def incref(self, block: int) -> None:
         """One more holder. A free block (refcount 0) leaves the free list: a revived cached block."""
         self._check_id(block)
-        if self._refcount[block] == 0:
+        rc = self._refcount[block]
+        if rc == 0:
             self._unlink(block)
-        self._refcount[block] += 1
+        elif rc == 1:
+            self._num_shared += 1
+        self._refcount[block] = rc + 1
 
     def decref(self, block: int) -> bool:
         """One holder less; returns True when the block became free (appended to the tail)."""
@@ -109,7 +125,9 @@ class BlockAllocator:
             raise BlockRefcountError(f"{self.name} ({self.tier}): block {block} released while free "
                                      f"(refcount {rc}): double free", block, rc)
         self._refcount[block] = rc - 1
-        if rc == 1:
+        if rc == 2:
+            self._num_shared -= 1
+        elif rc == 1:
             self._link_tail(block)
             return True
         return False
@@ -137,4 +155,4 @@ class BlockAllocator:
 
     def snapshot(self) -> tuple:
         """Everything that defines the allocator's state (tests compare snapshots around failed calls)."""
-        return (tuple(self._refcount), tuple(self._next), tuple(self._prev), self._num_free)
+        return (tuple(self._refcount), tuple(self._next), tuple(self._prev), self._num_free, self._num_shared)

@@ -45,6 +45,8 @@ from pagedkv.layout import INVALID_BLOCK
 from pagedkv.pool_group import PoolGroup, WindowMode
 
 STORAGE_KINDS = ("none", "numpy", "device")
+_NO_ROWS = np.zeros(0, dtype=np.int64)  # no sequence of a batch (shared, so read-only)
+_NO_ROWS.flags.writeable = False
 
 
 class SeqBatch:
@@ -72,6 +74,17 @@ def _per_group(value, n: int, name: str) -> list[int]:
         if v < 0:
             raise ValueError(f"{name}[{i}]: must be >= 0, got {v}")
     return values
+
+
+def _batch_counts(num_tokens, rows: np.ndarray):
+    """A batched call's token counts: an int (one count for all, broadcast by numpy without a [B] array) or
+    int64 [B]."""
+    if isinstance(num_tokens, (int, np.integer)):
+        return int(num_tokens)
+    n = np.asarray(num_tokens, dtype=np.int64)
+    if n.ndim == 0:
+        return int(n)
+    return n if n.shape == rows.shape else np.broadcast_to(n, rows.shape)
 
 
 def split_step_entries(entries: Iterable) -> tuple[list, list[int]]:
@@ -125,13 +138,14 @@ class KVCacheManager:
                 raise ValueError(f"enable_prefix_reuse: pool group(s) {windowed} have an attention window; their "
                                  "blocks leave the cache, so a prefix cannot be reused in every group")
         self.prefix_reuse = bool(enable_prefix_reuse)
+        self._cyclic = any(g.mode == WindowMode.CYCLIC for g in self.groups)  # (reserve_many goes one by one)
         self.debug_validate = (os.environ.get("PAGEDKV_KV_DEBUG", "") not in ("", "0")
                                if debug_validate is None else bool(debug_validate))
 
         self.allocators = [BlockAllocator(nb, g.name, "primary") for g, nb in zip(self.groups, self.num_blocks)]
         self.host_allocators = [BlockAllocator(hb, g.name, "secondary")
                                 for g, hb in zip(self.groups, self.host_blocks)]
-        self.prefix = [PrefixCache() for _ in self.groups] if self.prefix_reuse else None
+        self.prefix = [PrefixCache(nb) for nb in self.num_blocks] if self.prefix_reuse else None
         self.copy_log: list[BlockCopy] = []
 
         # Block tables: one int32 array per group, a row per sequence slot, -1 past each sequence's pages.
@@ -553,75 +567,87 @@ class KVCacheManager:
         sequences are then reserved one by one."""
         batch = self.seq_batch(seq_ids, "reserve_many")
         ids, rows = batch.ids, batch.rows
-        n = np.broadcast_to(np.asarray(num_tokens, dtype=np.int64), rows.shape)
-        if n.size and n.min() < 0:
-            i = int(np.argmax(n < 0))
-            raise ValueError(f"reserve_many: num_tokens must be >= 0, got {int(n[i])} (sequence {ids[i]!r})")
+        n = _batch_counts(num_tokens, rows)
+        if rows.size and (n < 0 if isinstance(n, int) else n.min() < 0):
+            each = np.broadcast_to(n, rows.shape)
+            i = int(np.argmax(each < 0))
+            raise ValueError(f"reserve_many: num_tokens must be >= 0, got {int(each[i])} (sequence {ids[i]!r})")
         L = self._length[rows].astype(np.int64)
         R = np.maximum(self._reserved[rows].astype(np.int64), n)
-        if rows.size and int((L + R).max()) >= 2 ** 31:
-            i = int(np.argmax(L + R >= 2 ** 31))
+        end = L + R
+        if rows.size and int(end.max()) >= 2 ** 31:
+            i = int(np.argmax(end >= 2 ** 31))
             raise ValueError(f"reserve_many: length {int(L[i])} + {int(R[i])} new tokens overflows int32 positions "
                              f"(sequence {ids[i]!r})")
-        cyclic = any(g.mode == WindowMode.CYCLIC for g in self.groups)
         plans = []
         for g, spec in enumerate(self.groups):  # plan, check every group, then act (as reserve does)
-            cur = self._npages[g][rows].astype(np.int64)
-            need = spec.layout.pages_needed(L + R).astype(np.int64)
-            grow = np.maximum(need - cur, 0)
+            cur = self._npages[g][rows]
+            grow = np.maximum(spec.layout.pages_needed(end) - cur, 0)  # new pages of each sequence
+            new_pages = int(grow.sum())
             if spec.mode == WindowMode.CYCLIC:
                 for i in range(rows.size):
                     check_cyclic_step(spec, int(R[i]), ids[i])
                 written = sum(int(np.sum(written_pages(spec, int(L[i]), int(R[i])) < cur[i])) for i in range(rows.size))
                 plans.append(None)
-                count = int(grow.sum()) + written
+                count = new_pages + written
             else:
                 page = L // spec.page_size  # the only held page new tokens can land in (a linear cache)
-                held = np.flatnonzero((R > 0) & (page < cur))
-                cow, uncache = self._plan_copies(g, rows[held], page[held])
-                plans.append((cur, need, page, held[cow], uncache, grow))
-                count = int(grow.sum()) + int(cow.sum())
+                if self.allocators[g].num_shared or self.prefix is not None:
+                    held = np.flatnonzero((R > 0) & (page < cur))
+                    cow, uncache = self._plan_copies(g, rows[held], page[held])
+                    cow = held[cow]
+                else:  # no block has two holders, none is cached: no page to copy or to take out of the cache
+                    cow, uncache = _NO_ROWS, []
+                plans.append((cur, page, cow, uncache, grow, new_pages))
+                count = new_pages + cow.size
             if count > self.allocators[g].num_free:
                 raise KVCacheExhaustedError(needed=count, free=self.allocators[g].num_free, group=spec.name,
-                                            what=f"reserve_many of {len(ids)} sequences: {int(grow.sum())} new "
-                                                 f"page(s), {count - int(grow.sum())} copy-on-write")
-        if cyclic:
-            for seq_id, count in zip(ids, n.tolist()):
+                                            what=f"reserve_many of {len(ids)} sequences: {new_pages} new "
+                                                 f"page(s), {count - new_pages} copy-on-write")
+        if self._cyclic:
+            for seq_id, count in zip(ids, np.broadcast_to(n, rows.shape).tolist()):
                 self.reserve(seq_id, count)
             return
-        for g, (cur, need, page, cow, uncache, grow) in enumerate(plans):
-            spec = self.groups[g]
-            blocks = self._allocate(g, int(grow.sum()) + cow.size, ids[0] if ids else None)
-            self._ensure_cols(g, int(need.max()) if need.size else 0)  # (may reallocate: index the table after)
-            table, npages = self._tables[g], self._npages[g]
-            is_cow = np.zeros(rows.size, dtype=bool)
-            is_cow[cow] = True
-            takes = grow + is_cow
-            if not cow.size and int(takes.max(initial=0)) <= 1:  # decode: at most one new page each
-                got = np.flatnonzero(grow)
-                table[rows[got], cur[got]] = np.asarray(blocks, dtype=np.int32)
-            else:  # in sequence order: its copy-on-write block first, then its new pages (as reserve does)
-                k = 0
-                for i in np.flatnonzero(takes).tolist():
-                    row = int(rows[i])
-                    if is_cow[i]:
-                        j, old, new = int(page[i]), int(table[row, page[i]]), blocks[k]
-                        keep = committed_tokens_in_page(spec, j, int(L[i]))
-                        if keep > 0:
-                            self._copy(BlockCopy(g, Tier.PRIMARY, old, Tier.PRIMARY, new,
-                                                 keep if keep < spec.page_size else 0))
-                        table[row, j] = new
-                        self.allocators[g].decref(old)
-                        k += 1
-                    if grow[i]:
-                        table[row, int(cur[i]):int(need[i])] = blocks[k:k + int(grow[i])]
-                        k += int(grow[i])
+        for g, (cur, page, cow, uncache, grow, new_pages) in enumerate(plans):
+            if new_pages or cow.size:
+                self._reserve_blocks(g, rows, L, cur, page, cow, grow, new_pages, ids)
             for b in uncache:
                 self.prefix[g].forget(b)
-            grown = np.flatnonzero(grow)
-            npages[rows[grown]] = need[grown]
         self._reserved[rows] = R
         self._debug_check()
+
+    def _reserve_blocks(self, g: int, rows: np.ndarray, L: np.ndarray, cur: np.ndarray, page: np.ndarray,
+                        cow: np.ndarray, grow: np.ndarray, new_pages: int, ids: tuple) -> None:
+        """``reserve_many``'s blocks of group ``g``: ``grow[i]`` new pages after ``cur[i]`` and a copy of page
+        ``page[i]`` for the sequences at ``cow``, taken from the pool in sequence order."""
+        spec = self.groups[g]
+        blocks = self._allocate(g, new_pages + cow.size, ids[0])
+        got = np.flatnonzero(grow)
+        at, first = rows[got], cur[got]
+        need = first + grow[got]
+        self._ensure_cols(g, int(need.max()) if got.size else 0)  # (may reallocate: index the table after)
+        table, npages = self._tables[g], self._npages[g]
+        if not cow.size and new_pages == got.size:  # decode: one new page each
+            table[at, first] = np.asarray(blocks, dtype=np.int32)
+        else:  # in sequence order: its copy-on-write block first, then its new pages (as reserve does)
+            is_cow = np.zeros(rows.size, dtype=bool)
+            is_cow[cow] = True
+            k = 0
+            for i in np.flatnonzero(grow + is_cow).tolist():
+                row = int(rows[i])
+                if is_cow[i]:
+                    j, old, new = int(page[i]), int(table[row, page[i]]), blocks[k]
+                    keep = committed_tokens_in_page(spec, j, int(L[i]))
+                    if keep > 0:
+                        self._copy(BlockCopy(g, Tier.PRIMARY, old, Tier.PRIMARY, new,
+                                             keep if keep < spec.page_size else 0))
+                    table[row, j] = new
+                    self.allocators[g].decref(old)
+                    k += 1
+                if grow[i]:
+                    table[row, int(cur[i]):int(cur[i] + grow[i])] = blocks[k:k + int(grow[i])]
+                    k += int(grow[i])
+        npages[at] = need
 
     def _plan_copies(self, g: int, rows: np.ndarray, pages: np.ndarray) -> tuple[np.ndarray, list[int]]:
         """Which of the held pages ``(rows[i], pages[i])`` (in sequence order) a sequential reserve would copy
@@ -629,21 +655,22 @@ class KVCacheManager:
         refcount c: the first k - 1 copy it, the last one copies when c > k, else writes in place (and
         uncaches it)."""
         blocks = self._tables[g][rows, pages].astype(np.int64)
-        if not blocks.size:
-            return np.zeros(0, dtype=bool), []
-        refcount = self.allocators[g].refcounts_of(blocks.tolist())
-        ordered = np.sort(blocks)
-        if not np.any(ordered[1:] == ordered[:-1]):  # no page written twice in the batch: copy what is shared
-            cow = refcount > 1
-            uncache = self.prefix[g].cached_among(blocks[~cow].tolist()) if self.prefix is not None else []
-            return cow, uncache
-        _, inverse, k = np.unique(blocks, return_inverse=True, return_counts=True)
-        order = np.argsort(inverse, kind="stable")  # occurrences grouped by block, in sequence order
-        rank = np.empty(blocks.size, dtype=np.int64)
-        rank[order] = np.arange(blocks.size) - np.repeat(np.cumsum(k) - k, k)
-        mult = k[inverse]
-        cow = (rank < mult - 1) | (refcount > mult)
-        uncache = self.prefix[g].cached_among(blocks[~cow].tolist()) if self.prefix is not None else []
+        cow = np.zeros(blocks.size, dtype=bool)
+        alloc = self.allocators[g]
+        if alloc.num_shared and blocks.size:  # (no block of two holders: none is copied, none written twice)
+            refcount = alloc.refcounts_of(blocks.tolist())
+            if int(refcount.max()) > 1:
+                ordered = np.sort(blocks)
+                if not np.any(ordered[1:] == ordered[:-1]):  # no page written twice in the batch: copy what is shared
+                    cow = refcount > 1
+                else:
+                    _, inverse, k = np.unique(blocks, return_inverse=True, return_counts=True)
+                    order = np.argsort(inverse, kind="stable")  # occurrences grouped by block, in sequence order
+                    rank = np.empty(blocks.size, dtype=np.int64)
+                    rank[order] = np.arange(blocks.size) - np.repeat(np.cumsum(k) - k, k)
+                    mult = k[inverse]
+                    cow = (rank < mult - 1) | (refcount > mult)
+        uncache = self.prefix[g].cached_among(blocks[~cow]) if self.prefix is not None else []
         return cow, uncache
 
     def commit_many(self, seq_ids: Sequence | SeqBatch, num_tokens, tokens_of=None) -> None:
@@ -654,14 +681,14 @@ class KVCacheManager:
         as with ``commit(seq, n)`` (no later page of theirs is registered for prefix reuse)."""
         batch = self.seq_batch(seq_ids, "commit_many")
         ids, rows = batch.ids, batch.rows
-        n = np.broadcast_to(np.asarray(num_tokens, dtype=np.int64), rows.shape)
+        n = _batch_counts(num_tokens, rows)
         L = self._length[rows].astype(np.int64)
         R = self._reserved[rows].astype(np.int64)
-        bad = np.flatnonzero((n < 0) | (n > R))
-        if bad.size:
-            i = int(bad[0])
+        bad = np.less(n, 0) | (n > R)
+        if bad.any():
+            i = int(np.argmax(bad))
             raise ValueError(f"commit_many: sequence {ids[i]!r} has {int(R[i])} reserved slot(s), cannot commit "
-                             f"{int(n[i])}")
+                             f"{int(np.broadcast_to(n, rows.shape)[i])}")
         new_len = L + n
         self._length[rows] = new_len
         self._reserved[rows] = R - n
@@ -683,7 +710,7 @@ class KVCacheManager:
                         st.append_tokens(known)
                     self._register_full_pages(st, g, end)
         if tokens_of is None and self.prefix is not None:  # (unknown tokens only matter for prefix reuse)
-            for i in np.flatnonzero(n).tolist():
+            for i in np.flatnonzero(np.broadcast_to(n, rows.shape)).tolist():
                 st = self._seqs[ids[i]]
                 if st.tokens_known < int(new_len[i]):
                     st.token_gap = True
@@ -695,7 +722,9 @@ class KVCacheManager:
         sequence), without per-entry parsing; ``page_indices=False``: without the FlashInfer-style page arrays
         (``build_step_arrays``), which engines do not read (kept under ``debug_validate``, which checks them)."""
         batch = self.seq_batch(seq_ids, "build_step")
-        q = np.broadcast_to(np.asarray(num_tokens, dtype=np.int32), batch.rows.shape)
+        q = _batch_counts(num_tokens, batch.rows)
+        if not isinstance(q, int):
+            q = q.astype(np.int32)  # (a copy: the step's q_lens are its own)
         return self._build(batch.ids, batch.rows, q, position_ids, page_indices or self.debug_validate)
 
     # ---- step metadata -------------------------------------------------------------------------------
@@ -717,16 +746,24 @@ class KVCacheManager:
         rows = np.fromiter((st.row for st in states), dtype=np.int64, count=len(states))
         return self._build(tuple(ids), rows, np.asarray(counts, dtype=np.int32), position_ids)
 
-    def _build(self, ids: tuple, rows: np.ndarray, q: np.ndarray, position_ids, page_indices: bool = True) -> StepBatch:
-        """The step of sequences at ``rows`` with ``q`` new tokens each (-1: the whole reservation)."""
+    def _build(self, ids: tuple, rows: np.ndarray, q, position_ids, page_indices: bool = True) -> StepBatch:
+        """The step of sequences at ``rows`` with ``q`` new tokens each (int32 [B], or an int for all of them;
+        -1: the whole reservation)."""
         past = self._length[rows]
         reserved = self._reserved[rows]
-        q = np.where(q < 0, reserved, q)
-        bad = np.flatnonzero((q <= 0) | (q > reserved))
-        if bad.size:
-            i = int(bad[0])
+        if isinstance(q, int):
+            if q < 0:
+                q = reserved.copy()
+        else:
+            whole = q < 0
+            if whole.any():
+                q = np.where(whole, reserved, q)
+        bad = np.less_equal(q, 0) | (q > reserved)
+        if bad.any():
+            i = int(np.argmax(bad))
             raise ValueError(f"build_step: sequence {ids[i]!r} has {int(reserved[i])} reserved slot(s) for "
-                             f"{int(q[i])} new token(s); reserve() the step's tokens first (and at least 1)")
+                             f"{int(np.broadcast_to(q, rows.shape)[i])} new token(s); reserve() the step's tokens "
+                             "first (and at least 1)")
         step = build_step_arrays(self.groups, self._tables, self._npages, rows, past, q, ids, position_ids,
                                  page_indices)
         if self.debug_validate:

@@ -82,19 +82,30 @@ def build_step_arrays(groups, tables: Sequence[np.ndarray], npages: Sequence[np.
                       past: np.ndarray, q: np.ndarray, seq_ids: tuple, position_ids=None,
                       page_indices: bool = True) -> StepBatch:
     """Vectorised construction from the manager's tables (``tables[g][row]`` is a block list, -1 past its
-    ``npages[g][row]`` entries). ``rows``/``past``/``q`` are per step sequence. ``page_indices=False`` leaves
-    out what only a FlashInfer-style consumer reads (``kv_indptr``, ``kv_indices``, ``last_page_lens``,
-    ``num_pages``: None) — the engine inputs need block tables and lengths only."""
+    ``npages[g][row]`` entries). ``rows``/``past``/``q`` are per step sequence (``q`` may be one int >= 1 for
+    all: a decode step's 1). ``page_indices=False`` leaves out what only a FlashInfer-style consumer reads
+    (``kv_indptr``, ``kv_indices``, ``last_page_lens``, ``num_pages``: None) — the engine inputs need block
+    tables and lengths only."""
     B = int(rows.shape[0])
     past = np.ascontiguousarray(past, dtype=np.int32)
-    q = np.ascontiguousarray(q, dtype=np.int32)
+    if isinstance(q, int):  # the same count for every sequence: cu_q_lens is a ramp
+        max_q = q if B else 0
+        cu = np.arange(0, q * B + 1, q, dtype=np.int32)
+        q = np.full(B, q, dtype=np.int32)
+    else:
+        q = np.ascontiguousarray(q, dtype=np.int32)
+        max_q = int(q.max()) if B else 0
+        cu = np.zeros(B + 1, dtype=np.int32)
+        np.cumsum(q, out=cu[1:])
     kv = past + q
-    cu = np.zeros(B + 1, dtype=np.int32)
-    np.cumsum(q, out=cu[1:])
     T = int(cu[-1])
-    token_seq = np.repeat(np.arange(B, dtype=np.int32), q)
-    # position of token t = past[b] + (t - cu[b]) for its sequence b
-    positions = np.arange(T, dtype=np.int32) + np.repeat(past - cu[:-1], q)
+    if T == B and max_q == 1:  # a decode step (B tokens, none of q above 1: one each)
+        token_seq = np.arange(B, dtype=np.int32)
+        positions = past.copy()
+    else:
+        token_seq = np.repeat(np.arange(B, dtype=np.int32), q)
+        # position of token t = past[b] + (t - cu[b]) for its sequence b
+        positions = np.arange(T, dtype=np.int32) + np.repeat(past - cu[:-1], q)
     if position_ids is not None:
         position_ids = np.ascontiguousarray(position_ids, dtype=np.int32)
     out_groups = []
@@ -104,7 +115,7 @@ def build_step_arrays(groups, tables: Sequence[np.ndarray], npages: Sequence[np.
         mb = int(pages.max()) if B else 0
         table = tables[g][rows, :mb]  # fancy indexing: a fresh [B, MB] array
         held = npages[g][rows]
-        if not np.array_equal(held, pages):  # a reservation beyond this step: hide its extra pages
+        if (held != pages).any():  # a reservation beyond this step: hide its extra pages
             table[np.arange(mb, dtype=np.int32)[None, :] >= pages[:, None]] = INVALID_BLOCK
         meta = StepMetadata(block_table=table, cu_q_lens=cu, past_lens=past, position_ids=position_ids)
         if not page_indices:
@@ -121,7 +132,7 @@ def build_step_arrays(groups, tables: Sequence[np.ndarray], npages: Sequence[np.
         out_groups.append(GroupStep(spec.name, g, meta, pages, last, indptr, indices))
     return StepBatch(seq_ids=seq_ids, cu_q_lens=cu, past_lens=past, q_lens=q, kv_lens=kv, token_seq=token_seq,
                      positions=positions, position_ids=position_ids, groups=tuple(out_groups),
-                     max_q_len=int(q.max()) if B else 0, max_kv_len=int(kv.max()) if B else 0)
+                     max_q_len=max_q, max_kv_len=int(kv.max()) if B else 0)
 
 
 def pool_descriptors(addresses: Sequence[int], num_blocks: Sequence[int]) -> np.ndarray:

@@ -19,20 +19,25 @@ import hashlib
 import numpy as np
 
 
+_TOKEN_BYTES = np.dtype("<i4")
+
+
 def block_hash(parent: bytes, tokens: np.ndarray) -> bytes:
-    tokens = np.ascontiguousarray(tokens, dtype="<i4")
     h = hashlib.blake2b(parent, digest_size=16)
-    h.update(tokens.tobytes())
+    h.update(np.ascontiguousarray(tokens, dtype=_TOKEN_BYTES))
     return h.digest()
 
 
 class PrefixCache:
-    """hash -> block of one pool group (primary tier), with the tokens of each cached block."""
+    """hash -> block of one pool group (primary tier) of ``num_blocks`` blocks, with the tokens of each cached
+    block, and which blocks are cached as a bool array (``cached_among`` asks it for a step's written pages at
+    once)."""
 
-    def __init__(self):
+    def __init__(self, num_blocks: int):
         self._block_of: dict[bytes, int] = {}
         self._hash_of: dict[int, bytes] = {}
         self._tokens_of: dict[int, np.ndarray] = {}
+        self._is_cached = np.zeros(num_blocks, dtype=bool)  # kept with _hash_of by register and forget
 
     def __len__(self) -> int:
         return len(self._block_of)
@@ -47,6 +52,7 @@ class PrefixCache:
         """Cache ``block`` under ``digest`` unless that hash is cached already (the first copy stays)."""
         if digest in self._block_of or block in self._hash_of:
             return False
+        self._is_cached[block] = True  # (first: a block outside the pool raises before anything changed)
         self._block_of[digest] = block
         self._hash_of[block] = digest
         self._tokens_of[block] = np.array(tokens, dtype=np.int32, copy=True)
@@ -58,14 +64,16 @@ class PrefixCache:
             return False
         del self._block_of[digest]
         del self._tokens_of[block]
+        self._is_cached[block] = False
         return True
 
     def is_cached(self, block: int) -> bool:
         return block in self._hash_of
 
-    def cached_among(self, blocks) -> list[int]:
-        """The blocks of ``blocks`` (ints) that are cached, in one set operation."""
-        return sorted(self._hash_of.keys() & set(blocks))
+    def cached_among(self, blocks: np.ndarray) -> list[int]:
+        """The cached blocks among ``blocks`` (an int array of valid ids), sorted, each once."""
+        hit = self._is_cached[blocks]
+        return np.unique(blocks[hit]).tolist() if hit.any() else []
 
     def hash_of(self, block: int) -> bytes | None:
         return self._hash_of.get(block)

@@ -15,8 +15,9 @@ Manager invariants, in the order they are checked:
    block, i.e. no block is written by two live sequences; ``swapped``: a swapped-out sequence holds no
    device block and one host block per live page.
 3. ``refcount-holders``: every block's refcount equals the number of block-list entries holding it (both
-   tiers).
-4. ``prefix-cache``: hash <-> block maps are inverse, registered blocks are in range and full.
+   tiers), and the allocator's ``num_shared`` counts the blocks of refcount >= 2.
+4. ``prefix-cache``: hash <-> block maps are inverse, registered blocks are in range and full, and the
+   by-block cached flags mark exactly the registered blocks.
 5. ``stale-row``: table rows that no sequence owns are all -1.
 
 Step invariants (``validate_step``): ``indptr-monotone``, ``pages-vs-kv-len``, ``length-formula``,
@@ -68,6 +69,13 @@ def _check_allocator(alloc, group: str) -> None:
               expected="in free list" if rc == 0 else "not in free list", found=f"refcount {rc}")
 
 
+def _check_shared_count(alloc, refcounts: np.ndarray, group: str) -> None:
+    shared = int(np.count_nonzero(refcounts >= 2))
+    if alloc.num_shared != shared:
+        _fail("refcount-holders", f"{alloc.tier} allocator's num_shared differs from its blocks of refcount >= 2",
+              group=group, expected=shared, found=alloc.num_shared)
+
+
 def _holder_of(mgr, g: int, block: int):
     """Some sequence whose block list holds ``block`` (for error messages)."""
     for seq_id, st in mgr._seqs.items():
@@ -116,6 +124,7 @@ def validate_manager(mgr) -> None:
             b = int(np.argmax(bad))
             _fail("refcount-holders", "primary refcount differs from the number of block-list entries holding it",
                   seq=_holder_of(mgr, g, b), group=spec.name, block=b, expected=int(holders[b]), found=int(rc[b]))
+        _check_shared_count(mgr.allocators[g], rc, spec.name)
         host_holders = np.bincount(np.asarray(host_held, dtype=np.int64), minlength=mgr.host_blocks[g])
         rc = np.asarray(mgr.host_allocators[g].refcounts(), dtype=np.int64)
         bad = rc != host_holders
@@ -123,6 +132,7 @@ def validate_manager(mgr) -> None:
             b = int(np.argmax(bad))
             _fail("refcount-holders", "secondary refcount differs from the number of swapped pages holding it",
                   group=spec.name, block=b, expected=int(host_holders[b]), found=int(rc[b]))
+        _check_shared_count(mgr.host_allocators[g], rc, spec.name)
         if mgr.prefix is not None:
             _check_prefix(mgr, g, spec)
         free_rows = np.ones(mgr._tables[g].shape[0], dtype=bool)
@@ -252,6 +262,11 @@ def _check_prefix(mgr, g, spec) -> None:
     if count != len(list(cache.cached_blocks())):
         _fail("prefix-cache", "hash and block maps differ in size", group=spec.name,
               expected=count, found=len(list(cache.cached_blocks())))
+    flagged = np.flatnonzero(cache._is_cached).tolist()
+    if flagged != sorted(cache.cached_blocks()):
+        b = min(set(flagged) ^ set(cache.cached_blocks()))
+        _fail("prefix-cache", "the by-block cached flags differ from the block -> hash map", group=spec.name,
+              block=b, expected=cache.is_cached(b), found=b in flagged)
 
 
 def validate_step(step, num_blocks, layouts) -> None:

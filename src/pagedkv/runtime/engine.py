@@ -48,11 +48,14 @@ class StepTiming:
         return self.schedule + self.prepare + self.finish
 
 
+_ONE = np.uint64(1)  # (a draw counter's step)
+
+
 class _SamplerRows:
     """The per-request values a step's samplers need as arrays (kept while the same requests sample again):
-    sampling-parameter rows, seeds, draw counters (tokens generated so far), token limits, and which of them
-    stop exactly at the model's EOS (``default_stop``) or need the per-token slow path (``slow``: penalties,
-    logprobs, text, their own stop tokens)."""
+    sampling-parameter rows, seeds, draw counters (tokens generated so far), the counter of each one's last
+    token (``max_new_tokens - 1``), and which of them stop exactly at the model's EOS (``default_stop``) or
+    need the per-token slow path (``slow``: penalties, logprobs, text, their own stop tokens)."""
 
     def __init__(self, samplers: list, eos: frozenset):
         self.requests = list(samplers)
@@ -60,8 +63,8 @@ class _SamplerRows:
         self.params = np.stack([r.row for r in samplers]) if n else np.zeros((0, 8), np.float32)
         self.seeds = np.fromiter((r.seed for r in samplers), np.uint64, n)
         self.counters = np.fromiter((len(r.output) for r in samplers), np.uint64, n)
-        self.max_tokens = np.fromiter((r.max_tokens for r in samplers), np.uint64, n)
-        self.eos = np.fromiter(sorted(eos), np.int64, len(eos))
+        self.last_counter = np.fromiter((r.max_tokens - 1 for r in samplers), np.uint64, n)  # (max_tokens >= 1)
+        self.eos = tuple(sorted(eos))
         self.default_stop = np.fromiter((r.stop_ids == eos for r in samplers), bool, n)
         self.slow = np.fromiter((r.extras or r.stop_ids != eos for r in samplers), bool, n)
         self.slow_any = bool(self.slow.any())
@@ -191,11 +194,15 @@ class Engine:
         mgr = self.manager
         decodes, prefills = plan.decodes, plan.prefills
         nd = len(decodes)
-        reqs = decodes + [r for r, _ in prefills] if prefills else decodes
-        counts = np.ones(len(reqs), dtype=np.int64)
-        counts[nd:] = [n for _, n in prefills]
+        if prefills:
+            reqs = decodes + [r for r, _ in prefills]
+            counts = np.ones(len(reqs), dtype=np.int64)
+            counts[nd:] = [n for _, n in prefills]
+        else:  # decodes only: one token each
+            reqs, counts = decodes, 1
         t1 = time.perf_counter()
-        seqs = mgr.seq_batch([r.id for r in reqs], "step")
+        ids = plan.decode_ids if not prefills and plan.decode_ids is not None else [r.id for r in reqs]
+        seqs = mgr.seq_batch(ids, "step")  # (decodes only: the batch the scheduler's reserve_many checked)
         try:
             batch = mgr.build_step_many(seqs, counts, page_indices=False)
             if prefills:  # a prefill chunk samples when it reaches the end of its request's known tokens
@@ -226,8 +233,12 @@ class Engine:
         t3 = time.perf_counter()
         mgr.commit_many(seqs, counts, tokens_of=(lambda i, a, b: reqs[i].tokens(a, b)) if mgr.prefix_reuse else None)
         mgr.drain_copies()  # the storage executed them; the log would only grow
-        for r, n in zip(reqs, counts.tolist()) if prefills else ((r, 1) for r in decodes):
-            r.num_computed += n
+        if prefills:
+            for r, n in zip(reqs, counts.tolist()):
+                r.num_computed += n
+        else:
+            for r in decodes:
+                r.num_computed += 1
         self._last = (samplers, tokens[:len(samplers)])
         # A step of prefill chunks short of their prompts' ends ran one placeholder row: no request takes it
         finished = self._take_tokens(samplers, tokens, logprobs, top_tokens, top_logprobs) if samplers else []
@@ -258,7 +269,7 @@ class Engine:
         it got."""
         rows = self._rows
         if rows.requests == samplers:
-            rows.counters = rows.counters + np.uint64(1)
+            rows.counters = rows.counters + _ONE
         else:
             self._rows = rows = _SamplerRows(samplers, self.eos_token_ids)
         penalties = [r.penalties for r in samplers] if self._penalized else None
@@ -267,8 +278,8 @@ class Engine:
     def _take_tokens(self, samplers, tokens, logprobs, top_tokens, top_logprobs) -> list[Request]:
         """Append each sampler's token; finish those at a stop token, a stop string or max_new_tokens."""
         rows = self._rows  # (the rows of these samplers: _sampling_inputs ran for them)
-        ended = (rows.counters + np.uint64(1) >= rows.max_tokens)
-        for eos in rows.eos.tolist():  # (a handful of ids: cheaper than np.isin)
+        ended = rows.counters >= rows.last_counter  # (the token drawn now is the last one allowed)
+        for eos in rows.eos:  # (a handful of ids: cheaper than np.isin)
             ended |= rows.default_stop & (tokens == eos)
         values = tokens.tolist()
         for r, t in zip(samplers, values):

@@ -22,16 +22,21 @@ from pagedkv import engine_io as io
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_SHIFTS = tuple(np.uint64(k) for k in (30, 27, 31, 11))  # (made once: a step draws every row's uniform)
 U_MAX = float(np.nextafter(np.float32(1), np.float32(0)))  # largest float32 below 1: u stays in [0, 1)
 
 
 def splitmix64(state: np.ndarray) -> np.ndarray:
     """SplitMix64's output function of ``state`` (uint64 array): the mix of ``state + golden``."""
-    with np.errstate(over="ignore"):
-        z = np.asarray(state, dtype=np.uint64) + _GOLDEN
-        z = (z ^ (z >> np.uint64(30))) * _MIX1
-        z = (z ^ (z >> np.uint64(27))) * _MIX2
-    return z ^ (z >> np.uint64(31))
+    s30, s27, s31, _ = _SHIFTS
+    with np.errstate(over="ignore"):  # (uint64 arithmetic wraps, as SplitMix64's does)
+        z = np.asarray(state, dtype=np.uint64) + _GOLDEN  # a new array: the steps below work in place
+        z ^= z >> s30
+        z *= _MIX1
+        z ^= z >> s27
+        z *= _MIX2
+        z ^= z >> s31
+    return z
 
 
 def uniforms(seeds, counters) -> np.ndarray:
@@ -39,7 +44,9 @@ def uniforms(seeds, counters) -> np.ndarray:
     ``seeds[r]`` — the generator's state after k draws is ``seed + k * golden``, so draw k needs no state."""
     with np.errstate(over="ignore"):
         state = np.asarray(seeds, dtype=np.uint64) + np.asarray(counters, dtype=np.uint64) * _GOLDEN
-    return (splitmix64(state) >> np.uint64(11)).astype(np.float64) * (2.0 ** -53)
+    u = (splitmix64(state) >> _SHIFTS[3]).astype(np.float64)
+    u *= 2.0 ** -53
+    return u
 
 
 def derive_seed(base: int, index: int) -> int:

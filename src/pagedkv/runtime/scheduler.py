@@ -59,10 +59,13 @@ class SchedulerConfig:
 
 @dataclass
 class ScheduledStep:
-    """A step: ``decodes`` (one token each) then ``prefills`` (request, tokens), in the step's token order."""
+    """A step: ``decodes`` (one token each) then ``prefills`` (request, tokens), in the step's token order.
+    ``decode_ids``: the decodes' request ids as reserved (the engine's batched KV calls take them; None once one
+    of the decodes was preempted)."""
 
     decodes: list[Request] = field(default_factory=list)
     prefills: list[tuple[Request, int]] = field(default_factory=list)
+    decode_ids: tuple | None = None
 
     def __bool__(self) -> bool:
         return bool(self.decodes or self.prefills)
@@ -129,6 +132,7 @@ class Scheduler:
         mgr = self.manager
         if victim in step.decodes:
             step.decodes.remove(victim)
+            step.decode_ids = None
         step.prefills = [(r, n) for r, n in step.prefills if r is not victim]
         if mgr.reserved(victim.id):
             mgr.unreserve(victim.id)
@@ -157,14 +161,20 @@ class Scheduler:
         cfg, mgr = self.config, self.manager
         step = ScheduledStep()
         self._preempted_now: set[int] = set()  # not resumed in the step that preempted them
-        step.decodes = [r for r in self.running if r.num_computed == r.num_tokens - 1]
+        # A running request decodes when all its known tokens but the last are in the cache; in a steady state of
+        # decodes (nothing else running) one pass finds that out
+        others = [r for r in self.running if r.num_computed != r.num_tokens - 1]
+        step.decodes = ([r for r in self.running if r.num_computed == r.num_tokens - 1] if others
+                        else list(self.running))
         while step.decodes:
+            ids = tuple([r.id for r in step.decodes])
             try:
-                mgr.reserve_many([r.id for r in step.decodes], 1)
+                mgr.reserve_many(ids, 1)
+                step.decode_ids = ids
                 break
             except KVCacheExhaustedError:
                 self._preempt(self.running[-1], step)
-        for r in [r for r in self.running if r.num_computed < r.num_tokens - 1]:
+        for r in [r for r in others if r.num_computed < r.num_tokens - 1]:  # (those still in prefill)
             if r.state != RequestState.RUNNING:  # preempted for an older request's chunk meanwhile
                 continue
             budget = cfg.max_num_batched_tokens - step.num_tokens
