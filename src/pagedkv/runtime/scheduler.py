@@ -175,7 +175,7 @@ class Scheduler:
             except KVCacheExhaustedError:
                 self._preempt(self.running[-1], step)
         for r in [r for r in others if r.num_computed < r.num_tokens - 1]:  # (those still in prefill)
-            if r.state != RequestState.RUNNING:  # preempted for an older request's chunk meanwhile
+            if r.state != RequestState.RUNNING:  # preempted meanwhile: for the decodes or an older request's chunk
                 continue
             budget = cfg.max_num_batched_tokens - step.num_tokens
             if budget <= 0 or len(step.decodes) + len(step.prefills) >= cfg.max_num_seqs:
