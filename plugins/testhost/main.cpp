@@ -11,8 +11,9 @@
 //   pagedkv_testhost run-engine --lib LIB --plan PLAN.json --out DIR   (GPU) the C++ runtime over the plugins
 //   pagedkv_testhost exprs   --pairs "[[7,2],[-7,2]]"                  the host's IExprBuilder on its own
 //
-// Exit status: 0 the command ran (for `create`: the plugin was created), 1 `create` got nullptr or `enqueue`
-// had a failing step (`run-engine`: a failing step or unfinished requests), 2 a usage or host error (message on stderr). A crash of the library is a signal.
+// Exit status: 0 the command ran (for `create`: the plugin was created), 1 `create` got nullptr, `enqueue` had a
+// failing step or `run-engine` a failing step or unfinished requests, 2 a usage or host error (message on
+// stderr). A crash of the library is a signal.
 #include <cstdio>
 #include <cstring>
 #include <exception>

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "common/pluginNames.h"
 #include "exprBuilder.h"
 #include "pagedkv/step_metadata.h"
 
@@ -23,10 +24,6 @@ using nvinfer1::TensorRTPhase;
 namespace rt = pagedkv::runtime;
 
 namespace {
-
-// Plugin input positions (the plugins' READMEs): QKV write (qkv, kv_pools, block_table, cu_q_lens, past_lens)
-// and attention (q, kv_pools, block_table, cu_q_lens, past_lens, kv_write_status).
-constexpr int32_t kWriteInputs = 5, kAttentionInputs = 6;
 
 Dims dims(std::initializer_list<int64_t> values) {
     Dims d{};
@@ -130,7 +127,7 @@ PluginsExecutor::Stage PluginsExecutor::makeStage(nvinfer1::IPluginCreatorV3One*
     s.outDesc.resize(nbOut);
     s.inputs.resize(nbIn);
     s.outputs.resize(nbOut);
-    if (name == "PagedKVQKVWrite") qWidth_ = int32_t(outMax[0].d[1]);
+    s.outMax = outMax;
     return s;
 }
 
@@ -143,24 +140,29 @@ PluginsExecutor::PluginsExecutor(PluginLibrary& library, PluginsModel model, std
         throw std::invalid_argument("plugins model: one write and one attention attribute set per layer");
     if (model_.tokenRows.size() != size_t(L) * model_.vocab * W ||
         model_.positionRows.size() != size_t(L) * model_.maxPosition * W)
-        throw std::invalid_argument("plugins model: token_rows / position_rows do not match [L, vocab | max_position, qkv_width]");
+        throw std::invalid_argument(
+            "plugins model: token_rows / position_rows do not match [L, vocab | max_position, qkv_width]");
     if (groups.size() != 1) throw std::invalid_argument("plugins model: one pool group");
     rt::StepLimits const& lim = this->limits();
     int64_t const T = lim.maxTokens, B = lim.maxSeqs, MB = lim.maxBlocks[0];
     DataType const io = model_.ioType;
     try {
+        // The plugins' inputs (their READMEs): QKV write (qkv, kv_pools, block_table, cu_q_lens, past_lens),
+        // attention (q, kv_pools, block_table, cu_q_lens, past_lens, kv_write_status).
+        DataType const i32 = DataType::kINT32, i64 = DataType::kINT64;
+        Dims const pools = dims({1, pagedkv::kPoolDescFields}), status = dims({pagedkv::kStatusFields});
         for (int32_t l = 0; l < L; ++l) {
-            std::vector<Dims> lo{dims({1, W}), dims({1, pagedkv::kPoolDescFields}), dims({1, 1}), dims({2}), dims({1})};
-            std::vector<Dims> hi{dims({T, W}), dims({1, pagedkv::kPoolDescFields}), dims({B, MB}), dims({B + 1}), dims({B})};
-            write_.push_back(makeStage(library.creator("PagedKVQKVWrite"), model_.writeAttrs[l], lo, hi,
-                                       {io, DataType::kINT64, DataType::kINT32, DataType::kINT32, DataType::kINT32}));
+            std::vector<Dims> lo{dims({1, W}), pools, dims({1, 1}), dims({2}), dims({1})};
+            std::vector<Dims> hi{dims({T, W}), pools, dims({B, MB}), dims({B + 1}), dims({B})};
+            write_.push_back(makeStage(library.creator(pagedkv::plugin::kQKVWritePluginName), model_.writeAttrs[l],
+                                       lo, hi, {io, i64, i32, i32, i32}));
+            qWidth_ = int32_t(write_.back().outMax[0].d[1]);  // q [T, H * D]: what the attention reads and writes
             lo[0] = dims({1, qWidth_});
             hi[0] = dims({T, qWidth_});
-            lo.push_back(dims({pagedkv::kStatusFields}));
-            hi.push_back(dims({pagedkv::kStatusFields}));
-            attention_.push_back(makeStage(library.creator("PagedKVAttention"), model_.attentionAttrs[l], lo, hi,
-                                           {io, DataType::kINT64, DataType::kINT32, DataType::kINT32, DataType::kINT32,
-                                            DataType::kINT32}));
+            lo.push_back(status);
+            hi.push_back(status);
+            attention_.push_back(makeStage(library.creator(pagedkv::plugin::kAttentionPluginName),
+                                           model_.attentionAttrs[l], lo, hi, {io, i64, i32, i32, i32, i32}));
             qkv_.push_back(deviceAlloc<uint16_t>(size_t(T) * W, "cudaMalloc (qkv)"));
             q_.push_back(deviceAlloc<uint16_t>(size_t(T) * qWidth_, "cudaMalloc (q)"));
             out_.push_back(deviceAlloc<uint16_t>(size_t(T) * qWidth_, "cudaMalloc (attention out)"));
@@ -230,7 +232,8 @@ void PluginsExecutor::setShapes(rt::StepShape const& run) {
         a.outputs = {out_[l]};
         for (Stage* s : {&w, &a}) {
             std::vector<Dims> const& d = s == &w ? wDims : aDims;
-            for (size_t p = 0; p < d.size(); ++p) s->inDesc[p] = PluginTensorDesc{d[p], s->inTypes[p], TensorFormat::kLINEAR, 1.f};
+            for (size_t p = 0; p < d.size(); ++p)
+                s->inDesc[p] = PluginTensorDesc{d[p], s->inTypes[p], TensorFormat::kLINEAR, 1.f};
         }
         w.outDesc[0] = PluginTensorDesc{dims({T, qWidth_}), w.outTypes[0], TensorFormat::kLINEAR, 1.f};
         w.outDesc[1] = PluginTensorDesc{dims({pagedkv::kStatusFields}), w.outTypes[1], TensorFormat::kLINEAR, 1.f};
@@ -249,8 +252,8 @@ void PluginsExecutor::enqueue(rt::StepShape const& run) {
         for (Stage* s : {&write_[l], &attention_[l]}) {
             if (s->run->enqueue(s->inDesc.data(), s->outDesc.data(), s->inputs.data(), s->outputs.data(), workspace_,
                                 stream()) != 0)
-                throw std::runtime_error("layer " + std::to_string(l) + ": " + (s == &write_[l] ? "write" : "attention") +
-                                         " plugin enqueue failed");
+                throw std::runtime_error("layer " + std::to_string(l) + ": " +
+                                         (s == &write_[l] ? "write" : "attention") + " plugin enqueue failed");
         }
     }
 }

@@ -62,6 +62,7 @@ private:
         std::vector<void const*> inputs;
         std::vector<void*> outputs;
         std::vector<nvinfer1::PluginTensorDesc> inDesc, outDesc;
+        std::vector<nvinfer1::Dims> outMax;  // output dims at the limits' maxima
     };
     Stage makeStage(nvinfer1::IPluginCreatorV3One* creator, Json const& attrs, std::vector<nvinfer1::Dims> inMin,
                     std::vector<nvinfer1::Dims> inMax, std::vector<nvinfer1::DataType> inTypes);

@@ -108,8 +108,8 @@ def test_device_executor_runs_the_plugins_over_continuous_batching(host, tmp_pat
         assert ids.size == meta["num_tokens"] == cu[-1] and past.size == len(meta["request_ids"])
         pos = np.concatenate([past[b] + np.arange(cu[b + 1] - cu[b]) for b in range(past.size)])
         for layer in range(LAYERS):
-            q = load(d, f"q{layer}", np.float16, (-1, HEADS, HEAD_DIM)).astype(np.float64)[:ids.size]
-            o = load(d, f"out{layer}", np.float16, (-1, HEADS, HEAD_DIM)).astype(np.float64)[:ids.size]
+            q = load(d, f"q{layer}", np.float16, (ids.size, HEADS, HEAD_DIM)).astype(np.float64)
+            o = load(d, f"out{layer}", np.float16, (ids.size, HEADS, HEAD_DIM)).astype(np.float64)
             exact_q, _, _ = exact_qkv(WRITE[layer], qkv_rows(layer, ids, pos), None, pos)
             np.testing.assert_allclose(q, exact_q, atol=atol, rtol=rtol, err_msg=f"step {meta['step']} q{layer}")
             for b, rid in enumerate(meta["request_ids"]):
