@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import os
 import json
 import math
 import sys
@@ -287,6 +288,21 @@ def run(which: set[str], peers: tuple[str, ...]) -> list[Result]:
                 us = ours.us = time_us(ours, torch, triton)
                 times, notes = time_peers(step, ours, "prefill", prefill_peers, flops)
                 row(name, "pagedkv bf16", step, ours, us, times, notes, tflops=flops / (us * 1e-6) / 1e12)
+                # The mma.sync kernel (sm_80 / sm_89's, and the H200's before the wgmma kernel) on the same
+                # tensors: PAGEDKV_MULTI_KERNEL=mma is read at every launch.
+                ours()
+                wgmma_out = step.out.clone()
+                os.environ["PAGEDKV_MULTI_KERNEL"] = "mma"
+                try:
+                    mma = step.our_launcher()
+                    mma_us = time_us(mma, torch, triton)
+                    mma()
+                    diff = (step.out.float() - wgmma_out.float()).abs().max().item()
+                finally:
+                    del os.environ["PAGEDKV_MULTI_KERNEL"]
+                row(name, "pagedkv bf16, mma.sync kernel", step, mma, mma_us, times, [],
+                    tflops=flops / (mma_us * 1e-6) / 1e12,
+                    extra=f"default kernel {mma_us / us:.2f}x faster; max|diff| between the kernels {diff:.4f}")
                 del step
                 torch.cuda.empty_cache()
 

@@ -77,6 +77,14 @@ __device__ __forceinline__ uint32_t tileChunk(int32_t row, int32_t chunk) {
     return swizzledChunk(row, chunk, tileRowElems(kD) * 2);
 }
 
+// Byte offset of (row, 16-byte chunk) in a blocked 16-bit tile of kTileRows rows, the layout the Hopper kernel's
+// wgmma reads (sm90/wgmma.cuh): column block ch / 8 holds kTileRows rows of 128 bytes, chunk ch % 8 of row r at
+// position (ch % 8) ^ (r & 7). For head dims <= 64 it is tileChunk's layout.
+template <int kTileRows>
+__device__ __forceinline__ uint32_t blockedTileChunk(int32_t row, int32_t chunk) {
+    return uint32_t((chunk >> 3) * (kTileRows * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+}
+
 // ---- 8-bit K/V tiles read straight into MMA fragments (decode kernel): no conversion pass through shared
 // memory. The staging tile is [tokens][kD] bytes with 16-byte chunk ch of row r at ch ^ (r & (chunks - 1,
 // at most 7)). Two index permutations make every fragment a few wide, bank-conflict-free shared loads:
@@ -131,8 +139,10 @@ struct Frag8 {
 //    from 4475 to 4324 us). The V row is src.vDelta after the K row; sPos[r] records the position or -1,
 //    and a row holding nothing is zero-filled without touching global memory.
 // Destinations: 16-bit caches land in swizzled tiles (tileChunk: rows of tileRowElems(kD) elements) that
-// ldmatrix reads directly; 8-bit caches in a staging tile of kD-byte rows, row-major for convertTile8 or
-// chunk-swizzled for Frag8 (kSwizzle8: the decode kernel at D = 64, 128, 256).
+// ldmatrix reads directly, or, with kBlockRows > 0, in the blocked tile of kBlockRows rows that wgmma reads
+// (blockedTileChunk; sK / sV then point at the warp's first row inside column block 0); 8-bit caches in a staging
+// tile of kD-byte rows, row-major for convertTile8 or chunk-swizzled for Frag8 (kSwizzle8: the decode kernel at
+// D = 64, 128, 256).
 template <int kRows>
 __device__ __forceinline__ KVRow locateKVRowPair(AttentionKernelParams const& p, KVSource const& src, bool valid0,
                                                  int32_t v0, bool valid1, int32_t v1, int32_t lane) {
@@ -168,7 +178,7 @@ __device__ __forceinline__ KVRowOffset resolveKVRowOffset(AttentionKernelParams 
 // otherwise (D = 80, 96 as 16-bit: 10, 12 chunks; D = 80 as 8-bit: 5) the tile's kRows x kChunks chunks are
 // taken in row-major order, 32 per step (lane l of step i: chunk 32 i + l; the last step's lanes past the tile
 // copy nothing), so that every lane is busy and a lane pair still copies one 32-byte sector of a run.
-template <int kD, int kElemBytes, int kRows, bool kSwizzle8 = false>
+template <int kD, int kElemBytes, int kRows, bool kSwizzle8 = false, int kBlockRows = 0>
 __device__ __forceinline__ void copyKVRows(KVSource const& src, KVRowOffset const& rows, int32_t firstLane,
                                            uint32_t sK, uint32_t sV, int32_t* sPos, int32_t lane) {
     constexpr int kRowBytes = kD * kElemBytes;
@@ -177,8 +187,10 @@ __device__ __forceinline__ void copyKVRows(KVSource const& src, KVRowOffset cons
     int32_t const pos = __shfl_sync(0xffffffffu, rows.pos, firstLane + lane % kRows);
     if (lane < kRows) sPos[lane] = pos;
     int const laneChunk = lane % kChunks;  // the lane's chunk of every row it copies (when kChunks divides 32)
+    static_assert(kBlockRows == 0 || (kElemBytes == 2 && kD % 64 == 0), "blocked tiles hold whole 128-byte blocks");
     auto dstOf = [&](int r, int ch) {
-        return kElemBytes == 2 ? tileChunk<kD>(r, ch)
+        return kBlockRows > 0  ? blockedTileChunk<kBlockRows>(r, ch)
+               : kElemBytes == 2 ? tileChunk<kD>(r, ch)
                : kSwizzle8     ? Frag8<kD>::chunkOffset(r, ch)
                                : uint32_t(r * kRowBytes + ch * 16);
     };
@@ -259,9 +271,10 @@ __device__ __forceinline__ void convertTile8(unsigned char const* staging, unsig
     }
 }
 
-// ---- query rows -> swizzled 16-bit tile [kRows][tileRowElems(kD)]. Local row r is global row rowBegin + r (token R / G,
-// head kvHead * G + R % G); rows at or past rowEnd are zero.
-template <typename CT, int kD, int kRows, int kThreads>
+// ---- query rows -> swizzled 16-bit tile [kRows][tileRowElems(kD)] (kBlocked: the blocked tile of kRows rows that
+// wgmma reads). Local row r is global row rowBegin + r (token R / G, head kvHead * G + R % G); rows at or past
+// rowEnd are zero.
+template <typename CT, int kD, int kRows, int kThreads, bool kBlocked = false>
 __device__ __forceinline__ void loadQRows(AttentionKernelParams const& p, unsigned char* sQ, int32_t rowBegin,
                                           int32_t rowEnd, int32_t kvHead, int32_t tid) {
     constexpr int kChunks = kD / 8;  // 16-byte chunks of the compute type per row
@@ -281,7 +294,7 @@ __device__ __forceinline__ void loadQRows(AttentionKernelParams const& p, unsign
                 val = __ldg(reinterpret_cast<uint4 const*>(static_cast<CT const*>(p.params.q) + elem));
             }
         }
-        *reinterpret_cast<uint4*>(sQ + tileChunk<kD>(r, ch)) = val;
+        *reinterpret_cast<uint4*>(sQ + (kBlocked ? blockedTileChunk<kRows>(r, ch) : tileChunk<kD>(r, ch))) = val;
     }
 }
 

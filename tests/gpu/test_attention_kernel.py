@@ -211,6 +211,19 @@ HEAD_DIM_CASES = [
     Case(((5, 1), (0, 77), (1000, 1), (250, 130)), head_dim=96, loose_bounds=True, seed=87),
 ]
 
+# The sm_90a multi-token kernel (16-bit caches, D = 64, 128; the multi-token cases above reach it too on an
+# H100 / H200): many KV tiles of 128 tokens through its 2- and 3-stage pipelines, pages of 64 and 128 tokens (a
+# tile is 2 or 1 pages), Llama-70B-like G = 8, fp16, every mask kind in one tile, a split prefill chunk.
+HOPPER_MULTI_CASES = [
+    Case(((0, 1000),), page_size=64, seed=100),
+    Case(((1500, 700), (0, 260)), cache=CacheDType.FP16, io="float16", seed=101),
+    Case(((0, 300), (77, 45)), num_q_heads=64, num_kv_heads=8, page_size=128, seed=102),
+    Case(((64, 500),), head_dim=64, window=200, sinks=4, softcap=30.0, seed=103),
+    Case(((2000, 333),), head_dim=64, cache=CacheDType.FP16, io="float16", layout=PageLayout.NHD, page_size=32,
+         seed=104),
+    Case(((900, 257), (3, 1), (0, 20)), window=300, sinks=8, cyclic_pages=50, seed=105),
+]
+
 CASES = [
     # decode: GQA / MHA / MQA (G = 16 still decode kernel; G = 32 goes to the multi-token kernel)
     *[Case(_decode_lengths(p), head_dim=d, page_size=p, seed=i)
@@ -269,6 +282,7 @@ CASES = [
     Case(((5, 1), (0, 77), (1000, 1), (250, 130)), loose_bounds=True, seed=21),
     Case(((3000, 1), (10, 1)), loose_bounds=True, seed=22),
     *HEAD_DIM_CASES,
+    *HOPPER_MULTI_CASES,
 ]
 
 
@@ -306,6 +320,24 @@ def test_large_ragged_batch(head_dim):
     rng = np.random.default_rng(40)
     lengths = rng.integers(1, 600, size=256)
     check(Case(tuple((int(n) - 1, 1) for n in lengths), num_q_heads=16, num_kv_heads=4, head_dim=head_dim, seed=40))
+
+
+def _runs_multi_token_kernel(case: Case) -> bool:
+    group = case.num_q_heads // case.num_kv_heads
+    return any(q * group > 16 or group > 16 for _, q in case.seqs if q > 0)
+
+
+# The mma.sync multi-token kernel serves sm_80 / sm_89 and, on an H100 / H200, what the sm_90a kernel does not
+# cover; PAGEDKV_MULTI_KERNEL=mma (read at every launch) runs it on the cases the sm_90a kernel would take, so
+# that the one GPU this suite runs on checks both kernels.
+MMA_ON_HOPPER_CASES = [c for c in CASES if _runs_multi_token_kernel(c) and c.head_dim in (64, 128)
+                       and c.cache in (CacheDType.BF16, CacheDType.FP16)]
+
+
+@pytest.mark.parametrize("case", MMA_ON_HOPPER_CASES, ids=[c.id for c in MMA_ON_HOPPER_CASES])
+def test_mma_multi_token_kernel_matches_reference(case, monkeypatch):
+    monkeypatch.setenv("PAGEDKV_MULTI_KERNEL", "mma")
+    check(case)
 
 
 def test_workspace_below_the_plan_still_correct():

@@ -1,0 +1,280 @@
+// Multi-token attention kernel for sm_90a (H100 / H200): the chunked-prefill / long-prompt / draft rows of
+// attention_multi.cu on warpgroup MMAs. Same work split, same loader, same softmax; what changes is the math:
+//  * a CTA is 2 warpgroups (256 threads) over kRows = 128 query rows (consecutive tokens x the G heads of one KV
+//    head, the planner's row tile), each warpgroup 64 of them;
+//  * KV tiles of kTile = 128 tokens stream through a cp.async pipeline into blocked, 128-byte-swizzled tiles
+//    (blockedTileChunk), page by page through the block table (copyKVRows: one lookup per row, runs copied whole);
+//  * per tile and warpgroup, S = Q K^T is kD / 16 wgmma m64n128k16 reading Q and K straight from shared memory,
+//    the online softmax runs on the S registers (softmaxStepFixed: mask, soft-cap, running max and sum), and
+//    O += P V is kTile / 16 wgmma m64nDk16 with P from registers and V read MN-major from shared memory;
+//  * the two warpgroups run the same loop on different rows, so one's softmax overlaps the other's MMAs.
+// 16-bit caches and head dims 64 / 128; every other case (8-bit caches, D = 32, 80, 96, 256, other GPUs) stays on
+// attention_multi.cu's mma.sync kernel (multiKernelSm90Serves). Design, byte and FLOP counts, measurements:
+// benchmarks/NOTES-attention.md, "Hopper multi-token kernel".
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+#include "attention_dispatch.cuh"
+#include "attention_kernels.h"
+#include "attention_tile.cuh"
+#include "wgmma.cuh"
+#include "wgmma_ops.cuh"
+
+namespace pagedkv {
+namespace attn {
+namespace {
+
+template <typename CT, int kD>
+struct Sm90MultiConfig {
+    static_assert(kD == 64 || kD == 128, "whole 128-byte column blocks, one wgmma N for O");
+    static constexpr int kWarpGroups = 2;
+    static constexpr int kThreads = kWarpGroups * 128;
+    static constexpr int kWarps = kThreads / 32;
+    static constexpr int kRows = kWarpGroups * 64;
+    static_assert(kRows == multiTileRows(kD), "the planner's row tiles (attention_plan.cpp) are this kernel's");
+    static constexpr int kTile = 128;  // KV tokens per pipeline stage = N of S = Q K^T
+    static constexpr int kNT = kTile / 8;
+    // D = 64: 3 stages (112 KB, one CTA per SM either way); D = 128: 2 (160 KB; 3 would leave no room).
+    static constexpr int kStages = kD == 64 ? 3 : 2;
+    static constexpr int kQBytes = kRows * kD * 2;
+    static constexpr int kKVTileBytes = kTile * kD * 2;
+    static constexpr int kAlign = 1024;  // the swizzle repeats every 1024 bytes: blocks start on that boundary
+    static constexpr int kSmemBytes = kAlign + kQBytes + kStages * 2 * kKVTileBytes + kStages * kTile * 4;
+    static constexpr int kWarpRows = kTile / kWarps;  // KV rows each warp loads per tile
+    static_assert(kWarpRows % 8 == 0 && 2 * kWarpRows <= 32, "a warp locates two tiles' rows at once");
+    static_assert(kQBytes % kAlign == 0 && kKVTileBytes % kAlign == 0, "tiles start on swizzle boundaries");
+};
+
+template <typename CT, int kD>
+__global__ void __launch_bounds__(Sm90MultiConfig<CT, kD>::kThreads, 1)
+    attentionMultiKernelSm90(__grid_constant__ AttentionKernelParams const p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using Cfg = Sm90MultiConfig<CT, kD>;
+    constexpr int kTile = Cfg::kTile;
+    constexpr int kNT = Cfg::kNT;
+    extern __shared__ __align__(16) unsigned char smemRaw[];
+
+    // ---- prologue: this CTA's rows, chunk and KV tiles (the same decisions as the mma.sync kernel's)
+    int32_t const slot = int32_t(gridDim.x) - 1 - int32_t(blockIdx.x);
+    int32_t const kvHead = blockIdx.y;
+    int32_t const z = blockIdx.z;
+    int32_t const tid = threadIdx.x;
+    int32_t const warp = tid >> 5;
+    int32_t const lane = tid & 31;
+    int32_t const group = tid >> 7;  // warpgroup: rows [64 group, 64 group + 64) of the tile
+
+    CtaWork const w = multiCtaWork(p.split, p.stepView(), Cfg::kRows, kTile, slot, z);
+    if (!w.active) return;
+    KVSource const src = makeKVSource(p, w, kvHead, 2);
+    int32_t const qa = rowQueryPos(w.seq, w.rowBegin, p.groupSize);
+    int32_t const qb = rowQueryPos(w.seq, w.rowEnd - 1, p.groupSize);
+
+    // ---- shared memory (1024-byte aligned): Q tile, stages x (K, V) tiles, stages x positions
+    unsigned char* const smem = smemRaw + ((Cfg::kAlign - (smemAddr(smemRaw) & (Cfg::kAlign - 1))) & (Cfg::kAlign - 1));
+    unsigned char* const sQ = smem;
+    uint32_t const sQAddr = smemAddr(sQ);
+    uint32_t const sKVAddr = sQAddr + Cfg::kQBytes;
+    int32_t* const sPos = reinterpret_cast<int32_t*>(smem + Cfg::kQBytes + Cfg::kStages * 2 * Cfg::kKVTileBytes);
+    auto kTileAddr = [&](int stage) { return sKVAddr + uint32_t(stage * 2 * Cfg::kKVTileBytes); };
+    auto vTileAddr = [&](int stage) { return kTileAddr(stage) + uint32_t(Cfg::kKVTileBytes); };
+
+    // ---- loader: warp w copies rows [w kWarpRows, (w + 1) kWarpRows) of every KV tile; tiles 2j and 2j + 1 are
+    // located together a tile or two ahead (locateKVRowPair), resolved at 2j's copy.
+    int32_t const numTiles = w.tiles.count();
+    constexpr int kWarpRows = Cfg::kWarpRows;
+    uint32_t const warpRowOffset = uint32_t(warp * kWarpRows * 128);  // inside column block 0 of a tile
+    auto warpRows = [&](int32_t i) { return i < numTiles ? w.tiles.tile(i) * kTile + warp * kWarpRows : 0; };
+    KVRow ahead = locateKVRowPair<kWarpRows>(p, src, 0 < numTiles, warpRows(0), 1 < numTiles, warpRows(1), lane);
+    KVRowOffset rows;
+    auto issue = [&](int32_t i) {  // tile i into its stage: one commit group per call, empty past the last tile
+        if (i < numTiles) {
+            int32_t const stage = i % Cfg::kStages;
+            if ((i & 1) == 0) {
+                rows = resolveKVRowOffset(p, src, ahead, 2);
+                ahead = locateKVRowPair<kWarpRows>(p, src, i + 2 < numTiles, warpRows(i + 2), i + 3 < numTiles,
+                                                   warpRows(i + 3), lane);
+            }
+            copyKVRows<kD, 2, kWarpRows, false, kTile>(src, rows, (i & 1) * kWarpRows, kTileAddr(stage) + warpRowOffset,
+                                                       vTileAddr(stage) + warpRowOffset,
+                                                       sPos + stage * kTile + warp * kWarpRows, lane);
+        }
+        cpAsyncCommit();
+    };
+#pragma unroll
+    for (int32_t i = 0; i < Cfg::kStages - 1; ++i) issue(i);
+    loadQRows<CT, kD, Cfg::kRows, Cfg::kThreads, true>(p, sQ, w.rowBegin, w.rowEnd, kvHead, tid);
+
+    // ---- this thread's two rows: g and g + 8 of its warp's 16 inside the warpgroup's 64
+    int32_t const g = lane >> 2;
+    int32_t const c = lane & 3;
+    int32_t const groupRow0 = group * 64;
+    int32_t const warpRow0 = groupRow0 + (warp & 3) * 16;
+    bool const groupHasRows = w.rowBegin + groupRow0 < w.rowEnd;  // uniform per warpgroup (wgmma is collective)
+    int32_t qPos[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        int32_t const row = w.rowBegin + warpRow0 + g + 8 * h;
+        qPos[h] = row < w.rowEnd ? rowQueryPos(w.seq, row, p.groupSize) : -1;
+    }
+
+    float o[kD / 8][4];
+#pragma unroll
+    for (int dn = 0; dn < kD / 8; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.f;
+    float m[2] = {negInf(), negInf()};
+    float l[2] = {0.f, 0.f};
+
+    // ---- main loop. Commit groups before iteration i's wait: tiles [0, i + kStages - 1) (2 stages: issue(i + 1)
+    // comes first; 3 stages: issue(i + 2) follows the barrier), so waiting until one group is pending means tile
+    // i has landed. The stage that issue fills was last read by iteration i - 1, which every warp finished before
+    // this iteration's barrier (3 stages) or the previous iteration's closing barrier (2 stages).
+    for (int32_t i = 0; i < numTiles; ++i) {
+        if constexpr (Cfg::kStages == 2) issue(i + 1);
+        cpAsyncWait<1>();           // tile i (and Q) written by this thread ...
+        wgmma::fenceProxyAsync();   // ... visible to the tensor cores' async proxy ...
+        __syncthreads();            // ... for every thread's copies
+        if constexpr (Cfg::kStages == 3) issue(i + 2);
+        int32_t const stage = i % Cfg::kStages;
+        int32_t const* const tilePos = sPos + stage * kTile;
+
+        // Which rows of the tile hold a position (each lane reads 4), and does the tile need the per-element mask?
+        bool anyHere = false, allHere = true;
+#pragma unroll
+        for (int j = 0; j < kTile / 32; ++j) {
+            bool const holds = tilePos[lane * (kTile / 32) + j] >= 0;
+            anyHere = anyHere || holds;
+            allHere = allHere && holds;
+        }
+        bool const anyRow = __any_sync(0xffffffffu, anyHere);  // uniform: every warp reads the same positions
+        bool const holdsAll = __all_sync(0xffffffffu, allHere);
+        if (groupHasRows && anyRow) {
+            bool const needMask = tileNeedsMask(holdsAll, tilePos[0], tilePos[kTile - 1], qa, qb, p.params.window);
+
+            // S = Q K^T: 64 rows x kTile tokens per warpgroup, k over the head dim
+            float s[kNT][4];
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+            wgmma::fence();
+#pragma unroll
+            for (int kk = 0; kk < kD / 16; ++kk)
+                wgmma::Mma<CT, kTile>::ss(s, wgmma::kMajor<Cfg::kRows>(sQAddr, groupRow0, kk),
+                                          wgmma::kMajor<kTile>(kTileAddr(stage), 0, kk), kk > 0);
+            wgmma::commit();
+            wgmma::wait<0>();
+            wgmma::pin(s);
+
+            // online softmax on the S registers; soft-cap and mask decided once per tile
+            float alpha[2];
+            auto softmax = [&](auto capped, auto masked) {
+                softmaxStepFixed<kNT, decltype(capped)::value, decltype(masked)::value>(p, s, tilePos, qPos[0], qPos[1],
+                                                                                        lane, m, l, alpha);
+            };
+            using Yes = std::true_type;
+            using No = std::false_type;
+            if (p.useSoftcap != 0) {
+                if (needMask) softmax(Yes{}, Yes{});
+                else softmax(Yes{}, No{});
+            } else {
+                if (needMask) softmax(No{}, Yes{});
+                else softmax(No{}, No{});
+            }
+            rescaleRows(o, alpha);
+
+            // O += P V: P (rows x tokens) from registers, 16 tokens per k-step
+            uint32_t pa[kTile / 16][4];
+#pragma unroll
+            for (int kt = 0; kt < kTile / 16; ++kt) probFragment<CT, kNT>(s, kt, pa[kt]);
+            wgmma::fence();
+#pragma unroll
+            for (int kt = 0; kt < kTile / 16; ++kt)
+                wgmma::Mma<CT, kD>::rs(o, pa[kt], wgmma::mnMajor<kTile>(vTileAddr(stage), kt), true);
+            wgmma::commit();
+            wgmma::wait<0>();
+            wgmma::pin(o);
+        }
+        if constexpr (Cfg::kStages == 2) __syncthreads();  // every warp is done with this stage before its refill
+    }
+    cpAsyncWait<0>();
+
+    // ---- epilogue: outputs straight from the accumulators (row g / g + 8; dims 8 dn + 2c, + 1)
+    if (!groupHasRows) return;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float const sum = quadSum(l[h]);
+        int32_t const row = w.rowBegin + warpRow0 + g + 8 * h;
+        if (row >= w.rowEnd) continue;
+        int32_t const token = row / p.groupSize;
+        int32_t const head = kvHead * p.groupSize + row % p.groupSize;
+        float const scale = sum > 0.f ? p.outScale / sum : 0.f;  // nothing seen -> 0, never 0/0
+        if (w.nChunks == 1) {
+            CT* const dst = static_cast<CT*>(p.params.out) + (int64_t(token) * p.params.numQHeads + head) * kD + 2 * c;
+#pragma unroll
+            for (int dn = 0; dn < kD / 8; ++dn)
+                *reinterpret_cast<uint32_t*>(dst + dn * 8) = Mma<CT>::pack(o[dn][2 * h] * scale, o[dn][2 * h + 1] * scale);
+        } else {
+            int64_t const prow = partialRow(p, z, token, head);
+            float* const dst = p.partialOut + prow * kD + 2 * c;
+#pragma unroll
+            for (int dn = 0; dn < kD / 8; ++dn)
+                *reinterpret_cast<float2*>(dst + dn * 8) = make_float2(o[dn][2 * h] * scale, o[dn][2 * h + 1] * scale);
+            if (c == 0) p.partialLse[prow] = sum > 0.f ? m[h] + __log2f(sum) : negInf();
+        }
+    }
+#endif
+}
+
+template <typename CT, int kD>
+cudaError_t prepareOrLaunchSm90(int32_t& ctasPerSm, AttentionKernelParams const* kp, dim3 grid, cudaStream_t stream) {
+    using Cfg = Sm90MultiConfig<CT, kD>;
+    static KernelSetup setup;
+    auto kernel = attentionMultiKernelSm90<CT, kD>;
+    cudaError_t const err =
+        setup.prepare(kernel, Cfg::kSmemBytes, Cfg::kThreads, ctasPerSm, "Hopper multi-token attention kernel", kD);
+    if (err != cudaSuccess || kp == nullptr) return err;
+    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(*kp);
+    return cudaGetLastError();
+}
+
+cudaError_t dispatchSm90(IODType io, int32_t headDim, int32_t& ctasPerSm, AttentionKernelParams const* kp, dim3 grid,
+                         cudaStream_t stream) {
+    bool const bf16 = io == IODType::kBF16;
+    if (headDim == 128)
+        return bf16 ? prepareOrLaunchSm90<__nv_bfloat16, 128>(ctasPerSm, kp, grid, stream)
+                    : prepareOrLaunchSm90<__half, 128>(ctasPerSm, kp, grid, stream);
+    if (headDim == 64)
+        return bf16 ? prepareOrLaunchSm90<__nv_bfloat16, 64>(ctasPerSm, kp, grid, stream)
+                    : prepareOrLaunchSm90<__half, 64>(ctasPerSm, kp, grid, stream);
+    return invalidArgument("head_dim=" + std::to_string(headDim) + ": expected 64 or 128 (Hopper multi-token kernel)");
+}
+
+}  // namespace
+
+bool multiKernelSm90Serves(IODType io, CacheDType cache, int32_t headDim) {
+    if (isCache8Bit(cache) || (headDim != 64 && headDim != 128)) return false;
+    if (io != IODType::kBF16 && io != IODType::kFP16) return false;
+    // PAGEDKV_MULTI_KERNEL=mma keeps every GPU on the mma.sync kernel (A/B benchmarks, its tests on an H100/H200).
+    char const* const choice = std::getenv("PAGEDKV_MULTI_KERNEL");
+    if (choice != nullptr && std::strcmp(choice, "mma") == 0) return false;
+    int device = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return false;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    return major == 9 && minor == 0;  // sm_90a code runs on compute capability 9.0 only
+}
+
+cudaError_t multiKernelSm90Occupancy(IODType io, int32_t headDim, int32_t& ctasPerSm) {
+    return dispatchSm90(io, headDim, ctasPerSm, nullptr, dim3(), nullptr);
+}
+
+cudaError_t launchMultiKernelSm90(AttentionKernelParams const& kp, IODType io, int32_t headDim, dim3 grid,
+                                  cudaStream_t stream) {
+    int32_t ctasPerSm = 0;
+    return dispatchSm90(io, headDim, ctasPerSm, &kp, grid, stream);
+}
+
+}  // namespace attn
+}  // namespace pagedkv
