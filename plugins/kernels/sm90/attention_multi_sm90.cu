@@ -39,8 +39,9 @@ struct Sm90MultiConfig {
     static_assert(kRows == multiTileRows(kD), "the planner's row tiles (attention_plan.cpp) are this kernel's");
     static constexpr int kTile = 128;  // KV tokens per pipeline stage = N of S = Q K^T
     static constexpr int kNT = kTile / 8;
-    // D = 64: 3 stages (112 KB, one CTA per SM either way); D = 128: 2 (160 KB; 3 would leave no room).
-    static constexpr int kStages = kD == 64 ? 3 : 2;
+    // Three stages (the pipeline below holds tiles i, i + 1 and i + 2): 112 KB at D = 64, 227 KB at D = 128 (the
+    // sm_90 per-CTA maximum, 232448 bytes, by 512 bytes). One CTA per SM either way.
+    static constexpr int kStages = 3;
     static constexpr int kQBytes = kRows * kD * 2;
     static constexpr int kKVTileBytes = kTile * kD * 2;
     static constexpr int kAlign = 1024;  // the swizzle repeats every 1024 bytes: blocks start on that boundary
@@ -48,6 +49,7 @@ struct Sm90MultiConfig {
     static constexpr int kWarpRows = kTile / kWarps;  // KV rows each warp loads per tile
     static_assert(kWarpRows % 8 == 0 && 2 * kWarpRows <= 32, "a warp locates two tiles' rows at once");
     static_assert(kQBytes % kAlign == 0 && kKVTileBytes % kAlign == 0, "tiles start on swizzle boundaries");
+    static_assert(kSmemBytes <= 232448, "sm_90 opt-in shared memory per CTA");
 };
 
 template <typename CT, int kD>
@@ -66,7 +68,10 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, kD>::kThreads, 1)
     int32_t const tid = threadIdx.x;
     int32_t const warp = tid >> 5;
     int32_t const lane = tid & 31;
-    int32_t const group = tid >> 7;  // warpgroup: rows [64 group, 64 group + 64) of the tile
+    // Values every thread of a warp holds alike, broadcast from lane 0 so that ptxas sees them as warp-uniform: a
+    // wgmma under a branch it cannot prove uniform is serialized (each MMA waited for before the next issues).
+    auto uniform = [](int32_t v) { return __shfl_sync(0xffffffffu, v, 0); };
+    int32_t const group = uniform(tid >> 7);  // warpgroup: rows [64 group, 64 group + 64) of the tile
 
     CtaWork const w = multiCtaWork(p.split, p.stepView(), Cfg::kRows, kTile, slot, z);
     if (!w.active) return;
@@ -85,7 +90,7 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, kD>::kThreads, 1)
 
     // ---- loader: warp w copies rows [w kWarpRows, (w + 1) kWarpRows) of every KV tile; tiles 2j and 2j + 1 are
     // located together a tile or two ahead (locateKVRowPair), resolved at 2j's copy.
-    int32_t const numTiles = w.tiles.count();
+    int32_t const numTiles = uniform(w.tiles.count());
     constexpr int kWarpRows = Cfg::kWarpRows;
     uint32_t const warpRowOffset = uint32_t(warp * kWarpRows * 128);  // inside column block 0 of a tile
     auto warpRows = [&](int32_t i) { return i < numTiles ? w.tiles.tile(i) * kTile + warp * kWarpRows : 0; };
@@ -105,8 +110,8 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, kD>::kThreads, 1)
         }
         cpAsyncCommit();
     };
-#pragma unroll
-    for (int32_t i = 0; i < Cfg::kStages - 1; ++i) issue(i);
+    issue(0);
+    issue(1);
     loadQRows<CT, kD, Cfg::kRows, Cfg::kThreads, true>(p, sQ, w.rowBegin, w.rowEnd, kvHead, tid);
 
     // ---- this thread's two rows: g and g + 8 of its warp's 16 inside the warpgroup's 64
@@ -114,7 +119,6 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, kD>::kThreads, 1)
     int32_t const c = lane & 3;
     int32_t const groupRow0 = group * 64;
     int32_t const warpRow0 = groupRow0 + (warp & 3) * 16;
-    bool const groupHasRows = w.rowBegin + groupRow0 < w.rowEnd;  // uniform per warpgroup (wgmma is collective)
     int32_t qPos[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -128,80 +132,109 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, kD>::kThreads, 1)
     float m[2] = {negInf(), negInf()};
     float l[2] = {0.f, 0.f};
 
-    // ---- main loop. Commit groups before iteration i's wait: tiles [0, i + kStages - 1) (2 stages: issue(i + 1)
-    // comes first; 3 stages: issue(i + 2) follows the barrier), so waiting until one group is pending means tile
-    // i has landed. The stage that issue fills was last read by iteration i - 1, which every warp finished before
-    // this iteration's barrier (3 stages) or the previous iteration's closing barrier (2 stages).
-    for (int32_t i = 0; i < numTiles; ++i) {
-        if constexpr (Cfg::kStages == 2) issue(i + 1);
-        cpAsyncWait<1>();           // tile i (and Q) written by this thread ...
-        wgmma::fenceProxyAsync();   // ... visible to the tensor cores' async proxy ...
-        __syncthreads();            // ... for every thread's copies
-        if constexpr (Cfg::kStages == 3) issue(i + 2);
-        int32_t const stage = i % Cfg::kStages;
-        int32_t const* const tilePos = sPos + stage * kTile;
-
-        // Which rows of the tile hold a position (each lane reads 4), and does the tile need the per-element mask?
-        bool anyHere = false, allHere = true;
+    // ---- the per-tile stages. S(j) = Q K_j^T into s; softmax(j) turns s into probabilities (mask, soft-cap, running
+    // max / sum; alpha: the factor O must be rescaled by); packP packs them into pa; PV(j) is O += P_j V_j.
+    float s[kNT][4];
+    uint32_t pa[kTile / 16][4];
+    float alpha[2] = {1.f, 1.f};
+    // Does tile j need the per-element mask (some row holds no position, or some position is not visible to
+    // every query of the CTA)? Each lane reads kTile / 32 positions; every warp reads the same ones.
+    auto tileNeedsMaskAt = [&](int32_t j) {
+        int32_t const* const tilePos = sPos + (j % Cfg::kStages) * kTile;
+        bool allHere = true;
 #pragma unroll
-        for (int j = 0; j < kTile / 32; ++j) {
-            bool const holds = tilePos[lane * (kTile / 32) + j] >= 0;
-            anyHere = anyHere || holds;
-            allHere = allHere && holds;
+        for (int e = 0; e < kTile / 32; ++e) allHere = allHere && tilePos[lane * (kTile / 32) + e] >= 0;
+        return uniform(tileNeedsMask(__all_sync(0xffffffffu, allHere), tilePos[0], tilePos[kTile - 1], qa, qb,
+                                     p.params.window)) != 0;
+    };
+    auto issueS = [&](int32_t j) {  // async; the caller commits
+        uint32_t const kAddr = kTileAddr(j % Cfg::kStages);
+#pragma unroll
+        for (int kk = 0; kk < kD / 16; ++kk) {
+            wgmma::Mma<CT, kTile>::ss(s, wgmma::kMajor<Cfg::kRows>(sQAddr, groupRow0, kk),
+                                      wgmma::kMajor<kTile>(kAddr, 0, kk), kk > 0);
         }
-        bool const anyRow = __any_sync(0xffffffffu, anyHere);  // uniform: every warp reads the same positions
-        bool const holdsAll = __all_sync(0xffffffffu, allHere);
-        if (groupHasRows && anyRow) {
-            bool const needMask = tileNeedsMask(holdsAll, tilePos[0], tilePos[kTile - 1], qa, qb, p.params.window);
+    };
+    auto issuePV = [&](int32_t j) {
+        uint32_t const vAddr = vTileAddr(j % Cfg::kStages);
+#pragma unroll
+        for (int kt = 0; kt < kTile / 16; ++kt)
+            wgmma::Mma<CT, kD>::rs(o, pa[kt], wgmma::mnMajor<kTile>(vAddr, kt), true);
+    };
+    auto softmax = [&](int32_t j, bool needMask) {
+        int32_t const* const tilePos = sPos + (j % Cfg::kStages) * kTile;
+        auto step = [&](auto capped, auto masked) {
+            softmaxStepFixed<kNT, decltype(capped)::value, decltype(masked)::value>(p, s, tilePos, qPos[0], qPos[1],
+                                                                                    lane, m, l, alpha);
+        };
+        using Yes = std::true_type;
+        using No = std::false_type;
+        if (p.useSoftcap != 0) {
+            if (needMask) step(Yes{}, Yes{});
+            else step(Yes{}, No{});
+        } else {
+            if (needMask) step(No{}, Yes{});
+            else step(No{}, No{});
+        }
+    };
+    // P as the A operand of PV, packed only once no MMA reads pa any more (register operands stay live until the
+    // MMA completes).
+    auto packP = [&]() {
+#pragma unroll
+        for (int kt = 0; kt < kTile / 16; ++kt) probFragment<CT, kNT>(s, kt, pa[kt]);
+    };
+    // Tile i becomes visible: this thread's copies of it completed, handed to the async proxy, and the barrier
+    // publishes every thread's. `pending` = commit groups allowed to stay in flight (the tiles after i).
+    auto landed = [&](auto pending) {
+        cpAsyncWait<decltype(pending)::value>();
+        wgmma::fenceProxyAsync();
+        __syncthreads();
+    };
 
-            // S = Q K^T: 64 rows x kTile tokens per warpgroup, k over the head dim
-            float s[kNT][4];
-#pragma unroll
-            for (int nt = 0; nt < kNT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-            wgmma::fence();
-#pragma unroll
-            for (int kk = 0; kk < kD / 16; ++kk)
-                wgmma::Mma<CT, kTile>::ss(s, wgmma::kMajor<Cfg::kRows>(sQAddr, groupRow0, kk),
-                                          wgmma::kMajor<kTile>(kTileAddr(stage), 0, kk), kk > 0);
+    // ---- pipeline (FlashAttention-3's intra-warpgroup overlap): iteration i issues S(i + 1) and PV(i) back to
+    // back, runs softmax(i + 1) on the tensor cores' S(i + 1) while PV(i) is still in flight, then rescales O.
+    // Three stages hold tiles i (V still read), i + 1 (K, V) and i + 2 (in flight). Commit groups at iteration
+    // i's wait: tiles [0, i + 2), so waiting for all of them lands tile i + 1; the barrier after it also means
+    // every warpgroup finished PV(i - 1), which frees tile i - 1's stage for tile i + 2.
+    // The MMAs sit in straight-line code under conditions ptxas sees as uniform (the loop bound, broadcast): every
+    // warpgroup runs every tile, a tile holding no position or a warpgroup past the rows included (their scores are
+    // masked, their rows never stored), since a wgmma on a path ptxas cannot prove uniform is serialized.
+    if (numTiles > 0) {
+        landed(IntTag<1>{});  // tile 0 and Q
+        bool const needMask = tileNeedsMaskAt(0);
+        wgmma::fence();
+        issueS(0);
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::pin(s);
+        softmax(0, needMask);  // O is still 0: nothing to rescale
+        packP();
+        for (int32_t i = 0; i + 1 < numTiles; ++i) {
+            landed(IntTag<0>{});
+            issue(i + 2);
+            bool const nextMask = tileNeedsMaskAt(i + 1);
+            wgmma::fence();  // orders the rescaled O and the packed P before the MMAs read them
+            issueS(i + 1);
             wgmma::commit();
-            wgmma::wait<0>();
+            issuePV(i);
+            wgmma::commit();
+            wgmma::wait<1>();  // S(i + 1) done; PV(i) may still run
             wgmma::pin(s);
-
-            // online softmax on the S registers; soft-cap and mask decided once per tile
-            float alpha[2];
-            auto softmax = [&](auto capped, auto masked) {
-                softmaxStepFixed<kNT, decltype(capped)::value, decltype(masked)::value>(p, s, tilePos, qPos[0], qPos[1],
-                                                                                        lane, m, l, alpha);
-            };
-            using Yes = std::true_type;
-            using No = std::false_type;
-            if (p.useSoftcap != 0) {
-                if (needMask) softmax(Yes{}, Yes{});
-                else softmax(Yes{}, No{});
-            } else {
-                if (needMask) softmax(No{}, Yes{});
-                else softmax(No{}, No{});
-            }
-            rescaleRows(o, alpha);
-
-            // O += P V: P (rows x tokens) from registers, 16 tokens per k-step
-            uint32_t pa[kTile / 16][4];
-#pragma unroll
-            for (int kt = 0; kt < kTile / 16; ++kt) probFragment<CT, kNT>(s, kt, pa[kt]);
-            wgmma::fence();
-#pragma unroll
-            for (int kt = 0; kt < kTile / 16; ++kt)
-                wgmma::Mma<CT, kD>::rs(o, pa[kt], wgmma::mnMajor<kTile>(vTileAddr(stage), kt), true);
-            wgmma::commit();
+            softmax(i + 1, nextMask);
             wgmma::wait<0>();
             wgmma::pin(o);
+            rescaleRows(o, alpha);
+            packP();
         }
-        if constexpr (Cfg::kStages == 2) __syncthreads();  // every warp is done with this stage before its refill
+        wgmma::fence();
+        issuePV(numTiles - 1);
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::pin(o);
     }
     cpAsyncWait<0>();
 
     // ---- epilogue: outputs straight from the accumulators (row g / g + 8; dims 8 dn + 2c, + 1)
-    if (!groupHasRows) return;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         float const sum = quadSum(l[h]);
