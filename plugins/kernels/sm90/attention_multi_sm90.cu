@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, kD>::kThreads, 1)
         int32_t const* const tilePos = sPos + (j % Cfg::kStages) * kTile;
         bool allHere = true;
 #pragma unroll
-        for (int e = 0; e < kTile / 32; ++e) allHere = allHere && tilePos[lane * (kTile / 32) + e] >= 0;
+        for (int e = 0; e < kTile / 32; ++e) allHere = allHere && tilePos[e * 32 + lane] >= 0;  // conflict-free
         return uniform(tileNeedsMask(__all_sync(0xffffffffu, allHere), tilePos[0], tilePos[kTile - 1], qa, qb,
                                      p.params.window)) != 0;
     };
@@ -211,13 +211,15 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, kD>::kThreads, 1)
         packP();
         for (int32_t i = 0; i + 1 < numTiles; ++i) {
             landed(IntTag<0>{});
-            issue(i + 2);
-            bool const nextMask = tileNeedsMaskAt(i + 1);
+            // The MMAs first: the loader's integer work for tile i + 2 and the mask decision then issue while the
+            // tensor cores run (issued before them, they would leave the tensor cores idle after every barrier).
             wgmma::fence();  // orders the rescaled O and the packed P before the MMAs read them
             issueS(i + 1);
             wgmma::commit();
             issuePV(i);
             wgmma::commit();
+            issue(i + 2);
+            bool const nextMask = tileNeedsMaskAt(i + 1);
             wgmma::wait<1>();  // S(i + 1) done; PV(i) may still run
             wgmma::pin(s);
             softmax(i + 1, nextMask);
