@@ -304,6 +304,20 @@ def run(which: set[str], peers: tuple[str, ...]) -> list[Result]:
                     tflops=flops / (mma_us * 1e-6) / 1e12,
                     extra=f"default kernel {mma_us / us:.2f}x faster; max|diff| between the kernels {diff:.4f}")
                 del step
+                if page == 16:  # an fp8 e4m3 cache: 8-bit tiles converted in shared memory by either kernel
+                    step = Step(torch, num_seqs=shape["num_seqs"], q_len=shape["chunk"], past_len=shape["cached"],
+                                page_size=page, cache="fp8", seed=7)
+                    fp8 = step.our_launcher()
+                    fp8_us = time_us(fp8, torch, triton)
+                    os.environ["PAGEDKV_MULTI_KERNEL"] = "mma"
+                    try:
+                        fp8_mma_us = time_us(step.our_launcher(), torch, triton)
+                    finally:
+                        del os.environ["PAGEDKV_MULTI_KERNEL"]
+                    row(name, "pagedkv fp8 e4m3 cache", step, fp8, fp8_us, {}, [],
+                        tflops=flops / (fp8_us * 1e-6) / 1e12,
+                        extra=f"mma.sync kernel {fp8_mma_us:.1f} us ({fp8_mma_us / fp8_us:.2f}x); bf16 {us:.1f} us")
+                    del step
                 torch.cuda.empty_cache()
 
     if "headdim" in which:

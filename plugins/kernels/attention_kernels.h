@@ -62,9 +62,9 @@ cudaError_t launchMultiKernel(AttentionKernelParams const& kp, IODType io, Cache
 // whether it serves (ioDType, cacheDType, headDim) on the current device, its occupancy and its launch. The
 // multi-token entry points above route to it themselves; nothing else calls these.
 bool multiKernelSm90Serves(IODType io, CacheDType cache, int32_t headDim);
-cudaError_t multiKernelSm90Occupancy(IODType io, int32_t headDim, int32_t& ctasPerSm);
-cudaError_t launchMultiKernelSm90(AttentionKernelParams const& kp, IODType io, int32_t headDim, dim3 grid,
-                                  cudaStream_t stream);
+cudaError_t multiKernelSm90Occupancy(IODType io, CacheDType cache, int32_t headDim, int32_t& ctasPerSm);
+cudaError_t launchMultiKernelSm90(AttentionKernelParams const& kp, IODType io, CacheDType cache, int32_t headDim,
+                                  dim3 grid, cudaStream_t stream);
 
 cudaError_t launchMergeKernel(AttentionKernelParams const& kp, IODType io, int32_t headDim, dim3 grid,
                               cudaStream_t stream);

@@ -322,11 +322,11 @@ cudaError_t multiKernelShape(IODType io, CacheDType cache, int32_t headDim, Kern
     return familyShape<MultiFamily>(io, cache, headDim, shape);
 }
 
-// On an sm_90 device the Hopper kernel serves what it covers (16-bit caches, D = 64, 128: multiKernelSm90Serves);
+// On an sm_90 device the Hopper kernel serves what it covers (D = 64, 128, every cache dtype: multiKernelSm90Serves);
 // both kernels share the planner's row tiles, so the plan does not depend on which one runs.
 cudaError_t multiKernelOccupancy(IODType io, CacheDType cache, int32_t headDim, int32_t& ctasPerSm) {
 #if PAGEDKV_HAS_SM90A
-    if (multiKernelSm90Serves(io, cache, headDim)) return multiKernelSm90Occupancy(io, headDim, ctasPerSm);
+    if (multiKernelSm90Serves(io, cache, headDim)) return multiKernelSm90Occupancy(io, cache, headDim, ctasPerSm);
 #endif
     return prepareOrLaunch<MultiFamily>(io, cache, headDim, ctasPerSm, nullptr, dim3(), nullptr);
 }
@@ -334,7 +334,7 @@ cudaError_t multiKernelOccupancy(IODType io, CacheDType cache, int32_t headDim, 
 cudaError_t launchMultiKernel(AttentionKernelParams const& kp, IODType io, CacheDType cache, int32_t headDim,
                               dim3 grid, cudaStream_t stream) {
 #if PAGEDKV_HAS_SM90A
-    if (multiKernelSm90Serves(io, cache, headDim)) return launchMultiKernelSm90(kp, io, headDim, grid, stream);
+    if (multiKernelSm90Serves(io, cache, headDim)) return launchMultiKernelSm90(kp, io, cache, headDim, grid, stream);
 #endif
     int32_t ctasPerSm = 0;
     return prepareOrLaunch<MultiFamily>(io, cache, headDim, ctasPerSm, &kp, grid, stream);

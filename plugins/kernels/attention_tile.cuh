@@ -254,9 +254,10 @@ __device__ __forceinline__ void copyKVRows(KVSource const& src, KVRowOffset cons
     }
 }
 
-// ---- 8-bit staging tile [kRows][kD] bytes -> swizzled 16-bit tile of the compute type (exact, no scale).
+// ---- 8-bit staging tile [kRows][kD] bytes -> swizzled 16-bit tile of the compute type (exact, no scale); with
+// kBlockRows > 0 the blocked tile wgmma reads (blockedTileChunk).
 // `tid` runs over [0, kThreads): the CTA's threads (multi-token kernel) or one warp's lanes (decode kernel).
-template <typename CT, int kD, int kRows, int kThreads>
+template <typename CT, int kD, int kRows, int kThreads, int kBlockRows = 0>
 __device__ __forceinline__ void convertTile8(unsigned char const* staging, unsigned char* tile16, bool isFp8,
                                              int32_t tid) {
     constexpr int kChunks8 = kD / 8;  // 8-element groups per row
@@ -267,7 +268,8 @@ __device__ __forceinline__ void convertTile8(unsigned char const* staging, unsig
         int const r = q / kChunks8;
         int const j = q % kChunks8;
         uint2 raw = *reinterpret_cast<uint2 const*>(staging + r * kD + j * 8);
-        *reinterpret_cast<uint4*>(tile16 + tileChunk<kD>(r, j)) = dequant8x8<CT>(raw, isFp8);
+        uint32_t const dst = kBlockRows > 0 ? blockedTileChunk<kBlockRows>(r, j) : tileChunk<kD>(r, j);
+        *reinterpret_cast<uint4*>(tile16 + dst) = dequant8x8<CT>(raw, isFp8);
     }
 }
 
@@ -460,7 +462,13 @@ __device__ __forceinline__ void softmaxStepImpl(AttentionKernelParams const& p, 
     // s (after the loop below) * toLog2 = log2 logit; kept >= FLT_MIN like the launcher's scale (-inf * 0 = NaN)
     float const toLog2 = capped ? 1.f : fmaxf(p.scoreScaleLog2 * rawScale, FLT_MIN);
     float const capIn = p.capInScale * rawScale;
-    float rowMax[2] = {negInf(), negInf()};
+    // Wide tiles (kNT >= 8: the Hopper kernel's 128 tokens) reduce in kParts independent chains, so that the max
+    // and the sum are not one dependent chain of 2 kNT operations per row; narrower tiles keep one chain (and their
+    // exact summation order).
+    constexpr int kParts = kNT >= 8 ? 4 : 1;
+    float rowMaxPart[kParts][2];
+#pragma unroll
+    for (int q = 0; q < kParts; ++q) rowMaxPart[q][0] = rowMaxPart[q][1] = negInf();
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
@@ -471,9 +479,12 @@ __device__ __forceinline__ void softmaxStepImpl(AttentionKernelParams const& p, 
                 if (!kvVisible(e < 2 ? qPos0 : qPos1, kvPos, p.params.window, p.params.attentionSinks)) x = negInf();
             }
             s[nt][e] = x;
-            rowMax[e >> 1] = fmaxf(rowMax[e >> 1], x);
+            rowMaxPart[nt % kParts][e >> 1] = fmaxf(rowMaxPart[nt % kParts][e >> 1], x);
         }
     }
+    float rowMax[2] = {rowMaxPart[0][0], rowMaxPart[0][1]};
+#pragma unroll
+    for (int q = 1; q < kParts; ++q) rowMax[0] = fmaxf(rowMax[0], rowMaxPart[q][0]), rowMax[1] = fmaxf(rowMax[1], rowMaxPart[q][1]);
     float mUse[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -486,16 +497,21 @@ __device__ __forceinline__ void softmaxStepImpl(AttentionKernelParams const& p, 
         alpha[h] = fastExp2(m[h] - mUse[h]);
         m[h] = mNew;
     }
-    float rowSum[2] = {0.f, 0.f};
+    float rowSumPart[kParts][2];
+#pragma unroll
+    for (int q = 0; q < kParts; ++q) rowSumPart[q][0] = rowSumPart[q][1] = 0.f;
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             float const pr = fastExp2(fmaf(s[nt][e], toLog2, -mUse[e >> 1]));
             s[nt][e] = pr;
-            rowSum[e >> 1] += pr;
+            rowSumPart[nt % kParts][e >> 1] += pr;
         }
     }
+    float rowSum[2] = {rowSumPart[0][0], rowSumPart[0][1]};
+#pragma unroll
+    for (int q = 1; q < kParts; ++q) rowSum[0] += rowSumPart[q][0], rowSum[1] += rowSumPart[q][1];
     l[0] = l[0] * alpha[0] + rowSum[0];
     l[1] = l[1] * alpha[1] + rowSum[1];
 }

@@ -211,7 +211,7 @@ HEAD_DIM_CASES = [
     Case(((5, 1), (0, 77), (1000, 1), (250, 130)), head_dim=96, loose_bounds=True, seed=87),
 ]
 
-# The sm_90a multi-token kernel (16-bit caches, D = 64, 128; the multi-token cases above reach it too on an
+# The sm_90a multi-token kernel (D = 64, 128, every cache dtype; the multi-token cases above reach it too on an
 # H100 / H200): many KV tiles of 128 tokens through its 2- and 3-stage pipelines, pages of 64 and 128 tokens (a
 # tile is 2 or 1 pages), Llama-70B-like G = 8, fp16, every mask kind in one tile, a split prefill chunk.
 HOPPER_MULTI_CASES = [
@@ -222,6 +222,11 @@ HOPPER_MULTI_CASES = [
     Case(((2000, 333),), head_dim=64, cache=CacheDType.FP16, io="float16", layout=PageLayout.NHD, page_size=32,
          seed=104),
     Case(((900, 257), (3, 1), (0, 20)), window=300, sinks=8, cyclic_pages=50, seed=105),
+    # 8-bit caches: tiles converted in shared memory each iteration (one K, two V buffers)
+    Case(((0, 700),), cache=CacheDType.FP8_E4M3, page_size=64, seed=106),
+    Case(((1200, 300), (5, 40)), cache=CacheDType.INT8, io="float16", head_dim=64, seed=107),
+    Case(((800, 129),), cache=CacheDType.FP8_E4M3, q_fp8=True, window=256, sinks=4, seed=108),
+    Case(((3000, 100),), cache=CacheDType.INT8, softcap=30.0, layout=PageLayout.NHD, seed=109),
 ]
 
 CASES = [
@@ -330,8 +335,7 @@ def _runs_multi_token_kernel(case: Case) -> bool:
 # The mma.sync multi-token kernel serves sm_80 / sm_89 and, on an H100 / H200, what the sm_90a kernel does not
 # cover; PAGEDKV_MULTI_KERNEL=mma (read at every launch) runs it on the cases the sm_90a kernel would take, so
 # that the one GPU this suite runs on checks both kernels.
-MMA_ON_HOPPER_CASES = [c for c in CASES if _runs_multi_token_kernel(c) and c.head_dim in (64, 128)
-                       and c.cache in (CacheDType.BF16, CacheDType.FP16)]
+MMA_ON_HOPPER_CASES = [c for c in CASES if _runs_multi_token_kernel(c) and c.head_dim in (64, 128)]
 
 
 @pytest.mark.parametrize("case", MMA_ON_HOPPER_CASES, ids=[c.id for c in MMA_ON_HOPPER_CASES])

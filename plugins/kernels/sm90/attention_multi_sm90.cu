@@ -8,8 +8,9 @@
 //    the online softmax runs on the S registers (softmaxStepFixed: mask, soft-cap, running max and sum), and
 //    O += P V is kTile / 16 wgmma m64nDk16 with P from registers and V read MN-major from shared memory;
 //  * the two warpgroups run the same loop on different rows, so one's softmax overlaps the other's MMAs.
-// 16-bit caches and head dims 64 / 128; every other case (8-bit caches, D = 32, 80, 96, 256, other GPUs) stays on
-// attention_multi.cu's mma.sync kernel (multiKernelSm90Serves). Design, byte and FLOP counts, measurements:
+// Head dims 64 / 128, every cache dtype (8-bit tiles are converted into 16-bit ones in shared memory, as the mma.sync
+// kernel does); the other head dims (32, 80, 96, 256) and other GPUs stay on attention_multi.cu's mma.sync kernel
+// (multiKernelSm90Serves). Design, byte and FLOP counts, measurements:
 // benchmarks/NOTES-attention.md, "Hopper multi-token kernel".
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -29,7 +30,7 @@ namespace pagedkv {
 namespace attn {
 namespace {
 
-template <typename CT, int kD>
+template <typename CT, bool k8Bit, int kD>
 struct Sm90MultiConfig {
     static_assert(kD == 64 || kD == 128, "whole 128-byte column blocks, one wgmma N for O");
     static constexpr int kWarpGroups = 2;
@@ -43,20 +44,27 @@ struct Sm90MultiConfig {
     // sm_90 per-CTA maximum, 232448 bytes, by 512 bytes). One CTA per SM either way.
     static constexpr int kStages = 3;
     static constexpr int kQBytes = kRows * kD * 2;
-    static constexpr int kKVTileBytes = kTile * kD * 2;
+    static constexpr int kKVTileBytes = kTile * kD * 2;  // a 16-bit K or V tile as the MMAs read it
+    // 8-bit caches: the stages hold the tiles as stored ([token][kD] bytes), converted each iteration into one K
+    // tile (S(i + 1) reads it) and two V tiles (PV(i) reads one while the next is written).
+    static constexpr int kRawTileBytes = k8Bit ? kTile * kD : kKVTileBytes;
+    static constexpr int kConvBytes = k8Bit ? 3 * kKVTileBytes : 0;
     static constexpr int kAlign = 1024;  // the swizzle repeats every 1024 bytes: blocks start on that boundary
-    static constexpr int kSmemBytes = kAlign + kQBytes + kStages * 2 * kKVTileBytes + kStages * kTile * 4;
+    static constexpr int kSmemBytes =
+        kAlign + kQBytes + kStages * 2 * kRawTileBytes + kConvBytes + kStages * kTile * 4;
     static constexpr int kWarpRows = kTile / kWarps;  // KV rows each warp loads per tile
     static_assert(kWarpRows % 8 == 0 && 2 * kWarpRows <= 32, "a warp locates two tiles' rows at once");
-    static_assert(kQBytes % kAlign == 0 && kKVTileBytes % kAlign == 0, "tiles start on swizzle boundaries");
+    static_assert(kQBytes % kAlign == 0 && kRawTileBytes % kAlign == 0 && kKVTileBytes % kAlign == 0,
+                  "tiles start on swizzle boundaries");
     static_assert(kSmemBytes <= 232448, "sm_90 opt-in shared memory per CTA");
 };
 
-template <typename CT, int kD>
-__global__ void __launch_bounds__(Sm90MultiConfig<CT, kD>::kThreads, 1)
+template <typename CT, bool k8Bit, int kD>
+__global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD>::kThreads, 1)
     attentionMultiKernelSm90(__grid_constant__ AttentionKernelParams const p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using Cfg = Sm90MultiConfig<CT, kD>;
+    using Cfg = Sm90MultiConfig<CT, k8Bit, kD>;
+    constexpr int kElemBytes = k8Bit ? 1 : 2;
     constexpr int kTile = Cfg::kTile;
     constexpr int kNT = Cfg::kNT;
     extern __shared__ __align__(16) unsigned char smemRaw[];
@@ -75,7 +83,7 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, kD>::kThreads, 1)
 
     CtaWork const w = multiCtaWork(p.split, p.stepView(), Cfg::kRows, kTile, slot, z);
     if (!w.active) return;
-    KVSource const src = makeKVSource(p, w, kvHead, 2);
+    KVSource const src = makeKVSource(p, w, kvHead, kElemBytes);
     int32_t const qa = rowQueryPos(w.seq, w.rowBegin, p.groupSize);
     int32_t const qb = rowQueryPos(w.seq, w.rowEnd - 1, p.groupSize);
 
@@ -84,15 +92,22 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, kD>::kThreads, 1)
     unsigned char* const sQ = smem;
     uint32_t const sQAddr = smemAddr(sQ);
     uint32_t const sKVAddr = sQAddr + Cfg::kQBytes;
-    int32_t* const sPos = reinterpret_cast<int32_t*>(smem + Cfg::kQBytes + Cfg::kStages * 2 * Cfg::kKVTileBytes);
-    auto kTileAddr = [&](int stage) { return sKVAddr + uint32_t(stage * 2 * Cfg::kKVTileBytes); };
-    auto vTileAddr = [&](int stage) { return kTileAddr(stage) + uint32_t(Cfg::kKVTileBytes); };
+    unsigned char* const sConv = smem + Cfg::kQBytes + Cfg::kStages * 2 * Cfg::kRawTileBytes;
+    int32_t* const sPos = reinterpret_cast<int32_t*>(sConv + Cfg::kConvBytes);
+    auto rawKAddr = [&](int stage) { return sKVAddr + uint32_t(stage * 2 * Cfg::kRawTileBytes); };
+    auto rawVAddr = [&](int stage) { return rawKAddr(stage) + uint32_t(Cfg::kRawTileBytes); };
+    // The tiles the MMAs of tile j read: its stage (16-bit caches) or the converted tiles (8-bit).
+    auto mmaKAddr = [&](int32_t j) { return k8Bit ? smemAddr(sConv) : rawKAddr(j % Cfg::kStages); };
+    auto mmaVAddr = [&](int32_t j) {
+        return k8Bit ? smemAddr(sConv) + uint32_t((1 + (j & 1)) * Cfg::kKVTileBytes) : rawVAddr(j % Cfg::kStages);
+    };
 
     // ---- loader: warp w copies rows [w kWarpRows, (w + 1) kWarpRows) of every KV tile; tiles 2j and 2j + 1 are
     // located together a tile or two ahead (locateKVRowPair), resolved at 2j's copy.
     int32_t const numTiles = uniform(w.tiles.count());
     constexpr int kWarpRows = Cfg::kWarpRows;
-    uint32_t const warpRowOffset = uint32_t(warp * kWarpRows * 128);  // inside column block 0 of a tile
+    // the warp's first row: inside column block 0 of a blocked 16-bit tile, or of a [token][kD]-byte 8-bit tile
+    uint32_t const warpRowOffset = uint32_t(warp * kWarpRows * (k8Bit ? kD : 128));
     auto warpRows = [&](int32_t i) { return i < numTiles ? w.tiles.tile(i) * kTile + warp * kWarpRows : 0; };
     KVRow ahead = locateKVRowPair<kWarpRows>(p, src, 0 < numTiles, warpRows(0), 1 < numTiles, warpRows(1), lane);
     KVRowOffset rows;
@@ -100,13 +115,13 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, kD>::kThreads, 1)
         if (i < numTiles) {
             int32_t const stage = i % Cfg::kStages;
             if ((i & 1) == 0) {
-                rows = resolveKVRowOffset(p, src, ahead, 2);
+                rows = resolveKVRowOffset(p, src, ahead, kElemBytes);
                 ahead = locateKVRowPair<kWarpRows>(p, src, i + 2 < numTiles, warpRows(i + 2), i + 3 < numTiles,
                                                    warpRows(i + 3), lane);
             }
-            copyKVRows<kD, 2, kWarpRows, false, kTile>(src, rows, (i & 1) * kWarpRows, kTileAddr(stage) + warpRowOffset,
-                                                       vTileAddr(stage) + warpRowOffset,
-                                                       sPos + stage * kTile + warp * kWarpRows, lane);
+            copyKVRows<kD, kElemBytes, kWarpRows, false, k8Bit ? 0 : kTile>(
+                src, rows, (i & 1) * kWarpRows, rawKAddr(stage) + warpRowOffset, rawVAddr(stage) + warpRowOffset,
+                sPos + stage * kTile + warp * kWarpRows, lane);
         }
         cpAsyncCommit();
     };
@@ -148,7 +163,7 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, kD>::kThreads, 1)
                                      p.params.window)) != 0;
     };
     auto issueS = [&](int32_t j) {  // async; the caller commits
-        uint32_t const kAddr = kTileAddr(j % Cfg::kStages);
+        uint32_t const kAddr = mmaKAddr(j);
 #pragma unroll
         for (int kk = 0; kk < kD / 16; ++kk) {
             wgmma::Mma<CT, kTile>::ss(s, wgmma::kMajor<Cfg::kRows>(sQAddr, groupRow0, kk),
@@ -156,7 +171,7 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, kD>::kThreads, 1)
         }
     };
     auto issuePV = [&](int32_t j) {
-        uint32_t const vAddr = vTileAddr(j % Cfg::kStages);
+        uint32_t const vAddr = mmaVAddr(j);
 #pragma unroll
         for (int kt = 0; kt < kTile / 16; ++kt)
             wgmma::Mma<CT, kD>::rs(o, pa[kt], wgmma::mnMajor<kTile>(vAddr, kt), true);
@@ -185,8 +200,18 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, kD>::kThreads, 1)
     };
     // Tile i becomes visible: this thread's copies of it completed, handed to the async proxy, and the barrier
     // publishes every thread's. `pending` = commit groups allowed to stay in flight (the tiles after i).
-    auto landed = [&](auto pending) {
+    // 8-bit caches: the landed tile is then converted by the whole CTA into the tiles the MMAs read, and published
+    // the same way (convK / convV are free: S(j - 1) and PV(j - 2), their last readers, completed before the barrier).
+    auto landed = [&](auto pending, int32_t j) {
         cpAsyncWait<decltype(pending)::value>();
+        if constexpr (k8Bit) {
+            __syncthreads();
+            unsigned char* const raw = smem + Cfg::kQBytes + (j % Cfg::kStages) * 2 * Cfg::kRawTileBytes;
+            bool const isFp8 = p.cacheIsFp8 != 0;
+            convertTile8<CT, kD, kTile, Cfg::kThreads, kTile>(raw, sConv, isFp8, tid);
+            convertTile8<CT, kD, kTile, Cfg::kThreads, kTile>(raw + Cfg::kRawTileBytes,
+                                                              sConv + (1 + (j & 1)) * Cfg::kKVTileBytes, isFp8, tid);
+        }
         wgmma::fenceProxyAsync();
         __syncthreads();
     };
@@ -200,7 +225,7 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, kD>::kThreads, 1)
     // warpgroup runs every tile, a tile holding no position or a warpgroup past the rows included (their scores are
     // masked, their rows never stored), since a wgmma on a path ptxas cannot prove uniform is serialized.
     if (numTiles > 0) {
-        landed(IntTag<1>{});  // tile 0 and Q
+        landed(IntTag<1>{}, 0);  // tile 0 and Q
         bool const needMask = tileNeedsMaskAt(0);
         wgmma::fence();
         issueS(0);
@@ -210,7 +235,7 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, kD>::kThreads, 1)
         softmax(0, needMask);  // O is still 0: nothing to rescale
         packP();
         for (int32_t i = 0; i + 1 < numTiles; ++i) {
-            landed(IntTag<0>{});
+            landed(IntTag<0>{}, i + 1);
             // The MMAs first: the loader's integer work for tile i + 2 and the mask decision then issue while the
             // tensor cores run (issued before them, they would leave the tensor cores idle after every barrier).
             wgmma::fence();  // orders the rescaled O and the packed P before the MMAs read them
@@ -262,11 +287,11 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, kD>::kThreads, 1)
 #endif
 }
 
-template <typename CT, int kD>
+template <typename CT, bool k8Bit, int kD>
 cudaError_t prepareOrLaunchSm90(int32_t& ctasPerSm, AttentionKernelParams const* kp, dim3 grid, cudaStream_t stream) {
-    using Cfg = Sm90MultiConfig<CT, kD>;
+    using Cfg = Sm90MultiConfig<CT, k8Bit, kD>;
     static KernelSetup setup;
-    auto kernel = attentionMultiKernelSm90<CT, kD>;
+    auto kernel = attentionMultiKernelSm90<CT, k8Bit, kD>;
     cudaError_t const err =
         setup.prepare(kernel, Cfg::kSmemBytes, Cfg::kThreads, ctasPerSm, "Hopper multi-token attention kernel", kD);
     if (err != cudaSuccess || kp == nullptr) return err;
@@ -274,22 +299,27 @@ cudaError_t prepareOrLaunchSm90(int32_t& ctasPerSm, AttentionKernelParams const*
     return cudaGetLastError();
 }
 
-cudaError_t dispatchSm90(IODType io, int32_t headDim, int32_t& ctasPerSm, AttentionKernelParams const* kp, dim3 grid,
-                         cudaStream_t stream) {
-    bool const bf16 = io == IODType::kBF16;
-    if (headDim == 128)
-        return bf16 ? prepareOrLaunchSm90<__nv_bfloat16, 128>(ctasPerSm, kp, grid, stream)
-                    : prepareOrLaunchSm90<__half, 128>(ctasPerSm, kp, grid, stream);
-    if (headDim == 64)
-        return bf16 ? prepareOrLaunchSm90<__nv_bfloat16, 64>(ctasPerSm, kp, grid, stream)
-                    : prepareOrLaunchSm90<__half, 64>(ctasPerSm, kp, grid, stream);
-    return invalidArgument("head_dim=" + std::to_string(headDim) + ": expected 64 or 128 (Hopper multi-token kernel)");
+cudaError_t dispatchSm90(IODType io, CacheDType cache, int32_t headDim, int32_t& ctasPerSm,
+                         AttentionKernelParams const* kp, dim3 grid, cudaStream_t stream) {
+    auto byHeadDim = [&](auto ct, auto k8) -> cudaError_t {
+        using CT = typename decltype(ct)::type;
+        constexpr bool k8Bit = decltype(k8)::value;
+        if (headDim == 128) return prepareOrLaunchSm90<CT, k8Bit, 128>(ctasPerSm, kp, grid, stream);
+        if (headDim == 64) return prepareOrLaunchSm90<CT, k8Bit, 64>(ctasPerSm, kp, grid, stream);
+        return invalidArgument("head_dim=" + std::to_string(headDim) +
+                               ": expected 64 or 128 (Hopper multi-token kernel)");
+    };
+    auto byCache = [&](auto ct) -> cudaError_t {
+        return isCache8Bit(cache) ? byHeadDim(ct, BoolTag<true>{}) : byHeadDim(ct, BoolTag<false>{});
+    };
+    return io == IODType::kBF16 ? byCache(TypeTag<__nv_bfloat16>{}) : byCache(TypeTag<__half>{});
 }
 
 }  // namespace
 
 bool multiKernelSm90Serves(IODType io, CacheDType cache, int32_t headDim) {
-    if (isCache8Bit(cache) || (headDim != 64 && headDim != 128)) return false;
+    (void)cache;  // every cache dtype: 8-bit tiles are converted in shared memory
+    if (headDim != 64 && headDim != 128) return false;
     if (io != IODType::kBF16 && io != IODType::kFP16) return false;
     // PAGEDKV_MULTI_KERNEL=mma keeps every GPU on the mma.sync kernel (A/B benchmarks, its tests on an H100/H200).
     char const* const choice = std::getenv("PAGEDKV_MULTI_KERNEL");
@@ -301,14 +331,14 @@ bool multiKernelSm90Serves(IODType io, CacheDType cache, int32_t headDim) {
     return major == 9 && minor == 0;  // sm_90a code runs on compute capability 9.0 only
 }
 
-cudaError_t multiKernelSm90Occupancy(IODType io, int32_t headDim, int32_t& ctasPerSm) {
-    return dispatchSm90(io, headDim, ctasPerSm, nullptr, dim3(), nullptr);
+cudaError_t multiKernelSm90Occupancy(IODType io, CacheDType cache, int32_t headDim, int32_t& ctasPerSm) {
+    return dispatchSm90(io, cache, headDim, ctasPerSm, nullptr, dim3(), nullptr);
 }
 
-cudaError_t launchMultiKernelSm90(AttentionKernelParams const& kp, IODType io, int32_t headDim, dim3 grid,
-                                  cudaStream_t stream) {
+cudaError_t launchMultiKernelSm90(AttentionKernelParams const& kp, IODType io, CacheDType cache, int32_t headDim,
+                                  dim3 grid, cudaStream_t stream) {
     int32_t ctasPerSm = 0;
-    return dispatchSm90(io, headDim, ctasPerSm, &kp, grid, stream);
+    return dispatchSm90(io, cache, headDim, ctasPerSm, &kp, grid, stream);
 }
 
 }  // namespace attn
