@@ -93,12 +93,14 @@ def render() -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="compare with the committed header instead of writing")
+    ap.add_argument("--header", type=pathlib.Path, default=pathlib.Path(__file__).with_name("wgmma_ops.cuh"),
+                    help="the header to write or check")
     args = ap.parse_args()
-    target = pathlib.Path(__file__).with_name("wgmma_ops.cuh")
+    target = args.header
     text = render()
     if args.check:
         if not target.exists() or target.read_text() != text:
-            print(f"{target}: stale; rerun {pathlib.Path(__file__).name}", file=sys.stderr)
+            print(f"{target}: stale: rerun python {pathlib.Path(__file__).name}", file=sys.stderr)
             return 1
         return 0
     tmp = target.with_suffix(".cuh.tmp")
