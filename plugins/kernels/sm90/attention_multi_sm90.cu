@@ -26,158 +26,128 @@
 #include "wgmma.cuh"
 #include "wgmma_ops.cuh"
 
+// 1: 16-bit caches run the warp-specialized kernel; 0: the cooperative one (both are tested kernels; the switch is
+// for A/B measurements).
+#ifndef PAGEDKV_SM90_WARP_SPECIALIZED
+#define PAGEDKV_SM90_WARP_SPECIALIZED 1
+#endif
+
 namespace pagedkv {
 namespace attn {
 namespace {
 
+// ---- shapes. Both kernels: a CTA serves kRows = 128 query rows (the planner's row tile) as 2 consumer warpgroups
+// of 64 rows; KV tiles of kTile = 128 tokens in 3 stages (the pipeline holds tiles i, i + 1 and i + 2).
+//  * cooperative (8-bit caches): 256 threads; every thread loads its share of each tile, the CTA then converts it
+//    into 16-bit tiles (one K, two V buffers) and synchronizes once per tile.
+//  * warp-specialized (16-bit caches): 384 threads; a producer warp loads every tile straight into the stage the
+//    MMAs read and hands it over through mbarriers, so the consumer warpgroups never wait on a CTA barrier, and
+//    take turns issuing their MMAs (named barriers), one's softmax under the other's MMAs.
 template <typename CT, bool k8Bit, int kD>
 struct Sm90MultiConfig {
     static_assert(kD == 64 || kD == 128, "whole 128-byte column blocks, one wgmma N for O");
-    static constexpr int kWarpGroups = 2;
-    static constexpr int kThreads = kWarpGroups * 128;
-    static constexpr int kWarps = kThreads / 32;
-    static constexpr int kRows = kWarpGroups * 64;
+    static constexpr bool kWarpSpecialized = !k8Bit && PAGEDKV_SM90_WARP_SPECIALIZED;
+    static constexpr int kConsumerThreads = 256;
+    static constexpr int kThreads = kConsumerThreads + (kWarpSpecialized ? 128 : 0);  // + the producer warpgroup
+    static constexpr int kRows = 128;
     static_assert(kRows == multiTileRows(kD), "the planner's row tiles (attention_plan.cpp) are this kernel's");
-    static constexpr int kTile = 128;  // KV tokens per pipeline stage = N of S = Q K^T
+    static constexpr int kTile = 128;  // KV tokens per stage = N of S = Q K^T
     static constexpr int kNT = kTile / 8;
-    // Three stages (the pipeline below holds tiles i, i + 1 and i + 2): 112 KB at D = 64, 227 KB at D = 128 (the
-    // sm_90 per-CTA maximum, 232448 bytes, by 512 bytes). One CTA per SM either way.
     static constexpr int kStages = 3;
     static constexpr int kQBytes = kRows * kD * 2;
     static constexpr int kKVTileBytes = kTile * kD * 2;  // a 16-bit K or V tile as the MMAs read it
-    // 8-bit caches: the stages hold the tiles as stored ([token][kD] bytes), converted each iteration into one K
-    // tile (S(i + 1) reads it) and two V tiles (PV(i) reads one while the next is written).
+    // 8-bit caches: the stages hold the tiles as stored ([token][kD] bytes); converted tiles: one K, two V.
     static constexpr int kRawTileBytes = k8Bit ? kTile * kD : kKVTileBytes;
     static constexpr int kConvBytes = k8Bit ? 3 * kKVTileBytes : 0;
     static constexpr int kAlign = 1024;  // the swizzle repeats every 1024 bytes: blocks start on that boundary
+    static constexpr int kPosBytes = kStages * kTile * 4;
+    static constexpr int kBarrierBytes = kWarpSpecialized ? 2 * kStages * 8 : 0;  // full[], empty[] mbarriers
     static constexpr int kSmemBytes =
-        kAlign + kQBytes + kStages * 2 * kRawTileBytes + kConvBytes + kStages * kTile * 4;
-    static constexpr int kWarpRows = kTile / kWarps;  // KV rows each warp loads per tile
-    static_assert(kWarpRows % 8 == 0 && 2 * kWarpRows <= 32, "a warp locates two tiles' rows at once");
+        kAlign + kQBytes + kStages * 2 * kRawTileBytes + kConvBytes + kPosBytes + kBarrierBytes;
     static_assert(kQBytes % kAlign == 0 && kRawTileBytes % kAlign == 0 && kKVTileBytes % kAlign == 0,
                   "tiles start on swizzle boundaries");
     static_assert(kSmemBytes <= 232448, "sm_90 opt-in shared memory per CTA");
 };
 
-template <typename CT, bool k8Bit, int kD>
-__global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD>::kThreads, 1)
-    attentionMultiKernelSm90(__grid_constant__ AttentionKernelParams const p) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using Cfg = Sm90MultiConfig<CT, k8Bit, kD>;
-    constexpr int kElemBytes = k8Bit ? 1 : 2;
-    constexpr int kTile = Cfg::kTile;
-    constexpr int kNT = Cfg::kNT;
-    extern __shared__ __align__(16) unsigned char smemRaw[];
+// Broadcast from lane 0: ptxas then sees the value as warp-uniform. A wgmma under a branch it cannot prove uniform
+// is serialized (each MMA waited for before the next issues), so every condition around the MMAs goes through this.
+__device__ __forceinline__ int32_t warpUniform(int32_t v) { return __shfl_sync(0xffffffffu, v, 0); }
 
-    // ---- prologue: this CTA's rows, chunk and KV tiles (the same decisions as the mma.sync kernel's)
-    int32_t const slot = int32_t(gridDim.x) - 1 - int32_t(blockIdx.x);
-    int32_t const kvHead = blockIdx.y;
-    int32_t const z = blockIdx.z;
-    int32_t const tid = threadIdx.x;
-    int32_t const warp = tid >> 5;
-    int32_t const lane = tid & 31;
-    // Values every thread of a warp holds alike, broadcast from lane 0 so that ptxas sees them as warp-uniform: a
-    // wgmma under a branch it cannot prove uniform is serialized (each MMA waited for before the next issues).
-    auto uniform = [](int32_t v) { return __shfl_sync(0xffffffffu, v, 0); };
-    int32_t const group = uniform(tid >> 7);  // warpgroup: rows [64 group, 64 group + 64) of the tile
-
-    CtaWork const w = multiCtaWork(p.split, p.stepView(), Cfg::kRows, kTile, slot, z);
-    if (!w.active) return;
-    KVSource const src = makeKVSource(p, w, kvHead, kElemBytes);
-    int32_t const qa = rowQueryPos(w.seq, w.rowBegin, p.groupSize);
-    int32_t const qb = rowQueryPos(w.seq, w.rowEnd - 1, p.groupSize);
-
-    // ---- shared memory (1024-byte aligned): Q tile, stages x (K, V) tiles, stages x positions
-    unsigned char* const smem = smemRaw + ((Cfg::kAlign - (smemAddr(smemRaw) & (Cfg::kAlign - 1))) & (Cfg::kAlign - 1));
-    unsigned char* const sQ = smem;
-    uint32_t const sQAddr = smemAddr(sQ);
-    uint32_t const sKVAddr = sQAddr + Cfg::kQBytes;
-    unsigned char* const sConv = smem + Cfg::kQBytes + Cfg::kStages * 2 * Cfg::kRawTileBytes;
-    int32_t* const sPos = reinterpret_cast<int32_t*>(sConv + Cfg::kConvBytes);
-    auto rawKAddr = [&](int stage) { return sKVAddr + uint32_t(stage * 2 * Cfg::kRawTileBytes); };
-    auto rawVAddr = [&](int stage) { return rawKAddr(stage) + uint32_t(Cfg::kRawTileBytes); };
-    // The tiles the MMAs of tile j read: its stage (16-bit caches) or the converted tiles (8-bit).
-    auto mmaKAddr = [&](int32_t j) { return k8Bit ? smemAddr(sConv) : rawKAddr(j % Cfg::kStages); };
-    auto mmaVAddr = [&](int32_t j) {
-        return k8Bit ? smemAddr(sConv) + uint32_t((1 + (j & 1)) * Cfg::kKVTileBytes) : rawVAddr(j % Cfg::kStages);
-    };
-
-    // ---- loader: warp w copies rows [w kWarpRows, (w + 1) kWarpRows) of every KV tile; tiles 2j and 2j + 1 are
-    // located together a tile or two ahead (locateKVRowPair), resolved at 2j's copy.
-    int32_t const numTiles = uniform(w.tiles.count());
-    constexpr int kWarpRows = Cfg::kWarpRows;
-    // the warp's first row: inside column block 0 of a blocked 16-bit tile, or of a [token][kD]-byte 8-bit tile
-    uint32_t const warpRowOffset = uint32_t(warp * kWarpRows * (k8Bit ? kD : 128));
-    auto warpRows = [&](int32_t i) { return i < numTiles ? w.tiles.tile(i) * kTile + warp * kWarpRows : 0; };
-    KVRow ahead = locateKVRowPair<kWarpRows>(p, src, 0 < numTiles, warpRows(0), 1 < numTiles, warpRows(1), lane);
-    KVRowOffset rows;
-    auto issue = [&](int32_t i) {  // tile i into its stage: one commit group per call, empty past the last tile
-        if (i < numTiles) {
-            int32_t const stage = i % Cfg::kStages;
-            if ((i & 1) == 0) {
-                rows = resolveKVRowOffset(p, src, ahead, kElemBytes);
-                ahead = locateKVRowPair<kWarpRows>(p, src, i + 2 < numTiles, warpRows(i + 2), i + 3 < numTiles,
-                                                   warpRows(i + 3), lane);
-            }
-            copyKVRows<kD, kElemBytes, kWarpRows, false, k8Bit ? 0 : kTile>(
-                src, rows, (i & 1) * kWarpRows, rawKAddr(stage) + warpRowOffset, rawVAddr(stage) + warpRowOffset,
-                sPos + stage * kTile + warp * kWarpRows, lane);
-        }
-        cpAsyncCommit();
-    };
-    issue(0);
-    issue(1);
-    loadQRows<CT, kD, Cfg::kRows, Cfg::kThreads, true>(p, sQ, w.rowBegin, w.rowEnd, kvHead, tid);
-
-    // ---- this thread's two rows: g and g + 8 of its warp's 16 inside the warpgroup's 64
-    int32_t const g = lane >> 2;
-    int32_t const c = lane & 3;
-    int32_t const groupRow0 = group * 64;
-    int32_t const warpRow0 = groupRow0 + (warp & 3) * 16;
-    int32_t qPos[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        int32_t const row = w.rowBegin + warpRow0 + g + 8 * h;
-        qPos[h] = row < w.rowEnd ? rowQueryPos(w.seq, row, p.groupSize) : -1;
+// ---- shared memory, 1024-byte aligned: Q, stages x (K, V), [8-bit: converted K, V, V], stages x positions,
+// [warp-specialized: full[stages], empty[stages] mbarriers]
+template <typename Cfg>
+struct Sm90Smem {
+    unsigned char* base;
+    __device__ __forceinline__ explicit Sm90Smem(unsigned char* raw)
+        : base(raw + ((Cfg::kAlign - (smemAddr(raw) & (Cfg::kAlign - 1))) & (Cfg::kAlign - 1))) {}
+    __device__ __forceinline__ unsigned char* q() const { return base; }
+    __device__ __forceinline__ unsigned char* rawK(int stage) const {
+        return base + Cfg::kQBytes + stage * 2 * Cfg::kRawTileBytes;
     }
+    __device__ __forceinline__ unsigned char* rawV(int stage) const { return rawK(stage) + Cfg::kRawTileBytes; }
+    __device__ __forceinline__ unsigned char* conv() const {
+        return base + Cfg::kQBytes + Cfg::kStages * 2 * Cfg::kRawTileBytes;
+    }
+    __device__ __forceinline__ int32_t* pos(int stage) const {
+        return reinterpret_cast<int32_t*>(conv() + Cfg::kConvBytes) + stage * Cfg::kTile;
+    }
+    __device__ __forceinline__ uint32_t full(int stage) const {
+        return smemAddr(conv() + Cfg::kConvBytes + Cfg::kPosBytes) + 8u * uint32_t(stage);
+    }
+    __device__ __forceinline__ uint32_t empty(int stage) const { return full(Cfg::kStages) + 8u * uint32_t(stage); }
+    // the tiles the MMAs of tile j read: its stage (16-bit caches) or the converted tiles (8-bit)
+    __device__ __forceinline__ uint32_t mmaK(int32_t j) const {
+        return Cfg::kConvBytes ? smemAddr(conv()) : smemAddr(rawK(j % Cfg::kStages));
+    }
+    __device__ __forceinline__ uint32_t mmaV(int32_t j) const {
+        return Cfg::kConvBytes ? smemAddr(conv()) + uint32_t((1 + (j & 1)) * Cfg::kKVTileBytes)
+                               : smemAddr(rawV(j % Cfg::kStages));
+    }
+};
 
+// ---- a consumer warpgroup's math on its 64 rows: S(j) = Q K_j^T into s; softmax(j) turns s into probabilities
+// (mask, soft-cap, running max / sum; alpha: the factor O must be rescaled by); packP packs them into pa (only
+// once no MMA reads pa any more: register operands stay live until the MMA completes); PV(j) is O += P_j V_j.
+// This thread holds rows g and g + 8 of its warp's 16.
+template <typename CT, int kD, typename Cfg>
+struct Sm90Consumer {
+    static constexpr int kTile = Cfg::kTile;
+    static constexpr int kNT = Cfg::kNT;
     float o[kD / 8][4];
-#pragma unroll
-    for (int dn = 0; dn < kD / 8; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.f;
-    float m[2] = {negInf(), negInf()};
-    float l[2] = {0.f, 0.f};
-
-    // ---- the per-tile stages. S(j) = Q K_j^T into s; softmax(j) turns s into probabilities (mask, soft-cap, running
-    // max / sum; alpha: the factor O must be rescaled by); packP packs them into pa; PV(j) is O += P_j V_j.
     float s[kNT][4];
     uint32_t pa[kTile / 16][4];
-    float alpha[2] = {1.f, 1.f};
-    // Does tile j need the per-element mask (some row holds no position, or some position is not visible to
-    // every query of the CTA)? Each lane reads kTile / 32 positions; every warp reads the same ones.
-    auto tileNeedsMaskAt = [&](int32_t j) {
-        int32_t const* const tilePos = sPos + (j % Cfg::kStages) * kTile;
-        bool allHere = true;
+    float m[2], l[2], alpha[2];
+    int32_t qPos[2];
+    int32_t groupRow0, warpRow0, lane;
+
+    __device__ __forceinline__ Sm90Consumer(AttentionKernelParams const& p, CtaWork const& w, int32_t group,
+                                            int32_t warp, int32_t lane_)
+        : groupRow0(group * 64), warpRow0(group * 64 + (warp & 3) * 16), lane(lane_) {
 #pragma unroll
-        for (int e = 0; e < kTile / 32; ++e) allHere = allHere && tilePos[e * 32 + lane] >= 0;  // conflict-free
-        return uniform(tileNeedsMask(__all_sync(0xffffffffu, allHere), tilePos[0], tilePos[kTile - 1], qa, qb,
-                                     p.params.window)) != 0;
-    };
-    auto issueS = [&](int32_t j) {  // async; the caller commits
-        uint32_t const kAddr = mmaKAddr(j);
+        for (int dn = 0; dn < kD / 8; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.f;
 #pragma unroll
-        for (int kk = 0; kk < kD / 16; ++kk) {
-            wgmma::Mma<CT, kTile>::ss(s, wgmma::kMajor<Cfg::kRows>(sQAddr, groupRow0, kk),
-                                      wgmma::kMajor<kTile>(kAddr, 0, kk), kk > 0);
+        for (int nt = 0; nt < kNT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+        m[0] = m[1] = negInf();
+        l[0] = l[1] = 0.f;
+        alpha[0] = alpha[1] = 1.f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            int32_t const row = w.rowBegin + warpRow0 + (lane >> 2) + 8 * h;
+            qPos[h] = row < w.rowEnd ? rowQueryPos(w.seq, row, p.groupSize) : -1;
         }
-    };
-    auto issuePV = [&](int32_t j) {
-        uint32_t const vAddr = mmaVAddr(j);
+    }
+
+    __device__ __forceinline__ void issueS(uint32_t sQ, uint32_t kTileAddr) {  // async; the caller commits
 #pragma unroll
-        for (int kt = 0; kt < kTile / 16; ++kt)
-            wgmma::Mma<CT, kD>::rs(o, pa[kt], wgmma::mnMajor<kTile>(vAddr, kt), true);
-    };
-    auto softmax = [&](int32_t j, bool needMask) {
-        int32_t const* const tilePos = sPos + (j % Cfg::kStages) * kTile;
+        for (int kk = 0; kk < kD / 16; ++kk)
+            wgmma::Mma<CT, kTile>::ss(s, wgmma::kMajor<Cfg::kRows>(sQ, groupRow0, kk),
+                                      wgmma::kMajor<kTile>(kTileAddr, 0, kk), kk > 0);
+    }
+    __device__ __forceinline__ void issuePV(uint32_t vTileAddr) {
+#pragma unroll
+        for (int kt = 0; kt < kTile / 16; ++kt) wgmma::Mma<CT, kD>::rs(o, pa[kt], wgmma::mnMajor<kTile>(vTileAddr, kt), true);
+    }
+    __device__ __forceinline__ void softmax(AttentionKernelParams const& p, int32_t const* tilePos, bool needMask) {
         auto step = [&](auto capped, auto masked) {
             softmaxStepFixed<kNT, decltype(capped)::value, decltype(masked)::value>(p, s, tilePos, qPos[0], qPos[1],
                                                                                     lane, m, l, alpha);
@@ -191,99 +161,317 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD>::kThreads, 1)
             if (needMask) step(No{}, Yes{});
             else step(No{}, No{});
         }
-    };
-    // P as the A operand of PV, packed only once no MMA reads pa any more (register operands stay live until the
-    // MMA completes).
-    auto packP = [&]() {
+    }
+    __device__ __forceinline__ void packP() {
 #pragma unroll
         for (int kt = 0; kt < kTile / 16; ++kt) probFragment<CT, kNT>(s, kt, pa[kt]);
+    }
+    __device__ __forceinline__ void rescale() { rescaleRows(o, alpha); }
+
+    // Outputs straight from the accumulators (row g / g + 8; dims 8 dn + 2c, + 1): final rows, or a split chunk's
+    // normalized partial and log2-sum-exp for the merge.
+    __device__ __forceinline__ void store(AttentionKernelParams const& p, CtaWork const& w, int32_t kvHead,
+                                          int32_t z) const {
+        int32_t const c = lane & 3;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float const sum = quadSum(l[h]);
+            int32_t const row = w.rowBegin + warpRow0 + (lane >> 2) + 8 * h;
+            if (row >= w.rowEnd) continue;
+            int32_t const token = row / p.groupSize;
+            int32_t const head = kvHead * p.groupSize + row % p.groupSize;
+            float const scale = sum > 0.f ? p.outScale / sum : 0.f;  // nothing seen -> 0, never 0/0
+            if (w.nChunks == 1) {
+                CT* const dst =
+                    static_cast<CT*>(p.params.out) + (int64_t(token) * p.params.numQHeads + head) * kD + 2 * c;
+#pragma unroll
+                for (int dn = 0; dn < kD / 8; ++dn)
+                    *reinterpret_cast<uint32_t*>(dst + dn * 8) =
+                        Mma<CT>::pack(o[dn][2 * h] * scale, o[dn][2 * h + 1] * scale);
+            } else {
+                int64_t const prow = partialRow(p, z, token, head);
+                float* const dst = p.partialOut + prow * kD + 2 * c;
+#pragma unroll
+                for (int dn = 0; dn < kD / 8; ++dn)
+                    *reinterpret_cast<float2*>(dst + dn * 8) =
+                        make_float2(o[dn][2 * h] * scale, o[dn][2 * h + 1] * scale);
+                if (c == 0) p.partialLse[prow] = sum > 0.f ? m[h] + __log2f(sum) : negInf();
+            }
+        }
+    }
+};
+
+// Does a tile need the per-element mask (some row holds no position, or some position is not visible to every
+// query of the CTA)? Each lane reads kTile / 32 positions; every warp reads the same ones.
+template <int kTile>
+__device__ __forceinline__ bool tileNeedsMaskAt(AttentionKernelParams const& p, int32_t const* tilePos, int32_t qa,
+                                                int32_t qb, int32_t lane) {
+    bool allHere = true;
+#pragma unroll
+    for (int e = 0; e < kTile / 32; ++e) allHere = allHere && tilePos[e * 32 + lane] >= 0;  // conflict-free
+    return warpUniform(tileNeedsMask(__all_sync(0xffffffffu, allHere), tilePos[0], tilePos[kTile - 1], qa, qb,
+                                     p.params.window)) != 0;
+}
+
+// ---- cooperative kernel (8-bit caches). Pipeline (FlashAttention-3's intra-warpgroup overlap): iteration i issues
+// S(i + 1) and PV(i) back to back, runs softmax(i + 1) while PV(i) is in flight, then rescales O. Commit groups at
+// iteration i's wait: tiles [0, i + 2), so waiting for all of them lands tile i + 1; the barrier after it also
+// means every warpgroup finished PV(i - 1), which frees tile i - 1's stage for tile i + 2. The MMAs sit in
+// straight-line code under uniform conditions: every warpgroup runs every tile (a tile holding no position, or a
+// warpgroup past the rows, is masked / never stored).
+template <typename CT, bool k8Bit, int kD>
+__global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD>::kThreads, 1)
+    attentionMultiKernelSm90(__grid_constant__ AttentionKernelParams const p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using Cfg = Sm90MultiConfig<CT, k8Bit, kD>;
+    constexpr int kElemBytes = k8Bit ? 1 : 2;
+    constexpr int kTile = Cfg::kTile;
+    extern __shared__ __align__(16) unsigned char smemRaw[];
+
+    // ---- prologue: this CTA's rows, chunk and KV tiles (the same decisions as the mma.sync kernel's)
+    int32_t const slot = int32_t(gridDim.x) - 1 - int32_t(blockIdx.x);
+    int32_t const kvHead = blockIdx.y;
+    int32_t const z = blockIdx.z;
+    int32_t const tid = threadIdx.x;
+    int32_t const warp = tid >> 5;
+    int32_t const lane = tid & 31;
+    int32_t const group = warpUniform(tid >> 7);
+    CtaWork const w = multiCtaWork(p.split, p.stepView(), Cfg::kRows, kTile, slot, z);
+    if (!w.active) return;
+    KVSource const src = makeKVSource(p, w, kvHead, kElemBytes);
+    int32_t const qa = rowQueryPos(w.seq, w.rowBegin, p.groupSize);
+    int32_t const qb = rowQueryPos(w.seq, w.rowEnd - 1, p.groupSize);
+    Sm90Smem<Cfg> const sm(smemRaw);
+    uint32_t const sQ = smemAddr(sm.q());
+
+    // ---- loader: warp w copies rows [w kWarpRows, (w + 1) kWarpRows) of every KV tile; tiles 2j and 2j + 1 are
+    // located together a tile or two ahead (locateKVRowPair), resolved at 2j's copy.
+    int32_t const numTiles = warpUniform(w.tiles.count());
+    constexpr int kWarpRows = kTile / (Cfg::kConsumerThreads / 32);
+    static_assert(kWarpRows % 8 == 0 && 2 * kWarpRows <= 32, "a warp locates two tiles' rows at once");
+    uint32_t const warpRowOffset = uint32_t(warp * kWarpRows * (k8Bit ? kD : 128));
+    auto warpRows = [&](int32_t i) { return i < numTiles ? w.tiles.tile(i) * kTile + warp * kWarpRows : 0; };
+    KVRow ahead = locateKVRowPair<kWarpRows>(p, src, 0 < numTiles, warpRows(0), 1 < numTiles, warpRows(1), lane);
+    KVRowOffset rows;
+    auto issue = [&](int32_t i) {  // tile i into its stage: one commit group per call, empty past the last tile
+        if (i < numTiles) {
+            int32_t const stage = i % Cfg::kStages;
+            if ((i & 1) == 0) {
+                rows = resolveKVRowOffset(p, src, ahead, kElemBytes);
+                ahead = locateKVRowPair<kWarpRows>(p, src, i + 2 < numTiles, warpRows(i + 2), i + 3 < numTiles,
+                                                   warpRows(i + 3), lane);
+            }
+            copyKVRows<kD, kElemBytes, kWarpRows, false, k8Bit ? 0 : kTile>(
+                src, rows, (i & 1) * kWarpRows, smemAddr(sm.rawK(stage)) + warpRowOffset,
+                smemAddr(sm.rawV(stage)) + warpRowOffset, sm.pos(stage) + warp * kWarpRows, lane);
+        }
+        cpAsyncCommit();
     };
-    // Tile i becomes visible: this thread's copies of it completed, handed to the async proxy, and the barrier
-    // publishes every thread's. `pending` = commit groups allowed to stay in flight (the tiles after i).
-    // 8-bit caches: the landed tile is then converted by the whole CTA into the tiles the MMAs read, and published
-    // the same way (convK / convV are free: S(j - 1) and PV(j - 2), their last readers, completed before the barrier).
+    issue(0);
+    issue(1);
+    loadQRows<CT, kD, Cfg::kRows, Cfg::kConsumerThreads, true>(p, sm.q(), w.rowBegin, w.rowEnd, kvHead, tid);
+
+    // Tile j becomes visible: this thread's copies completed (`pending` groups may stay in flight), [8-bit: the
+    // whole CTA converts it into the tiles the MMAs read -- free: S(j - 1) and PV(j - 2), their last readers,
+    // completed before the first barrier], handed to the async proxy, published by the barrier.
     auto landed = [&](auto pending, int32_t j) {
         cpAsyncWait<decltype(pending)::value>();
         if constexpr (k8Bit) {
             __syncthreads();
-            unsigned char* const raw = smem + Cfg::kQBytes + (j % Cfg::kStages) * 2 * Cfg::kRawTileBytes;
             bool const isFp8 = p.cacheIsFp8 != 0;
-            convertTile8<CT, kD, kTile, Cfg::kThreads, kTile>(raw, sConv, isFp8, tid);
-            convertTile8<CT, kD, kTile, Cfg::kThreads, kTile>(raw + Cfg::kRawTileBytes,
-                                                              sConv + (1 + (j & 1)) * Cfg::kKVTileBytes, isFp8, tid);
+            unsigned char* const conv = sm.conv();
+            convertTile8<CT, kD, kTile, Cfg::kConsumerThreads, kTile>(sm.rawK(j % Cfg::kStages), conv, isFp8, tid);
+            convertTile8<CT, kD, kTile, Cfg::kConsumerThreads, kTile>(
+                sm.rawV(j % Cfg::kStages), conv + (1 + (j & 1)) * Cfg::kKVTileBytes, isFp8, tid);
         }
         wgmma::fenceProxyAsync();
         __syncthreads();
     };
 
-    // ---- pipeline (FlashAttention-3's intra-warpgroup overlap): iteration i issues S(i + 1) and PV(i) back to
-    // back, runs softmax(i + 1) on the tensor cores' S(i + 1) while PV(i) is still in flight, then rescales O.
-    // Three stages hold tiles i (V still read), i + 1 (K, V) and i + 2 (in flight). Commit groups at iteration
-    // i's wait: tiles [0, i + 2), so waiting for all of them lands tile i + 1; the barrier after it also means
-    // every warpgroup finished PV(i - 1), which frees tile i - 1's stage for tile i + 2.
-    // The MMAs sit in straight-line code under conditions ptxas sees as uniform (the loop bound, broadcast): every
-    // warpgroup runs every tile, a tile holding no position or a warpgroup past the rows included (their scores are
-    // masked, their rows never stored), since a wgmma on a path ptxas cannot prove uniform is serialized.
+    Sm90Consumer<CT, kD, Cfg> cons(p, w, group, warp, lane);
     if (numTiles > 0) {
         landed(IntTag<1>{}, 0);  // tile 0 and Q
-        bool const needMask = tileNeedsMaskAt(0);
+        bool const needMask = tileNeedsMaskAt<kTile>(p, sm.pos(0), qa, qb, lane);
         wgmma::fence();
-        issueS(0);
+        cons.issueS(sQ, sm.mmaK(0));
         wgmma::commit();
         wgmma::wait<0>();
-        wgmma::pin(s);
-        softmax(0, needMask);  // O is still 0: nothing to rescale
-        packP();
+        wgmma::pin(cons.s);
+        cons.softmax(p, sm.pos(0), needMask);  // O is still 0: nothing to rescale
+        cons.packP();
         for (int32_t i = 0; i + 1 < numTiles; ++i) {
             landed(IntTag<0>{}, i + 1);
-            // The MMAs first: the loader's integer work for tile i + 2 and the mask decision then issue while the
-            // tensor cores run (issued before them, they would leave the tensor cores idle after every barrier).
+            // The MMAs first: the loader's integer work for tile i + 2 and the mask decision issue under them.
             wgmma::fence();  // orders the rescaled O and the packed P before the MMAs read them
-            issueS(i + 1);
+            cons.issueS(sQ, sm.mmaK(i + 1));
             wgmma::commit();
-            issuePV(i);
+            cons.issuePV(sm.mmaV(i));
             wgmma::commit();
             issue(i + 2);
-            bool const nextMask = tileNeedsMaskAt(i + 1);
+            bool const nextMask = tileNeedsMaskAt<kTile>(p, sm.pos((i + 1) % Cfg::kStages), qa, qb, lane);
             wgmma::wait<1>();  // S(i + 1) done; PV(i) may still run
-            wgmma::pin(s);
-            softmax(i + 1, nextMask);
+            wgmma::pin(cons.s);
+            cons.softmax(p, sm.pos((i + 1) % Cfg::kStages), nextMask);
             wgmma::wait<0>();
-            wgmma::pin(o);
-            rescaleRows(o, alpha);
-            packP();
+            wgmma::pin(cons.o);
+            cons.rescale();
+            cons.packP();
         }
         wgmma::fence();
-        issuePV(numTiles - 1);
+        cons.issuePV(sm.mmaV(numTiles - 1));
         wgmma::commit();
         wgmma::wait<0>();
-        wgmma::pin(o);
+        wgmma::pin(cons.o);
     }
     cpAsyncWait<0>();
+    cons.store(p, w, kvHead, z);
+#endif
+}
 
-    // ---- epilogue: outputs straight from the accumulators (row g / g + 8; dims 8 dn + 2c, + 1)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        float const sum = quadSum(l[h]);
-        int32_t const row = w.rowBegin + warpRow0 + g + 8 * h;
-        if (row >= w.rowEnd) continue;
-        int32_t const token = row / p.groupSize;
-        int32_t const head = kvHead * p.groupSize + row % p.groupSize;
-        float const scale = sum > 0.f ? p.outScale / sum : 0.f;  // nothing seen -> 0, never 0/0
-        if (w.nChunks == 1) {
-            CT* const dst = static_cast<CT*>(p.params.out) + (int64_t(token) * p.params.numQHeads + head) * kD + 2 * c;
-#pragma unroll
-            for (int dn = 0; dn < kD / 8; ++dn)
-                *reinterpret_cast<uint32_t*>(dst + dn * 8) = Mma<CT>::pack(o[dn][2 * h] * scale, o[dn][2 * h + 1] * scale);
-        } else {
-            int64_t const prow = partialRow(p, z, token, head);
-            float* const dst = p.partialOut + prow * kD + 2 * c;
-#pragma unroll
-            for (int dn = 0; dn < kD / 8; ++dn)
-                *reinterpret_cast<float2*>(dst + dn * 8) = make_float2(o[dn][2 * h] * scale, o[dn][2 * h + 1] * scale);
-            if (c == 0) p.partialLse[prow] = sum > 0.f ? m[h] + __log2f(sum) : negInf();
+// ---- warp-specialized kernel (16-bit caches): warps 0-7 are the consumer warpgroups, warp 8 the producer.
+//  * producer: for tile j, wait until its stage is empty (both warpgroups released tile j - 3), copy the 128 rows
+//    (4 lookups of 32 rows, copyKVRows per 16), commit; before that, wait for tile j - 1's copies, hand them to the
+//    async proxy (writer-side proxy fence) and arrive on full[j - 1] (release: the positions are ordinary stores).
+//  * consumers: the cooperative kernel's pipeline with mbarrier waits instead of CTA barriers; after PV(i) each
+//    warp releases tile i's stage. Turns (FlashAttention-3's ping-pong): a warpgroup issues its MMAs only after the
+//    other issued its previous ones (named barriers 1 + group), so the tensor cores alternate between them and one
+//    warpgroup's softmax runs under the other's MMAs.
+constexpr uint32_t kQReadyBarrier = 3;  // named barrier: the consumers' Q stores done (0 is __syncthreads)
+
+// Registers: sm_90 allocates them per warpgroup, so the producer is a whole warpgroup (warp 8 loads, 9-11 leave)
+// and the 384 threads start with 65536 / 384 = 168 each; the producer warpgroup then gives back down to
+// kProducerRegisters and the consumers grow to kConsumerRegisters (setmaxnreg; 128 x 56 + 256 x 224 = 64512).
+constexpr uint32_t kProducerRegisters = 56;
+constexpr uint32_t kConsumerRegisters = 224;
+
+template <typename CT, bool k8Bit, int kD>
+__global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD>::kThreads, 1)
+    attentionMultiKernelSm90WS(__grid_constant__ AttentionKernelParams const p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using Cfg = Sm90MultiConfig<CT, k8Bit, kD>;
+    static_assert(Cfg::kWarpSpecialized, "8-bit caches run attentionMultiKernelSm90");
+    constexpr int kTile = Cfg::kTile;
+    constexpr int kStages = Cfg::kStages;
+    extern __shared__ __align__(16) unsigned char smemRaw[];
+
+    // ---- prologue (every warp)
+    int32_t const slot = int32_t(gridDim.x) - 1 - int32_t(blockIdx.x);
+    int32_t const kvHead = blockIdx.y;
+    int32_t const z = blockIdx.z;
+    int32_t const tid = threadIdx.x;
+    int32_t const warp = warpUniform(tid >> 5);
+    int32_t const lane = tid & 31;
+    CtaWork const w = multiCtaWork(p.split, p.stepView(), Cfg::kRows, kTile, slot, z);
+    if (!w.active) return;
+    int32_t const numTiles = warpUniform(w.tiles.count());
+    Sm90Smem<Cfg> const sm(smemRaw);
+    if (tid == 0) {
+        for (int st = 0; st < kStages; ++st) {
+            wgmma::mbarrierInit(sm.full(st), 32);                              // the producer's lanes
+            wgmma::mbarrierInit(sm.empty(st), Cfg::kConsumerThreads / 32);     // one per consumer warp
         }
+        wgmma::fenceBarrierInit();
     }
+    __syncthreads();
+
+    if (warp >= Cfg::kConsumerThreads / 32) {
+        // ---- producer warpgroup: warp 8 loads, the others leave
+        wgmma::setMaxRegisters<kProducerRegisters, false>();
+        if (warp != Cfg::kConsumerThreads / 32) return;
+        KVSource const src = makeKVSource(p, w, kvHead, 2);
+        for (int32_t j = 0; j < numTiles; ++j) {
+            int32_t const stage = j % kStages;
+            if (j > 0) {
+                cpAsyncWait<0>();  // tile j - 1 landed (this lane's copies)
+                wgmma::fenceProxyAsync();
+                wgmma::mbarrierArrive(sm.full((j - 1) % kStages));
+            }
+            if (j >= kStages) wgmma::mbarrierWait(sm.empty(stage), uint32_t((j / kStages - 1) & 1));
+            int32_t const row0 = w.tiles.tile(j) * kTile;
+            KVRow located[kTile / 32];
+#pragma unroll
+            for (int q = 0; q < kTile / 32; ++q)  // all lookups first: their block-table loads overlap
+                located[q] = locateKVRowPair<16>(p, src, true, row0 + 32 * q, true, row0 + 32 * q + 16, lane);
+            uint32_t const kAddr = smemAddr(sm.rawK(stage));
+            uint32_t const vAddr = smemAddr(sm.rawV(stage));
+#pragma unroll
+            for (int q = 0; q < kTile / 32; ++q) {
+                KVRowOffset const rows = resolveKVRowOffset(p, src, located[q], 2);
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    int32_t const r = 32 * q + 16 * half;
+                    copyKVRows<kD, 2, 16, false, kTile>(src, rows, 16 * half, kAddr + uint32_t(r * 128),
+                                                        vAddr + uint32_t(r * 128), sm.pos(stage) + r, lane);
+                }
+            }
+            cpAsyncCommit();
+        }
+        if (numTiles > 0) {
+            cpAsyncWait<0>();
+            wgmma::fenceProxyAsync();
+            wgmma::mbarrierArrive(sm.full((numTiles - 1) % kStages));
+        }
+        return;
+    }
+
+    // ---- consumer warpgroups
+    wgmma::setMaxRegisters<kConsumerRegisters, true>();
+    int32_t const group = warpUniform(tid >> 7);
+    int32_t const qa = rowQueryPos(w.seq, w.rowBegin, p.groupSize);
+    int32_t const qb = rowQueryPos(w.seq, w.rowEnd - 1, p.groupSize);
+    uint32_t const sQ = smemAddr(sm.q());
+    loadQRows<CT, kD, Cfg::kRows, Cfg::kConsumerThreads, true>(p, sm.q(), w.rowBegin, w.rowEnd, kvHead, tid);
+    wgmma::fenceProxyAsync();
+    wgmma::namedBarrierSync(kQReadyBarrier, Cfg::kConsumerThreads);
+
+    Sm90Consumer<CT, kD, Cfg> cons(p, w, group, warp, lane);
+    uint32_t const myTurn = 1 + uint32_t(group), otherTurn = 2 - uint32_t(group);
+    auto waitFull = [&](int32_t j) { wgmma::mbarrierWait(sm.full(j % kStages), uint32_t((j / kStages) & 1)); };
+    auto release = [&](int32_t j) {  // this warp is done with tile j's stage (K, V, positions)
+        if (lane == 0) wgmma::mbarrierArrive(sm.empty(j % kStages));
+    };
+    if (numTiles > 0) {
+        if (group == 1) wgmma::namedBarrierArrive(1, Cfg::kConsumerThreads);  // warpgroup 0 takes the first turn
+        waitFull(0);
+        bool const needMask = tileNeedsMaskAt<kTile>(p, sm.pos(0), qa, qb, lane);
+        wgmma::namedBarrierSync(myTurn, Cfg::kConsumerThreads);
+        wgmma::fence();
+        cons.issueS(sQ, sm.mmaK(0));
+        wgmma::commit();
+        wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads);
+        wgmma::wait<0>();
+        wgmma::pin(cons.s);
+        cons.softmax(p, sm.pos(0), needMask);
+        cons.packP();
+        for (int32_t i = 0; i + 1 < numTiles; ++i) {
+            waitFull(i + 1);
+            wgmma::namedBarrierSync(myTurn, Cfg::kConsumerThreads);
+            wgmma::fence();
+            cons.issueS(sQ, sm.mmaK(i + 1));
+            wgmma::commit();
+            cons.issuePV(sm.mmaV(i));
+            wgmma::commit();
+            wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads);
+            bool const nextMask = tileNeedsMaskAt<kTile>(p, sm.pos((i + 1) % kStages), qa, qb, lane);
+            wgmma::wait<1>();  // S(i + 1) done; PV(i) may still run
+            wgmma::pin(cons.s);
+            cons.softmax(p, sm.pos((i + 1) % kStages), nextMask);
+            wgmma::wait<0>();
+            wgmma::pin(cons.o);
+            release(i);
+            cons.rescale();
+            cons.packP();
+        }
+        wgmma::namedBarrierSync(myTurn, Cfg::kConsumerThreads);
+        wgmma::fence();
+        cons.issuePV(sm.mmaV(numTiles - 1));
+        wgmma::commit();
+        // The last turn: warpgroup 1 has no turn after it, so only warpgroup 0 hands one over.
+        if (group == 0) wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads);
+        wgmma::wait<0>();
+        wgmma::pin(cons.o);
+    }
+    cons.store(p, w, kvHead, z);
 #endif
 }
 
@@ -291,7 +479,10 @@ template <typename CT, bool k8Bit, int kD>
 cudaError_t prepareOrLaunchSm90(int32_t& ctasPerSm, AttentionKernelParams const* kp, dim3 grid, cudaStream_t stream) {
     using Cfg = Sm90MultiConfig<CT, k8Bit, kD>;
     static KernelSetup setup;
-    auto kernel = attentionMultiKernelSm90<CT, k8Bit, kD>;
+    auto const kernel = [] {
+        if constexpr (Cfg::kWarpSpecialized) return attentionMultiKernelSm90WS<CT, k8Bit, kD>;
+        else return attentionMultiKernelSm90<CT, k8Bit, kD>;
+    }();
     cudaError_t const err =
         setup.prepare(kernel, Cfg::kSmemBytes, Cfg::kThreads, ctasPerSm, "Hopper multi-token attention kernel", kD);
     if (err != cudaSuccess || kp == nullptr) return err;

@@ -1,6 +1,6 @@
-// sm_90a warpgroup-MMA plumbing for the Hopper multi-token attention kernel: shared-memory matrix descriptors,
-// the wgmma fence / commit / wait, and the generic -> async proxy fence that makes shared-memory stores visible to
-// wgmma. The MMA instructions themselves are in wgmma_ops.cuh (generated).
+// sm_90a plumbing for the Hopper multi-token attention kernels: shared-memory matrix descriptors, the wgmma fence /
+// commit / wait, the generic -> async proxy fence that makes shared-memory stores visible to wgmma, mbarriers and
+// named barriers. The MMA instructions themselves are in wgmma_ops.cuh (generated).
 //
 // Tiles the MMAs read (PTX ISA 9.7.15.5.1.2, 128-byte swizzle): a 16-bit tile of R rows x kD elements is stored as
 // kD / 64 column blocks of R rows x 128 bytes (blockedTileChunk, attention_tile.cuh); inside a block, 16-byte chunk
@@ -49,6 +49,43 @@ __device__ __forceinline__ void wait() {
 // This thread's shared-memory writes (st.shared, completed cp.async) become visible to the async proxy that wgmma
 // reads through; a barrier after it publishes them to the other warps' MMAs.
 __device__ __forceinline__ void fenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// ---- mbarriers (the warp-specialized kernel's stage handshakes) and named barriers (its warpgroup turns)
+__device__ __forceinline__ void mbarrierInit(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Publishes the initialized barriers before any thread uses them (with a CTA barrier after it).
+__device__ __forceinline__ void fenceBarrierInit() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// One arrival, release semantics: this thread's earlier shared-memory writes are visible to a thread that waits.
+__device__ __forceinline__ void mbarrierArrive(uint32_t bar) {
+    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// Waits (acquire) until the phase with the given parity has completed; a fresh barrier's "previous" phase (parity
+// 1) counts as completed.
+__device__ __forceinline__ void mbarrierWait(uint32_t bar, uint32_t parity) {
+    uint32_t done = 0;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (done == 0);
+}
+__device__ __forceinline__ void namedBarrierSync(uint32_t id, uint32_t threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void namedBarrierArrive(uint32_t id, uint32_t threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Changes this warpgroup's per-thread register allocation (every warp of the warpgroup executes it).
+template <uint32_t kRegisters, bool kGrow>
+__device__ __forceinline__ void setMaxRegisters() {
+    static_assert(kRegisters % 8 == 0 && kRegisters >= 24 && kRegisters <= 256, "setmaxnreg range");
+    if constexpr (kGrow) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+    else asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
 
 // Keeps the compiler from moving accesses of an accumulator across an MMA issue or wait.
 template <int kTiles>
