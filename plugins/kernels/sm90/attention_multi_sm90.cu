@@ -26,10 +26,11 @@
 #include "wgmma.cuh"
 #include "wgmma_ops.cuh"
 
-// 1: 16-bit caches run the warp-specialized kernel; 0: the cooperative one (both are tested kernels; the switch is
-// for A/B measurements).
+// 1: 16-bit caches run the warp-specialized kernel; 0 (default): the cooperative one. Both pass the GPU suite; the
+// warp-specialized one is slower as it stands (4x2048 over 8192: 4019 vs 3056 us: its single loading warp waits for
+// each tile to land and for each tile's block-table lookups before the next; benchmarks/NOTES-attention.md).
 #ifndef PAGEDKV_SM90_WARP_SPECIALIZED
-#define PAGEDKV_SM90_WARP_SPECIALIZED 1
+#define PAGEDKV_SM90_WARP_SPECIALIZED 0
 #endif
 
 namespace pagedkv {
