@@ -673,14 +673,20 @@ def _check(out: onnx.ModelProto, model: onnx.ModelProto) -> None:
     check_types(checked)
 
 
+REWRITE_STEPS = 4  # rewrite_model's steps (match, analyze, emit, finish); calibrating adds one
+
+
 def rewrite_model(model: onnx.ModelProto | str | Path, options: RewriteOptions | None = None, *,
-                  quiet: bool = False) -> RewriteResult:
+                  quiet: bool = False, step=None) -> RewriteResult:
     """Rewrite every attention layer into the pagedkv plugins. Raises RewriteError (CalibrationError when a
     calibration plan's prompts cannot be read), never returns a half-rewritten graph (the input model is not
     modified). ``model``: a path (``onnx_io.load``: any size) or a ``ModelProto``; the result refers to the input's
-    external weights, ``onnx_io.save`` writes it. ``quiet``: no progress bar while calibrating."""
+    external weights, ``onnx_io.save`` writes it. ``quiet``: no progress bar while calibrating. ``step``: called
+    with the name of each step as it starts (``userio.phases``; REWRITE_STEPS of them, one more when calibrating)."""
+    step = step or (lambda name: None)
     options = options or RewriteOptions()
     model = copy.deepcopy(model) if isinstance(model, onnx.ModelProto) else onnx_io.load(model)
+    step("match the attention blocks")
     view = GraphView(model)
     anchors = patterns.find_kv_anchors(view)
     if not anchors:
@@ -694,12 +700,15 @@ def rewrite_model(model: onnx.ModelProto | str | Path, options: RewriteOptions |
     order = {name: i for i, name in enumerate(view.graph_outputs)}
     matches.sort(key=lambda m: order[m.present_key])
     roles, past_shape, int_types = _input_roles(view, matches)
-    step = ProbeStep(roles, past_shape, int_types=int_types)
+    probe = ProbeStep(roles, past_shape, int_types=int_types)
     positions = [n for n, role in roles.items() if role == "position_ids"]
-    plans = [_analyze(view, m, step, i, options, positions) for i, m in enumerate(matches)]
+    step(f"analyze {len(matches)} attention layers")
+    plans = [_analyze(view, m, probe, i, options, positions) for i, m in enumerate(matches)]
     calibration = options.calibration
     if isinstance(calibration, CalibrationPlan):  # after the analysis: structural errors come first
+        step("calibrate the K/V scales")
         calibration = calibration.run(model, quiet=quiet)
+    step("emit the plugin nodes")
     groups = _pool_groups(plans, options, calibration)
     explicit = bool(options.explicit_positions)
     graph, removed_inputs, removed_outputs, heads = _emit(model, view, plans, groups, roles, options, explicit)
@@ -712,6 +721,7 @@ def rewrite_model(model: onnx.ModelProto | str | Path, options: RewriteOptions |
         explicit = True
         graph, removed_inputs, removed_outputs, heads = _emit(model, view, plans, groups, roles, options, explicit)
         reads = _still_read(graph, {n for n, role in roles.items() if role not in ("input_ids", "position_ids")})
+    step("finish the graph" + (f" in {options.dtype}" if options.dtype else ""))
     _fold_shape_reads(graph, reads, roles, past_shape)
     reads = _still_read(graph, {n for n in reads if roles[n] != "position_ids" or not explicit})
     for name, readers in reads.items():
@@ -809,7 +819,7 @@ def options_from_args(args: argparse.Namespace) -> RewriteOptions:
 
 def run_rewrite(args: argparse.Namespace) -> int:
     from pagedkv.runtime.graph import is_rewritten
-    from pagedkv.userio import UsageError, check_input_file, check_output_path, option_error, print_json
+    from pagedkv.userio import UsageError, check_input_file, check_output_path, option_error, phases, print_json
 
     source = check_input_file(args.input, "input")
     check_output_path(args.output, [source])
@@ -817,19 +827,25 @@ def run_rewrite(args: argparse.Namespace) -> int:
         options = options_from_args(args)
     except ValueError as exc:
         raise option_error(exc) from None
-    if is_rewritten(onnx_io.load(source, "input")):
-        raise UsageError(f"input: {str(source)!r} is already rewritten (it has the pagedkv plugin nodes); rewrite "
-                         "the decoder-with-past graph it came from")
-    try:
-        result = rewrite_model(source, options, quiet=getattr(args, "quiet", False))
-    except CalibrationError as exc:
-        raise UsageError(str(exc)) from None
-    except NotADecoderError as exc:
-        raise UsageError(f"input: {str(source)!r} is not a decoder-with-past LLM graph: {exc}") from None
-    except RewriteError as exc:
-        print(f"pagedkv rewrite: {exc}", file=sys.stderr)
-        return 1
-    path = onnx_io.save(result.model, args.output, inputs=[source])
+    quiet = getattr(args, "quiet", False)
+    calibrating = isinstance(options.calibration, CalibrationPlan)
+    # read + rewrite_model's steps + write
+    with phases(2 + REWRITE_STEPS + int(calibrating), desc="pagedkv rewrite", quiet=quiet) as step:
+        step(f"read {source.name}")
+        if is_rewritten(onnx_io.load(source, "input")):
+            raise UsageError(f"input: {str(source)!r} is already rewritten (it has the pagedkv plugin nodes); "
+                             "rewrite the decoder-with-past graph it came from")
+        try:  # from the path: rewrite_model loads it itself (a ModelProto would be copied first)
+            result = rewrite_model(source, options, quiet=quiet, step=step)
+        except CalibrationError as exc:
+            raise UsageError(str(exc)) from None
+        except NotADecoderError as exc:
+            raise UsageError(f"input: {str(source)!r} is not a decoder-with-past LLM graph: {exc}") from None
+        except RewriteError as exc:
+            print(f"pagedkv rewrite: {exc}", file=sys.stderr)
+            return 1
+        step(f"write {Path(args.output).name}")
+        path = onnx_io.save(result.model, args.output, inputs=[source])
     if args.json:
         pools = [{"group": g, "mode": g.mode, "block_bytes": g.block_bytes} for g in result.pool_groups]
         print_json({"output": str(path), "data": str(onnx_io.data_path(path)), "report": result.report,

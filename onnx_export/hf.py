@@ -199,13 +199,15 @@ def _vocab(model) -> int:
 
 
 def export_model(model, path: str | os.PathLike, *, exporter: str = "legacy", opset: int | None = None,
-                 verify: bool = True, source: str = "model") -> ExportResult:
+                 verify: bool = True, source: str = "model", step=None) -> ExportResult:
     """Export an eval-mode transformers causal LM; see the module docstring for the graph I/O. Raises
     ExportError (and leaves no file behind) when the export or its verification fails.
 
     The exporter writes into a private folder beside ``path`` (its own file layout: the legacy exporter scatters
     one file per weight past 2 GB), the result is verified there, and only then ``onnx_io.save`` writes ``path``
-    and ``path`` + ``.data`` (every weight, one file) together."""
+    and ``path`` + ``.data`` (every weight, one file) together. ``step``: called with the name of each step as it
+    starts (``userio.phases``)."""
+    step = step or (lambda name: None)
     require_export_deps()
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter: expected one of {EXPORTERS}, got {exporter!r}")
@@ -216,7 +218,7 @@ def export_model(model, path: str | os.PathLike, *, exporter: str = "legacy", op
     with tempfile.TemporaryDirectory(prefix=f".{path.name}.", suffix=".export", dir=path.parent) as raw_dir:
         raw = Path(raw_dir) / path.name
         try:
-            result = _export_to(model, path, raw, exporter, opset, verify, source)
+            result = _export_to(model, path, raw, exporter, opset, verify, source, step)
         except ExportError as exc:
             torch = require_export_deps()[0]
             if next(model.parameters()).dtype != torch.float32 and \
@@ -225,11 +227,13 @@ def export_model(model, path: str | os.PathLike, *, exporter: str = "legacy", op
                                   "them with mixed dtypes; --attn-implementation eager exports the same attention)"
                                   ) from exc
             raise
+        step(f"write {path.name} and {onnx_io.data_path(path).name}")
         onnx_io.save(onnx_io.load(raw, "exported model"), path)
     return result
 
 
-def _export_to(model, path: Path, tmp: Path, exporter: str, opset: int, verify: bool, source: str) -> ExportResult:
+def _export_to(model, path: Path, tmp: Path, exporter: str, opset: int, verify: bool, source: str,
+               step) -> ExportResult:
     """Export into ``tmp`` (in a private folder: the exporter's own file layout) and verify it there."""
     torch, _ = require_export_deps()
     from pagedkv.onnx_export._hf_wrapper import DecoderWithPast, traceable_rope
@@ -241,6 +245,7 @@ def _export_to(model, path: Path, tmp: Path, exporter: str, opset: int, verify: 
     example = _inputs(2, 3, 5, num_layers, kv_heads, head_dim, _vocab(model), dtype, seed=1)
     in_names, out_names = io_names(num_layers)
 
+    step(f"{exporter} export ({num_layers} layers)")
     start = time.perf_counter()
     try:
         with torch.no_grad(), traceable_rope(model):
@@ -270,6 +275,7 @@ def _export_to(model, path: Path, tmp: Path, exporter: str, opset: int, verify: 
     dtype_name = str(dtype).removeprefix("torch.")
     err, how = None, ""
     if verify:
+        step(f"verify against eager PyTorch on {len(VERIFY_CASES)} shapes")
         shapes = (num_layers, kv_heads, head_dim, _vocab(model))
         if dtype == torch.float32:
             err = _verify(wrapper, tmp, path, *shapes, dtype)
@@ -387,10 +393,13 @@ def _verify_reduced(model, wrapper, tmp, path, num_layers, kv_heads, head_dim, v
 
 def export_hf(source: str | os.PathLike, path: str | os.PathLike, *, exporter: str = "legacy", seed: int = 0,
               opset: int | None = None, attn_implementation: str = DEFAULT_ATTENTION, dtype: str = "float32",
-              verify: bool = True) -> ExportResult:
-    """Load ``source`` (family name or model directory) and export it; see the module docstring."""
+              verify: bool = True, step=None) -> ExportResult:
+    """Load ``source`` (family name or model directory) and export it; see the module docstring. ``step``: called
+    with the name of each step as it starts (``userio.phases``)."""
+    if step is not None:
+        step(f"load {Path(str(source)).name}")
     model = load_model(source, seed=seed, attn_implementation=attn_implementation, dtype=dtype)
-    return export_model(model, path, exporter=exporter, opset=opset, verify=verify, source=str(source))
+    return export_model(model, path, exporter=exporter, opset=opset, verify=verify, source=str(source), step=step)
 
 
 # ---- CLI ----------------------------------------------------------------------------------------------
@@ -416,7 +425,7 @@ def run_export(args) -> int:
 
     import onnx
 
-    from pagedkv.userio import UsageError, check_input_dir, check_int, check_output_path
+    from pagedkv.userio import UsageError, check_input_dir, check_int, check_output_path, phases
 
     if args.model_dir is not None:
         model_dir = check_input_dir(args.model_dir, "--model-dir")
@@ -435,9 +444,10 @@ def run_export(args) -> int:
         check_int("--opset", args.opset, low=MIN_OPSET, high=onnx.defs.onnx_opset_version())
     check_output_path(args.output)
     try:
-        result = export_hf(args.family or args.model_dir, args.output, exporter=args.exporter, seed=args.seed,
-                           opset=args.opset, attn_implementation=args.attn_implementation, dtype=args.dtype,
-                           verify=not args.no_verify)
+        with phases(3 if args.no_verify else 4, desc="pagedkv export", quiet=getattr(args, "quiet", False)) as step:
+            result = export_hf(args.family or args.model_dir, args.output, exporter=args.exporter, seed=args.seed,
+                               opset=args.opset, attn_implementation=args.attn_implementation, dtype=args.dtype,
+                               verify=not args.no_verify, step=step)
     except MissingExportDependencies as exc:
         raise UsageError(str(exc)) from None
     except ExportError as exc:

@@ -211,3 +211,18 @@ def test_the_table_covers_every_verb():
 
     assert len(CASES) >= 40 and len({c.id for c in CASES}) == len(CASES)
     assert {v.name for v in cli.VERBS} <= {c.argv[0] for c in CASES}
+
+
+def test_selfcheck_cuda_without_a_gpu_is_one_line(tmp_path):
+    """``selfcheck --backend cuda`` on a machine without a GPU: refused before any check runs, the reason in one
+    line on stderr (not a FAIL line on stdout after the reference checks)."""
+    from pagedkv import cuda
+
+    if not cuda.why_no_gpu():
+        pytest.skip("a GPU is present: selfcheck --backend cuda runs the kernels here")
+    run = subprocess.run([sys.executable, "-m", "pagedkv", "selfcheck", "--backend", "cuda"], cwd=tmp_path,
+                         env={**os.environ, "PYTHONWARNINGS": "ignore"}, capture_output=True, text=True, timeout=300,
+                         stdin=subprocess.DEVNULL)
+    assert run.returncode == 2, (run.returncode, run.stdout, run.stderr)
+    assert run.stdout == ""
+    assert run.stderr.count("\n") == 1 and run.stderr.startswith("pagedkv selfcheck: --backend cuda: "), run.stderr

@@ -299,12 +299,21 @@ def test_missing_torch_gives_the_install_command(monkeypatch):
 
 
 @needs_export
-def test_cli_export(tmp_path, capsys):
+def test_cli_export(tmp_path, capsys, monkeypatch):
+    import pagedkv.userio
     from pagedkv.cli import main
 
+    # progress as on a terminal: each step named on the bar (stderr), the report on stdout
+    monkeypatch.setattr(pagedkv.userio, "progress_enabled", lambda quiet=False: not quiet)
     out = tmp_path / "phi.onnx"
     assert main(["export", "--family", "phi", "-o", str(out), "--exporter", "legacy"]) == 0
-    assert out.is_file() and "verified vs eager" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert out.is_file() and "verified vs eager" in captured.out
+    for step in ("pagedkv export", "load phi", "legacy export (", "verify against eager PyTorch on 4 shapes",
+                 "write phi.onnx and phi.onnx.data"):
+        assert step in captured.err, (step, captured.err)
+    assert main(["export", "--family", "phi", "-o", str(tmp_path / "q.onnx"), "--quiet", "--no-verify"]) == 0
+    assert capsys.readouterr().err == ""
 
 
 # ---- dtypes and quantized caches on every family ---------------------------------------------------------

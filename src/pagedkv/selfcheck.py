@@ -13,6 +13,8 @@ Exit status 0 when every check passes.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from pagedkv import cuda
@@ -97,9 +99,9 @@ def main(seed: int = 0, backend: str = "auto") -> int:
     if backend == "reference" or (backend == "auto" and no_gpu):
         print(f"cuda kernels: not run ({'--backend reference' if backend == 'reference' else no_gpu})")
         return 0 if ok else 1
-    if no_gpu:
-        print(f"cuda kernels: requested but unavailable: {no_gpu}")
-        return 1
+    if no_gpu:  # run_selfcheck refuses this before any work; main() called directly says it the same way
+        print(f"pagedkv selfcheck: --backend cuda: {no_gpu}", file=sys.stderr)
+        return 2
 
     from pagedkv.kernels.attention import paged_attention_numpy
     from pagedkv.kernels.write import qkv_write_numpy
@@ -131,4 +133,10 @@ def add_selfcheck_arguments(parser) -> None:
 
 
 def run_selfcheck(args) -> int:
+    from pagedkv.userio import UsageError
+
+    if args.backend == "cuda":
+        no_gpu = cuda.why_no_gpu()
+        if no_gpu:  # one line on stderr, exit 2, before the reference checks run
+            raise UsageError(f"--backend cuda: {no_gpu}")
     return main(seed=args.seed, backend=args.backend)

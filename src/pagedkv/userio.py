@@ -179,6 +179,27 @@ def progress(iterable=None, *, total: int | None = None, desc: str = "", unit: s
                 file=sys.stderr, dynamic_ncols=True)
 
 
+@contextlib.contextmanager
+def phases(count: int, *, desc: str, quiet: bool = False):
+    """A verb's ``count`` named steps on one progress bar: ``with phases(3, desc="export") as step:`` then
+    ``step("load the model")`` before each step shows what runs now and how many steps are done."""
+    bar = progress(total=count, desc=desc, unit="step", quiet=quiet)
+    started = [0]
+
+    def step(name: str) -> None:
+        if started[0]:
+            bar.update(1)
+        started[0] += 1
+        bar.set_postfix_str(name, refresh=True)
+
+    try:
+        yield step
+    finally:
+        if started[0]:
+            bar.update(1)
+        bar.close()
+
+
 def run_verb(verb: str, func, args) -> int:
     """Run a verb's handler: ``UsageError`` -> one line on stderr and exit status 2; any other error -> one
     line naming it and exit status 1, with the traceback only under ``--debug``; Ctrl-C -> 130."""
