@@ -7,11 +7,12 @@
 //  * per tile and warpgroup, S = Q K^T is kD / 16 wgmma m64n128k16 reading Q and K straight from shared memory,
 //    the online softmax runs on the S registers (softmaxStepFixed: mask, soft-cap, running max and sum), and
 //    O += P V is kTile / 16 wgmma m64nDk16 with P from registers and V read MN-major from shared memory;
-//  * the two warpgroups run the same loop on different rows, so one's softmax overlaps the other's MMAs.
+//  * each warpgroup overlaps its softmax of tile i + 1 with its own P V of tile i (the pipeline below); the two
+//    warpgroups run in lockstep (one CTA barrier per tile), which the warp-specialized variant sets out to break.
 // Head dims 64 / 128, every cache dtype (8-bit tiles are converted into 16-bit ones in shared memory, as the mma.sync
 // kernel does); the other head dims (32, 80, 96, 256) and other GPUs stay on attention_multi.cu's mma.sync kernel
 // (multiKernelSm90Serves). Design, byte and FLOP counts, measurements:
-// benchmarks/NOTES-attention.md, "Hopper multi-token kernel".
+// benchmarks/NOTES-attention.md, "the Hopper multi-token kernel".
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
