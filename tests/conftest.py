@@ -14,6 +14,17 @@ from pagedkv import cuda
 from pagedkv.tolerances import TOLERANCES  # noqa: E402,F401  (stated once, in the package)
 
 
+def built_file(*names: str, how: str = "install pagedkv (`pip install .`) or set PAGEDKV_LIB_DIR to a build tree"):
+    """The paths of files the build makes (pagedkv._lib names): CI builds them, so a missing one fails the test that
+    needs it -- it is never skipped. One path for one name, else a tuple."""
+    from pagedkv import _lib
+
+    paths = [_lib.find_file(name) for name in names]
+    if any(path is None for path in paths):
+        pytest.fail(f"{' / '.join(names)} not found in {[str(d) for d in _lib.lib_dirs()]}: {how}")
+    return str(paths[0]) if len(paths) == 1 else tuple(str(path) for path in paths)
+
+
 def why_no_trt_builder() -> str | None:
     """None when an engine can be built here: TensorRT-RTX installed, or TensorRT and a GPU."""
     from pagedkv import trt_library

@@ -13,6 +13,7 @@ from pathlib import Path
 import onnx
 import pytest
 
+from conftest import built_file
 from pagedkv import _lib
 from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
 from pagedkv.onnx_export.synthetic import SyntheticConfig, make_synthetic_model
@@ -22,11 +23,7 @@ from pagedkv.runtime.graph import RewrittenGraph
 @pytest.fixture(scope="module")
 def exe():
     """CI builds the sample: its absence fails, it is not skipped."""
-    path = _lib.find_file(_lib.GENERATE_NAME)
-    if path is None:
-        pytest.fail(f"{_lib.GENERATE_NAME} not found in {[str(d) for d in _lib.lib_dirs()]}: install pagedkv "
-                    "(`pip install .`) or set PAGEDKV_LIB_DIR to a build tree")
-    return path
+    return built_file(_lib.GENERATE_NAME)
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
+from conftest import built_file
 from pagedkv import _lib
 from pagedkv.kvcache import KVCacheError, KVCacheManager, PoolGroup, Tier, pool_descriptors
 from pagedkv.kvcache.native import NativeKVManager
@@ -42,9 +43,7 @@ from test_kvcache_support import CONFIGS as PROPERTY_CONFIGS
 @pytest.fixture(autouse=True, scope="module")
 def runtime_library():
     """CI builds the runtime library: its absence fails, it is not skipped."""
-    if _lib.find_file(_lib.RUNTIME_NAME) is None:
-        pytest.fail(f"{_lib.RUNTIME_NAME} not found in {[str(d) for d in _lib.lib_dirs()]}: install pagedkv "
-                    "(`pip install .`) or set PAGEDKV_LIB_DIR to a build tree")
+    built_file(_lib.RUNTIME_NAME)
 
 # The property test's configurations, and: the first with room enough to keep prefixes cached, a pool that
 # keeps running out, three groups with a non-power-of-two page.

@@ -23,6 +23,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from conftest import built_file
 from pagedkv import _lib
 from pagedkv.capabilities import capabilities
 from pagedkv.config import (ATTENTION_PLUGIN_NAME, FLOAT, FLOATS, PLUGIN_NAMESPACE, PLUGIN_VERSION, WRITE_PLUGIN_NAME,
@@ -38,12 +39,8 @@ HOST_TIMEOUT_S = 60
 @pytest.fixture(scope="module")
 def host():
     """(testhost path, plugin library path); their absence fails: CI builds both (PAGEDKV_BUILD_TESTHOST)."""
-    exe = _lib.find_file(_lib.TESTHOST_NAME)
-    lib = _lib.find_file(_lib.PLUGINS_NAME)
-    if exe is None or lib is None:
-        pytest.fail(f"{_lib.TESTHOST_NAME} / {_lib.PLUGINS_NAME} not found in {[str(d) for d in _lib.lib_dirs()]}: "
-                    "build them (pip install ., or cmake with PAGEDKV_BUILD_TESTHOST=ON and PAGEDKV_LIB_DIR)")
-    return str(exe), str(lib)
+    return built_file(_lib.TESTHOST_NAME, _lib.PLUGINS_NAME,
+                      how="build them (pip install ., or cmake with PAGEDKV_BUILD_TESTHOST=ON and PAGEDKV_LIB_DIR)")
 
 
 def run_host(host, command: str, tmp_path, spec=None, spec_text: str | None = None, extra=()):

@@ -12,17 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from conftest import built_file
 from pagedkv import _lib
 
 
 @pytest.fixture(scope="module")
 def check_exe():
     """CI builds it (PAGEDKV_BUILD_RUNTIME_TESTS): its absence fails, it is not skipped."""
-    exe = _lib.find_file(_lib.RUNTIME_CHECK_NAME)
-    if exe is None:
-        pytest.fail(f"{_lib.RUNTIME_CHECK_NAME} not found in {[str(d) for d in _lib.lib_dirs()]}: install pagedkv "
-                    "(`pip install .`) or set PAGEDKV_LIB_DIR to a build tree")
-    return str(exe)
+    return built_file(_lib.RUNTIME_CHECK_NAME)
 
 
 def run(exe, *args, timeout=600):

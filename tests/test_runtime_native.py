@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from conftest import built_file
 from pagedkv import _lib
 from pagedkv import engine_io as io
 from pagedkv.kvcache import KVCacheManager, PoolGroup, Tier
@@ -38,9 +39,7 @@ from pagedkv.runtime.scheduler import SchedulerConfig
 @pytest.fixture(autouse=True, scope="module")
 def runtime_library():
     """CI builds the runtime library: its absence fails, it is not skipped."""
-    if _lib.find_file(_lib.RUNTIME_NAME) is None:
-        pytest.fail(f"{_lib.RUNTIME_NAME} not found in {[str(d) for d in _lib.lib_dirs()]}: install pagedkv "
-                    "(`pip install .`) or set PAGEDKV_LIB_DIR to a build tree")
+    built_file(_lib.RUNTIME_NAME)
 
 
 from pagedkv.runtime import native  # noqa: E402  (after the fixture's import guard)

@@ -11,6 +11,7 @@ import onnx
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from conftest import built_file
 from pagedkv import _lib
 from pagedkv import engine_io as io
 from pagedkv.builder.rewrite import RewriteOptions, rewrite_model
@@ -23,9 +24,7 @@ from pagedkv.onnx_export.synthetic import SyntheticConfig, make_synthetic_model
 @pytest.fixture(autouse=True, scope="module")
 def runtime_library():
     """CI builds the runtime library: its absence fails, it is not skipped."""
-    if _lib.find_file(_lib.RUNTIME_NAME) is None:
-        pytest.fail(f"{_lib.RUNTIME_NAME} not found in {[str(d) for d in _lib.lib_dirs()]}: install pagedkv "
-                    "(`pip install .`) or set PAGEDKV_LIB_DIR to a build tree")
+    built_file(_lib.RUNTIME_NAME)
 
 
 from pagedkv.runtime import native  # noqa: E402  (after the fixture's import guard)
