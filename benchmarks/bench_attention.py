@@ -31,10 +31,11 @@ FlashInfer 0.7.2 compiles each kernel on first use (``.whl/flashinfer-env.sh`` s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
-import os
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -202,6 +203,21 @@ def time_us(fn, torch, triton) -> float:
     return 1000.0 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
+@contextlib.contextmanager
+def mma_sync_kernel():
+    """Launches inside run on the mma.sync multi-token kernel (PAGEDKV_MULTI_KERNEL=mma, read at every launch):
+    the sm_80 / sm_89 kernel, and the H200's before the wgmma one; the variable's previous value is restored."""
+    before = os.environ.get("PAGEDKV_MULTI_KERNEL")
+    os.environ["PAGEDKV_MULTI_KERNEL"] = "mma"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PAGEDKV_MULTI_KERNEL"]
+        else:
+            os.environ["PAGEDKV_MULTI_KERNEL"] = before
+
+
 def max_diff(ours_out, theirs_out) -> float:
     return (ours_out.float().view(-1) - theirs_out.float().reshape(-1)).abs().max().item()
 
@@ -288,18 +304,14 @@ def run(which: set[str], peers: tuple[str, ...]) -> list[Result]:
                 us = ours.us = time_us(ours, torch, triton)
                 times, notes = time_peers(step, ours, "prefill", prefill_peers, flops)
                 row(name, "pagedkv bf16", step, ours, us, times, notes, tflops=flops / (us * 1e-6) / 1e12)
-                # The mma.sync kernel (sm_80 / sm_89's, and the H200's before the wgmma kernel) on the same
-                # tensors: PAGEDKV_MULTI_KERNEL=mma is read at every launch.
+                # The mma.sync kernel on the same tensors, and how far its output is from the default kernel's.
                 ours()
-                wgmma_out = step.out.clone()
-                os.environ["PAGEDKV_MULTI_KERNEL"] = "mma"
-                try:
+                default_out = step.out.clone()
+                with mma_sync_kernel():
                     mma = step.our_launcher()
                     mma_us = time_us(mma, torch, triton)
                     mma()
-                    diff = (step.out.float() - wgmma_out.float()).abs().max().item()
-                finally:
-                    del os.environ["PAGEDKV_MULTI_KERNEL"]
+                diff = max_diff(default_out, step.out)
                 row(name, "pagedkv bf16, mma.sync kernel", step, mma, mma_us, times, [],
                     tflops=flops / (mma_us * 1e-6) / 1e12,
                     extra=f"default kernel {mma_us / us:.2f}x faster; max|diff| between the kernels {diff:.4f}")
@@ -309,11 +321,8 @@ def run(which: set[str], peers: tuple[str, ...]) -> list[Result]:
                                 page_size=page, cache="fp8", seed=7)
                     fp8 = step.our_launcher()
                     fp8_us = time_us(fp8, torch, triton)
-                    os.environ["PAGEDKV_MULTI_KERNEL"] = "mma"
-                    try:
+                    with mma_sync_kernel():
                         fp8_mma_us = time_us(step.our_launcher(), torch, triton)
-                    finally:
-                        del os.environ["PAGEDKV_MULTI_KERNEL"]
                     row(name, "pagedkv fp8 e4m3 cache", step, fp8, fp8_us, {}, [],
                         tflops=flops / (fp8_us * 1e-6) / 1e12,
                         extra=f"mma.sync kernel {fp8_mma_us:.1f} us ({fp8_mma_us / fp8_us:.2f}x); bf16 {us:.1f} us")
