@@ -391,13 +391,16 @@ def _verify_reduced(model, wrapper, tmp, path, num_layers, kv_heads, head_dim, v
     return worst_abs, how
 
 
+EXPORT_STEPS = 4  # export_hf's steps: load, export, verify, write (verify=False: no verify)
+
+
 def export_hf(source: str | os.PathLike, path: str | os.PathLike, *, exporter: str = "legacy", seed: int = 0,
               opset: int | None = None, attn_implementation: str = DEFAULT_ATTENTION, dtype: str = "float32",
               verify: bool = True, step=None) -> ExportResult:
     """Load ``source`` (family name or model directory) and export it; see the module docstring. ``step``: called
     with the name of each step as it starts (``userio.phases``)."""
-    if step is not None:
-        step(f"load {Path(str(source)).name}")
+    step = step or (lambda name: None)
+    step(f"load {Path(str(source)).name}")
     model = load_model(source, seed=seed, attn_implementation=attn_implementation, dtype=dtype)
     return export_model(model, path, exporter=exporter, opset=opset, verify=verify, source=str(source), step=step)
 
@@ -444,7 +447,7 @@ def run_export(args) -> int:
         check_int("--opset", args.opset, low=MIN_OPSET, high=onnx.defs.onnx_opset_version())
     check_output_path(args.output)
     try:
-        with phases(3 if args.no_verify else 4, desc="pagedkv export", quiet=getattr(args, "quiet", False)) as step:
+        with phases(EXPORT_STEPS - int(args.no_verify), desc="pagedkv export", quiet=getattr(args, "quiet", False)) as step:
             result = export_hf(args.family or args.model_dir, args.output, exporter=args.exporter, seed=args.seed,
                                opset=args.opset, attn_implementation=args.attn_implementation, dtype=args.dtype,
                                verify=not args.no_verify, step=step)

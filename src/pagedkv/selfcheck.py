@@ -13,8 +13,6 @@ Exit status 0 when every check passes.
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 
 from pagedkv import cuda
@@ -68,6 +66,12 @@ def _dense_check(qkv_steps, metas, wcfg: WriteConfig, acfg: AttentionConfig, out
 def main(seed: int = 0, backend: str = "auto") -> int:
     import ml_dtypes
 
+    from pagedkv.userio import UsageError
+
+    no_gpu = cuda.why_no_gpu()
+    if backend == "cuda" and no_gpu:  # refused before any check runs: one line on stderr, exit 2 (run_verb)
+        raise UsageError(f"--backend cuda: {no_gpu}")
+
     rng = np.random.default_rng(seed)
     num_blocks = 64
     pool_cfg = PoolConfig(num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, page_size=PAGE, num_layers=2, layer_index=1,
@@ -95,13 +99,9 @@ def main(seed: int = 0, backend: str = "auto") -> int:
     print(f"reference: paged write + paged attention vs dense attention   max rel err {dense_err:.2e}  "
           f"{'PASS' if ok else 'FAIL'}")
 
-    no_gpu = cuda.why_no_gpu()
     if backend == "reference" or (backend == "auto" and no_gpu):
         print(f"cuda kernels: not run ({'--backend reference' if backend == 'reference' else no_gpu})")
         return 0 if ok else 1
-    if no_gpu:  # run_selfcheck refuses this before any work; main() called directly says it the same way
-        print(f"pagedkv selfcheck: --backend cuda: {no_gpu}", file=sys.stderr)
-        return 2
 
     from pagedkv.kernels.attention import paged_attention_numpy
     from pagedkv.kernels.write import qkv_write_numpy
@@ -133,10 +133,4 @@ def add_selfcheck_arguments(parser) -> None:
 
 
 def run_selfcheck(args) -> int:
-    from pagedkv.userio import UsageError
-
-    if args.backend == "cuda":
-        no_gpu = cuda.why_no_gpu()
-        if no_gpu:  # one line on stderr, exit 2, before the reference checks run
-            raise UsageError(f"--backend cuda: {no_gpu}")
     return main(seed=args.seed, backend=args.backend)
