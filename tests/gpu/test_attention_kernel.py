@@ -212,8 +212,8 @@ HEAD_DIM_CASES = [
 ]
 
 # The sm_90a multi-token kernel (D = 64, 128, every cache dtype; the multi-token cases above reach it too on an
-# H100 / H200): many KV tiles of 128 tokens through its 2- and 3-stage pipelines, pages of 64 and 128 tokens (a
-# tile is 2 or 1 pages), Llama-70B-like G = 8, fp16, every mask kind in one tile, a split prefill chunk.
+# H100 / H200): many KV tiles of 128 tokens through its 3-stage pipeline, pages of 64 and 128 tokens (a tile is 2
+# or 1 pages), Llama-70B-like G = 8, fp16, window + sinks + soft-cap in one case, a cyclic ring, 8-bit caches.
 HOPPER_MULTI_CASES = [
     Case(((0, 1000),), page_size=64, seed=100),
     Case(((1500, 700), (0, 260)), cache=CacheDType.FP16, io="float16", seed=101),
@@ -328,6 +328,7 @@ def test_large_ragged_batch(head_dim):
 
 
 def _runs_multi_token_kernel(case: Case) -> bool:
+    # not decode-class (attention_schedule.h: isDecodeClass, kDecodeRows = 16) for some sequence
     group = case.num_q_heads // case.num_kv_heads
     return any(q * group > 16 or group > 16 for _, q in case.seqs if q > 0)
 

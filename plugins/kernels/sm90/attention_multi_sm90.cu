@@ -40,9 +40,10 @@ namespace {
 
 // ---- shapes. Both kernels: a CTA serves kRows = 128 query rows (the planner's row tile) as 2 consumer warpgroups
 // of 64 rows; KV tiles of kTile = 128 tokens in 3 stages (the pipeline holds tiles i, i + 1 and i + 2).
-//  * cooperative (8-bit caches): 256 threads; every thread loads its share of each tile, the CTA then converts it
-//    into 16-bit tiles (one K, two V buffers) and synchronizes once per tile.
-//  * warp-specialized (16-bit caches): 384 threads; a producer warp loads every tile straight into the stage the
+//  * cooperative (every cache dtype by default): 256 threads; every thread loads its share of each tile and the
+//    CTA synchronizes once per tile (8-bit caches: a second time, after converting the tile into 16-bit ones: one
+//    K, two V buffers).
+//  * warp-specialized (16-bit caches, PAGEDKV_SM90_WARP_SPECIALIZED=1): 384 threads; a producer warp loads every tile straight into the stage the
 //    MMAs read and hands it over through mbarriers, so the consumer warpgroups never wait on a CTA barrier, and
 //    take turns issuing their MMAs (named barriers), one's softmax under the other's MMAs.
 template <typename CT, bool k8Bit, int kD>
@@ -215,7 +216,7 @@ __device__ __forceinline__ bool tileNeedsMaskAt(AttentionKernelParams const& p, 
                                      p.params.window)) != 0;
 }
 
-// ---- cooperative kernel (8-bit caches). Pipeline (FlashAttention-3's intra-warpgroup overlap): iteration i issues
+// ---- cooperative kernel (the default; 8-bit caches always). Pipeline (FlashAttention-3's intra-warpgroup overlap): iteration i issues
 // S(i + 1) and PV(i) back to back, runs softmax(i + 1) while PV(i) is in flight, then rescales O. Commit groups at
 // iteration i's wait: tiles [0, i + 2), so waiting for all of them lands tile i + 1; the barrier after it also
 // means every warpgroup finished PV(i - 1), which frees tile i - 1's stage for tile i + 2. The MMAs sit in
@@ -330,7 +331,7 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD>::kThreads, 1)
 #endif
 }
 
-// ---- warp-specialized kernel (16-bit caches): warps 0-7 are the consumer warpgroups, warp 8 the producer.
+// ---- warp-specialized kernel (16-bit caches, PAGEDKV_SM90_WARP_SPECIALIZED=1): warps 0-7 are the consumer warpgroups, warp 8 the producer.
 //  * producer: for tile j, wait until its stage is empty (both warpgroups released tile j - 3), copy the 128 rows
 //    (4 lookups of 32 rows, copyKVRows per 16), commit; before that, wait for tile j - 1's copies, hand them to the
 //    async proxy (writer-side proxy fence) and arrive on full[j - 1] (release: the positions are ordinary stores).
