@@ -10,6 +10,8 @@ cache at 64x4K against xqa's fp8 decode (and our bf16), and the TensorRT plugin'
 (max_q_len = T, max_kv_len = MB * page_size) at 64x4K and 256x1K.
 Prefill: 4 sequences x a 2048-token chunk over 8192 cached tokens and 1 x 8192 over nothing (causal), against
 ``BatchPrefillWithPagedKVCacheWrapper(backend="fa3")`` (and fa2 with ``--peers``).
+Llama-3 shapes (``--cases llama``): decode P16 64x4K and both prefills (P16) at 64 query heads over 8 KV heads
+(70B-like) and at the default 32 / 8 (8B-like), D = 128, against the same peers.
 Head dims (``--cases headdim``): decode P16 64x4K and prefill P16 4x2048 over 8192 at D = 80 (Phi-2) and 96
 (Phi-3-mini), same H and KVH, each row's note with its time relative to ours at D = 128 (the decode / prefill row
 of the same run, or timed for the purpose when those cases did not run); the peers are tried at those head dims
@@ -19,7 +21,7 @@ may JIT-compile (or refuse) these head dims, so .ci/gpu-run.sh runs them on thei
 Timing: median of ``triton.testing.do_bench`` (L2 flushed between repetitions) after warm-up, plain launches
 (no CUDA graphs: both libraries pay their Python launch cost, hidden behind the GPU time for these sizes).
 Bytes count each KV element read once (decode); TB/s = bytes / time; % is of the 4.28 TB/s copy ceiling.
-Prefill TFLOP/s counts 4*H*D per attended (query, key) pair. Each row names the best peer and "best/ours" (its
+Prefill TFLOP/s counts 4*H*D (the row's H) per attended (query, key) pair. Each row names the best peer and "best/ours" (its
 time over ours: > 1 means ours is faster); the note has every peer's time, ratio and max |ours - peer|.
 benchmarks/NOTES-attention.md has the byte counts, floors and predictions.
 
@@ -45,6 +47,7 @@ H, KVH, D = 32, 8, 128
 HEAD_DIMS = (80, 96)  # --cases headdim: the 64x4K decode and the 4x2048-over-8192 prefill (P16) at these D
 DECODE_SHAPES = [(1, 32768), (1, 131072), (16, 8192), (64, 4096), (128, 2048), (256, 1024)]
 PREFILLS = [dict(num_seqs=4, chunk=2048, cached=8192), dict(num_seqs=1, chunk=8192, cached=0)]
+LLAMA_HEADS = ((64, 8), (32, 8))  # --cases llama: (query heads, KV heads) of Llama-3-70B and -8B
 DEFAULT_PEERS = ("tc_fa2", "xqa", "fa3")
 PEERS = ("fa2", "tc_fa2", "xqa", "fa2_prefill", "fa3")  # fa2: CUDA-core decode; fa2_prefill / fa3: prefill backends
 
@@ -68,13 +71,13 @@ class Step:
     """One step on the GPU (torch tensors): shuffled block table, our HND pool, queries, our launch args."""
 
     def __init__(self, torch, *, num_seqs: int, q_len: int, past_len: int, page_size: int, cache: str = "bf16",
-                 head_dim: int = D, seed: int = 0):
+                 head_dim: int = D, num_q_heads: int = H, num_kv_heads: int = KVH, seed: int = 0):
         from pagedkv.config import AttentionConfig, PoolConfig
         from pagedkv.layout import CacheDType
 
         self.torch = torch
         self.num_seqs, self.q_len, self.past_len, self.page_size = num_seqs, q_len, past_len, page_size
-        self.head_dim = head_dim
+        self.head_dim, self.h, self.kvh = head_dim, num_q_heads, num_kv_heads
         self.kv_len = past_len + q_len
         self.tokens = num_seqs * q_len
         self.pages = -(-self.kv_len // page_size)
@@ -84,11 +87,11 @@ class Step:
         self.block_table = perm.view(num_seqs, self.pages).contiguous()
         self.cu_q_lens = torch.arange(num_seqs + 1, device="cuda", dtype=torch.int32) * q_len
         self.past_lens = torch.full((num_seqs,), past_len, device="cuda", dtype=torch.int32)
-        self.q = torch.randn(self.tokens, H * head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+        self.q = torch.randn(self.tokens, num_q_heads * head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
         self.cache = cache
         cache_dtype = {"bf16": CacheDType.BF16, "fp8": CacheDType.FP8_E4M3}[cache]
-        self.cfg = AttentionConfig(num_q_heads=H, pool=PoolConfig(
-            num_kv_heads=KVH, head_dim=head_dim, page_size=page_size, num_layers=1, layer_index=0, cache_dtype=cache_dtype,
+        self.cfg = AttentionConfig(num_q_heads=num_q_heads, pool=PoolConfig(
+            num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size, num_layers=1, layer_index=0, cache_dtype=cache_dtype,
             k_scale=1.0, v_scale=1.0))
         shape = self.cfg.pool.layout().pool_shape(self.num_blocks)  # HND [NB, 1, 2, KVH, P, D]
         # Every slot holds a value (positions past a sequence's end included): N(0, 1) in the cache dtype.
@@ -96,16 +99,20 @@ class Step:
         if cache == "fp8":
             self.pool = self.pool.to(torch.float8_e4m3fn)
         self.descs = torch.tensor([[self.pool.data_ptr(), self.num_blocks, 0, 0]], device="cuda", dtype=torch.int64)
-        self.out = torch.empty(self.tokens, H * head_dim, device="cuda", dtype=torch.bfloat16)
+        self.out = torch.empty(self.tokens, num_q_heads * head_dim, device="cuda", dtype=torch.bfloat16)
 
     @property
     def kv_bytes(self) -> int:
-        return self.num_seqs * self.kv_len * KVH * self.head_dim * 2 * (2 if self.cache == "bf16" else 1)
+        return self.num_seqs * self.kv_len * self.kvh * self.head_dim * 2 * (2 if self.cache == "bf16" else 1)
 
     @property
     def attended_pairs(self) -> int:
         # causal: query i of a sequence sees past_len + i + 1 keys
         return self.num_seqs * (self.q_len * self.past_len + self.q_len * (self.q_len + 1) // 2)
+
+    @property
+    def flops(self) -> int:
+        return 4 * self.h * self.head_dim * self.attended_pairs
 
     def our_launcher(self, *, plugin_bounds: bool = False):
         """Zero-argument launch of our kernels on torch's current stream, with the workspace it needs."""
@@ -114,7 +121,7 @@ class Step:
         torch = self.torch
         max_q = self.tokens if plugin_bounds else self.q_len
         max_kv = self.pages * self.page_size if plugin_bounds else self.kv_len
-        ws_bytes = A.attention_workspace_bytes(self.tokens, self.num_seqs, H, self.head_dim, max_kv, self.page_size)
+        ws_bytes = A.attention_workspace_bytes(self.tokens, self.num_seqs, self.h, self.head_dim, max_kv, self.page_size)
         ws = torch.empty(max(ws_bytes, 16), device="cuda", dtype=torch.uint8)
         args = A.attention_params(
             self.cfg, io_dtype=A.IODType.BF16, num_tokens=self.tokens, num_seqs=self.num_seqs, max_blocks=self.pages,
@@ -159,7 +166,7 @@ class Peers:
         torch, fi = self.torch, self.fi
         kv, indptr, indices, last = step.flashinfer_layout()
         head_dim = step.head_dim
-        q = step.q.view(step.tokens, H, head_dim)
+        q = step.q.view(step.tokens, step.h, head_dim)
         out = torch.empty_like(q)
         if peer == "xqa":
             block_tables = step.block_table
@@ -174,7 +181,7 @@ class Peers:
             return launch
         wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=(peer == "tc_fa2"),
                                                         backend="fa2")
-        wrapper.plan(indptr, indices, last, H, KVH, head_dim, step.page_size, q_data_type=torch.bfloat16,
+        wrapper.plan(indptr, indices, last, step.h, step.kvh, head_dim, step.page_size, q_data_type=torch.bfloat16,
                      kv_data_type=kv.dtype, o_data_type=torch.bfloat16)
 
         def launch():
@@ -187,9 +194,9 @@ class Peers:
         kv, indptr, indices, last = step.flashinfer_layout()
         backend = {"fa2_prefill": "fa2", "fa3": "fa3"}[peer]
         wrapper = self.fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=backend)
-        wrapper.plan(step.cu_q_lens, indptr, indices, last, H, KVH, step.head_dim, step.page_size, causal=True,
+        wrapper.plan(step.cu_q_lens, indptr, indices, last, step.h, step.kvh, step.head_dim, step.page_size, causal=True,
                      q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
-        q = step.q.view(step.tokens, H, step.head_dim)
+        q = step.q.view(step.tokens, step.h, step.head_dim)
 
         def launch():
             return wrapper.run(q, kv)
@@ -204,11 +211,12 @@ def time_us(fn, torch, triton) -> float:
 
 
 @contextlib.contextmanager
-def mma_sync_kernel():
-    """Launches inside run on the mma.sync multi-token kernel (PAGEDKV_MULTI_KERNEL=mma, read at every launch):
-    the sm_80 / sm_89 kernel, and the H200's before the wgmma one; the variable's previous value is restored."""
+def multi_kernel(choice: str):
+    """Launches inside run on the multi-token kernel `choice` (PAGEDKV_MULTI_KERNEL, read at every launch: "mma"
+    -- the sm_80 / sm_89 kernel, and the H200's before the wgmma one -- "sm90-cooperative" or "sm90-ws"); the
+    variable's previous value is restored."""
     before = os.environ.get("PAGEDKV_MULTI_KERNEL")
-    os.environ["PAGEDKV_MULTI_KERNEL"] = "mma"
+    os.environ["PAGEDKV_MULTI_KERNEL"] = choice
     try:
         yield
     finally:
@@ -299,29 +307,30 @@ def run(which: set[str], peers: tuple[str, ...]) -> list[Result]:
                 step = Step(torch, num_seqs=shape["num_seqs"], q_len=shape["chunk"], past_len=shape["cached"],
                             page_size=page, seed=7)
                 name = f"prefill P{page} {shape['num_seqs']}x{shape['chunk']} over {shape['cached']}"
-                flops = 4 * H * D * step.attended_pairs
+                flops = step.flops
                 ours = step.our_launcher()
                 us = ours.us = time_us(ours, torch, triton)
                 times, notes = time_peers(step, ours, "prefill", prefill_peers, flops)
                 row(name, "pagedkv bf16", step, ours, us, times, notes, tflops=flops / (us * 1e-6) / 1e12)
-                # The mma.sync kernel on the same tensors, and how far its output is from the default kernel's.
+                # The other multi-token kernels on the same tensors, and how far their output is from the default's.
                 ours()
                 default_out = step.out.clone()
-                with mma_sync_kernel():
-                    mma = step.our_launcher()
-                    mma_us = time_us(mma, torch, triton)
-                    mma()
-                diff = max_diff(default_out, step.out)
-                row(name, "pagedkv bf16, mma.sync kernel", step, mma, mma_us, times, [],
-                    tflops=flops / (mma_us * 1e-6) / 1e12,
-                    extra=f"default kernel {mma_us / us:.2f}x faster; max|diff| between the kernels {diff:.4f}")
+                for choice, label in (("sm90-cooperative", "Hopper cooperative"), ("mma", "mma.sync")):
+                    with multi_kernel(choice):
+                        other = step.our_launcher()
+                        other_us = time_us(other, torch, triton)
+                        other()
+                    diff = max_diff(default_out, step.out)
+                    row(name, f"pagedkv bf16, {label} kernel", step, other, other_us, times, [],
+                        tflops=flops / (other_us * 1e-6) / 1e12,
+                        extra=f"default kernel {other_us / us:.2f}x faster; max|diff| to the default {diff:.4f}")
                 del step
                 if page == 16:  # an fp8 e4m3 cache: 8-bit tiles converted in shared memory by either kernel
                     step = Step(torch, num_seqs=shape["num_seqs"], q_len=shape["chunk"], past_len=shape["cached"],
                                 page_size=page, cache="fp8", seed=7)
                     fp8 = step.our_launcher()
                     fp8_us = time_us(fp8, torch, triton)
-                    with mma_sync_kernel():
+                    with multi_kernel("mma"):
                         fp8_mma_us = time_us(step.our_launcher(), torch, triton)
                     row(name, "pagedkv fp8 e4m3 cache", step, fp8, fp8_us, {}, [],
                         tflops=flops / (fp8_us * 1e-6) / 1e12,
@@ -359,13 +368,36 @@ def run(which: set[str], peers: tuple[str, ...]) -> list[Result]:
                 extra=f"[split {ours.plan['decode_grid'][2]}] {us / base_decode:.2f}x the D = 128 time")
             del step
             step = prefill_step(d)
-            flops = 4 * H * d * step.attended_pairs
+            flops = step.flops
             ours = step.our_launcher()
             us = ours.us = time_us(ours, torch, triton)
             times, notes = time_peers(step, ours, "prefill", prefill_peers, flops)
             row(f"prefill P16 4x2048 over 8192 D{d}", "pagedkv bf16", step, ours, us, times, notes,
                 tflops=flops / (us * 1e-6) / 1e12, extra=f"{us / base_prefill:.2f}x the D = 128 time")
             del step
+            torch.cuda.empty_cache()
+
+    if "llama" in which:
+        # Llama-3-70B-like (64 query heads over 8 KV heads, G = 8) beside the 8B-like default (32 / 8), D = 128.
+        for h, kvh in LLAMA_HEADS:
+            tag = f"H{h}/{kvh}"
+            step = Step(torch, num_seqs=64, q_len=1, past_len=4095, page_size=16, num_q_heads=h, num_kv_heads=kvh,
+                        seed=70)
+            ours = step.our_launcher()
+            us = ours.us = time_us(ours, torch, triton)
+            times, notes = time_peers(step, ours, "decode", decode_peers)
+            row(f"decode P16 64x4096 {tag}", "pagedkv bf16", step, ours, us, times, notes,
+                tbs=step.kv_bytes / (us * 1e-6) / 1e12, extra=f"[split {ours.plan['decode_grid'][2]}]")
+            del step
+            for shape in PREFILLS:
+                step = Step(torch, num_seqs=shape["num_seqs"], q_len=shape["chunk"], past_len=shape["cached"],
+                            page_size=16, num_q_heads=h, num_kv_heads=kvh, seed=71)
+                ours = step.our_launcher()
+                us = ours.us = time_us(ours, torch, triton)
+                times, notes = time_peers(step, ours, "prefill", prefill_peers, step.flops)
+                row(f"prefill P16 {shape['num_seqs']}x{shape['chunk']} over {shape['cached']} {tag}", "pagedkv bf16",
+                    step, ours, us, times, notes, tflops=step.flops / (us * 1e-6) / 1e12)
+                del step
             torch.cuda.empty_cache()
     return results
 
@@ -389,12 +421,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", help="write the results to this file")
     ap.add_argument("--cases", default="decode,fp8,plugin,prefill",
-                    help="comma-separated subset of: decode, fp8, plugin, prefill, headdim")
+                    help="comma-separated subset of: decode, fp8, plugin, prefill, headdim, llama")
     ap.add_argument("--peers", default=",".join(DEFAULT_PEERS),
                     help=f"comma-separated FlashInfer paths to time, of: {', '.join(PEERS)} (default %(default)s)")
     args = ap.parse_args()
     which = set(args.cases.split(","))
-    unknown = which - {"decode", "fp8", "plugin", "prefill", "headdim"}
+    unknown = which - {"decode", "fp8", "plugin", "prefill", "headdim", "llama"}
     if unknown:
         ap.error(f"--cases: unknown {sorted(unknown)}")
     peers = tuple(p for p in args.peers.split(",") if p)

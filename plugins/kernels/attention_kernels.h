@@ -58,13 +58,22 @@ cudaError_t launchDecodeKernel(AttentionKernelParams const& kp, IODType io, Cach
                                dim3 grid, cudaStream_t stream);
 cudaError_t launchMultiKernel(AttentionKernelParams const& kp, IODType io, CacheDType cache, int32_t headDim,
                               dim3 grid, cudaStream_t stream);
+// Which multi-token kernel runs: PAGEDKV_MULTI_KERNEL, read at every launch (A/B benchmarks; the tests that run
+// each kernel on one GPU). Unset or empty: the default for the device; "mma": the mma.sync kernel everywhere;
+// "sm90-cooperative" / "sm90-ws": that variant of the Hopper kernel wherever the Hopper kernel serves (the
+// warp-specialized one, the default, takes 16-bit caches; 8-bit ones stay cooperative). Any other value:
+// invalidArgument.
+enum class MultiKernelChoice { kDefault, kMma, kSm90Cooperative, kSm90WarpSpecialized };
+cudaError_t readMultiKernelChoice(MultiKernelChoice& choice);
+
 // The Hopper multi-token kernel (sm90/attention_multi_sm90.cu, compiled for sm_90a when the build targets sm_90):
-// whether it serves (ioDType, cacheDType, headDim) on the current device, its occupancy and its launch. The
-// multi-token entry points above route to it themselves; nothing else calls these.
-bool multiKernelSm90Serves(IODType io, CacheDType cache, int32_t headDim);
-cudaError_t multiKernelSm90Occupancy(IODType io, CacheDType cache, int32_t headDim, int32_t& ctasPerSm);
+// whether it serves (ioDType, cacheDType, headDim) on the current device under `choice`, its occupancy and its
+// launch. The multi-token entry points above route to it themselves; nothing else calls these.
+bool multiKernelSm90Serves(IODType io, CacheDType cache, int32_t headDim, MultiKernelChoice choice);
+cudaError_t multiKernelSm90Occupancy(IODType io, CacheDType cache, int32_t headDim, MultiKernelChoice choice,
+                                     int32_t& ctasPerSm);
 cudaError_t launchMultiKernelSm90(AttentionKernelParams const& kp, IODType io, CacheDType cache, int32_t headDim,
-                                  dim3 grid, cudaStream_t stream);
+                                  MultiKernelChoice choice, dim3 grid, cudaStream_t stream);
 
 cudaError_t launchMergeKernel(AttentionKernelParams const& kp, IODType io, int32_t headDim, dim3 grid,
                               cudaStream_t stream);

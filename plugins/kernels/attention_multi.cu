@@ -11,6 +11,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "attention_dispatch.cuh"
@@ -322,19 +324,36 @@ cudaError_t multiKernelShape(IODType io, CacheDType cache, int32_t headDim, Kern
     return familyShape<MultiFamily>(io, cache, headDim, shape);
 }
 
+cudaError_t readMultiKernelChoice(MultiKernelChoice& choice) {
+    char const* const value = std::getenv("PAGEDKV_MULTI_KERNEL");
+    std::string const v = value != nullptr ? value : "";
+    if (v.empty()) choice = MultiKernelChoice::kDefault;
+    else if (v == "mma") choice = MultiKernelChoice::kMma;
+    else if (v == "sm90-cooperative") choice = MultiKernelChoice::kSm90Cooperative;
+    else if (v == "sm90-ws") choice = MultiKernelChoice::kSm90WarpSpecialized;
+    else return invalidArgument("PAGEDKV_MULTI_KERNEL=" + v + ": expected mma, sm90-cooperative or sm90-ws");
+    return cudaSuccess;
+}
+
 // On an sm_90 device the Hopper kernel serves what it covers (D = 64, 128, every cache dtype: multiKernelSm90Serves);
 // both kernels share the planner's row tiles, so the plan does not depend on which one runs.
 cudaError_t multiKernelOccupancy(IODType io, CacheDType cache, int32_t headDim, int32_t& ctasPerSm) {
+    MultiKernelChoice choice{};
+    if (cudaError_t const err = readMultiKernelChoice(choice); err != cudaSuccess) return err;
 #if PAGEDKV_HAS_SM90A
-    if (multiKernelSm90Serves(io, cache, headDim)) return multiKernelSm90Occupancy(io, cache, headDim, ctasPerSm);
+    if (multiKernelSm90Serves(io, cache, headDim, choice))
+        return multiKernelSm90Occupancy(io, cache, headDim, choice, ctasPerSm);
 #endif
     return prepareOrLaunch<MultiFamily>(io, cache, headDim, ctasPerSm, nullptr, dim3(), nullptr);
 }
 
 cudaError_t launchMultiKernel(AttentionKernelParams const& kp, IODType io, CacheDType cache, int32_t headDim,
                               dim3 grid, cudaStream_t stream) {
+    MultiKernelChoice choice{};
+    if (cudaError_t const err = readMultiKernelChoice(choice); err != cudaSuccess) return err;
 #if PAGEDKV_HAS_SM90A
-    if (multiKernelSm90Serves(io, cache, headDim)) return launchMultiKernelSm90(kp, io, cache, headDim, grid, stream);
+    if (multiKernelSm90Serves(io, cache, headDim, choice))
+        return launchMultiKernelSm90(kp, io, cache, headDim, choice, grid, stream);
 #endif
     int32_t ctasPerSm = 0;
     return prepareOrLaunch<MultiFamily>(io, cache, headDim, ctasPerSm, &kp, grid, stream);

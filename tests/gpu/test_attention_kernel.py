@@ -345,6 +345,28 @@ def test_mma_multi_token_kernel_matches_reference(case, monkeypatch):
     check(case)
 
 
+# The Hopper kernel's cooperative variant (PAGEDKV_MULTI_KERNEL=sm90-cooperative: every warp loads, one CTA barrier
+# per tile) on every 16-bit case the Hopper kernel takes: the default for 16-bit caches is the warp-specialized one,
+# 8-bit caches always run the cooperative one.
+COOPERATIVE_ON_HOPPER_CASES = [c for c in MMA_ON_HOPPER_CASES if c.cache in (CacheDType.BF16, CacheDType.FP16)]
+
+
+@pytest.mark.parametrize("case", COOPERATIVE_ON_HOPPER_CASES, ids=[c.id for c in COOPERATIVE_ON_HOPPER_CASES])
+def test_cooperative_sm90_kernel_matches_reference(case, monkeypatch):
+    monkeypatch.setenv("PAGEDKV_MULTI_KERNEL", "sm90-cooperative")
+    check(case)
+
+
+def test_unknown_multi_kernel_choice_is_refused(monkeypatch):
+    from pagedkv.kernels.attention import paged_attention_numpy
+
+    case = Case(((0, 300),), seed=110)
+    cfg, meta, pool, q = build(case)
+    monkeypatch.setenv("PAGEDKV_MULTI_KERNEL", "fastest")
+    with pytest.raises(Exception, match="PAGEDKV_MULTI_KERNEL=fastest: expected mma, sm90-cooperative or sm90-ws"):
+        paged_attention_numpy(q, meta, pool, cfg)
+
+
 def test_workspace_below_the_plan_still_correct():
     # A workspace smaller than the plan wants: the launcher splits less (or not at all), still exact.
     from pagedkv.kernels.attention import IODType, paged_attention_numpy

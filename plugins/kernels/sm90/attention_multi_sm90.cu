@@ -1,14 +1,16 @@
 // Multi-token attention kernel for sm_90a (H100 / H200): the chunked-prefill / long-prompt / draft rows of
 // attention_multi.cu on warpgroup MMAs. Same work split, same loader, same softmax; what changes is the math:
-//  * a CTA is 2 warpgroups (256 threads) over kRows = 128 query rows (consecutive tokens x the G heads of one KV
-//    head, the planner's row tile), each warpgroup 64 of them;
+//  * a CTA's 2 consumer warpgroups (256 threads) serve kRows = 128 query rows (consecutive tokens x the G heads of
+//    one KV head, the planner's row tile), each warpgroup 64 of them;
 //  * KV tiles of kTile = 128 tokens stream through a cp.async pipeline into blocked, 128-byte-swizzled tiles
 //    (blockedTileChunk), page by page through the block table (copyKVRows: one lookup per row, runs copied whole);
 //  * per tile and warpgroup, S = Q K^T is kD / 16 wgmma m64n128k16 reading Q and K straight from shared memory,
 //    the online softmax runs on the S registers (softmaxStepFixed: mask, soft-cap, running max and sum), and
 //    O += P V is kTile / 16 wgmma m64nDk16 with P from registers and V read MN-major from shared memory;
-//  * each warpgroup overlaps its softmax of tile i + 1 with its own P V of tile i (the pipeline below); the two
-//    warpgroups run in lockstep (one CTA barrier per tile), which the warp-specialized variant sets out to break.
+//  * each warpgroup overlaps its softmax of tile i + 1 with its own P V of tile i (the pipeline below); in the
+//    cooperative variant the two warpgroups also load and run in lockstep (one CTA barrier per tile); in the
+//    warp-specialized one (16-bit caches, the default for them) a producer warpgroup loads and the consumer
+//    warpgroups take turns on the tensor cores.
 // Head dims 64 / 128, every cache dtype (8-bit tiles are converted into 16-bit ones in shared memory, as the mma.sync
 // kernel does); the other head dims (32, 80, 96, 256) and other GPUs stay on attention_multi.cu's mma.sync kernel
 // (multiKernelSm90Serves). Design, byte and FLOP counts, measurements:
@@ -16,8 +18,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <type_traits>
 
@@ -27,29 +27,23 @@
 #include "wgmma.cuh"
 #include "wgmma_ops.cuh"
 
-// 1: 16-bit caches run the warp-specialized kernel; 0 (default): the cooperative one. Both pass the GPU suite; the
-// warp-specialized one is slower as it stands (4x2048 over 8192: 4019 vs 3056 us: its single loading warp waits for
-// each tile to land and for each tile's block-table lookups before the next; benchmarks/NOTES-attention.md).
-#ifndef PAGEDKV_SM90_WARP_SPECIALIZED
-#define PAGEDKV_SM90_WARP_SPECIALIZED 0
-#endif
-
 namespace pagedkv {
 namespace attn {
 namespace {
 
 // ---- shapes. Both kernels: a CTA serves kRows = 128 query rows (the planner's row tile) as 2 consumer warpgroups
 // of 64 rows; KV tiles of kTile = 128 tokens in 3 stages (the pipeline holds tiles i, i + 1 and i + 2).
-//  * cooperative (every cache dtype by default): 256 threads; every thread loads its share of each tile and the
+//  * cooperative (8-bit caches; 16-bit ones with PAGEDKV_MULTI_KERNEL=sm90-cooperative): 256 threads; every thread loads its share of each tile and the
 //    CTA synchronizes once per tile (8-bit caches: a second time, after converting the tile into 16-bit ones: one
 //    K, two V buffers).
-//  * warp-specialized (16-bit caches, PAGEDKV_SM90_WARP_SPECIALIZED=1): 384 threads; a producer warp loads every tile straight into the stage the
-//    MMAs read and hands it over through mbarriers, so the consumer warpgroups never wait on a CTA barrier, and
-//    take turns issuing their MMAs (named barriers), one's softmax under the other's MMAs.
-template <typename CT, bool k8Bit, int kD>
+//  * warp-specialized (16-bit caches, the default for them): 384 threads; a producer warpgroup loads every tile straight into the stage
+//    the MMAs read and hands it over through mbarriers, so the consumer warpgroups never wait on a CTA barrier,
+//    and take turns issuing their MMAs (named barriers), one's softmax under the other's MMAs.
+template <typename CT, bool k8Bit, int kD, bool kWarpSpecialized_ = false>
 struct Sm90MultiConfig {
     static_assert(kD == 64 || kD == 128, "whole 128-byte column blocks, one wgmma N for O");
-    static constexpr bool kWarpSpecialized = !k8Bit && PAGEDKV_SM90_WARP_SPECIALIZED;
+    static constexpr bool kWarpSpecialized = kWarpSpecialized_;
+    static_assert(!(k8Bit && kWarpSpecialized), "8-bit tiles are converted by the whole CTA: cooperative only");
     static constexpr int kConsumerThreads = 256;
     static constexpr int kThreads = kConsumerThreads + (kWarpSpecialized ? 128 : 0);  // + the producer warpgroup
     static constexpr int kRows = 128;
@@ -216,7 +210,7 @@ __device__ __forceinline__ bool tileNeedsMaskAt(AttentionKernelParams const& p, 
                                      p.params.window)) != 0;
 }
 
-// ---- cooperative kernel (the default; 8-bit caches always). Pipeline (FlashAttention-3's intra-warpgroup overlap): iteration i issues
+// ---- cooperative kernel (8-bit caches; 16-bit ones with PAGEDKV_MULTI_KERNEL=sm90-cooperative). Pipeline (FlashAttention-3's intra-warpgroup overlap): iteration i issues
 // S(i + 1) and PV(i) back to back, runs softmax(i + 1) while PV(i) is in flight, then rescales O. Commit groups at
 // iteration i's wait: tiles [0, i + 2), so waiting for all of them lands tile i + 1; the barrier after it also
 // means every warpgroup finished PV(i - 1), which frees tile i - 1's stage for tile i + 2. The MMAs sit in
@@ -331,30 +325,36 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD>::kThreads, 1)
 #endif
 }
 
-// ---- warp-specialized kernel (16-bit caches, PAGEDKV_SM90_WARP_SPECIALIZED=1): warps 0-7 are the consumer warpgroups, warp 8 the producer.
-//  * producer: for tile j, wait until its stage is empty (both warpgroups released tile j - 3), copy the 128 rows
-//    (4 lookups of 32 rows, copyKVRows per 16), commit; before that, wait for tile j - 1's copies, hand them to the
-//    async proxy (writer-side proxy fence) and arrive on full[j - 1] (release: the positions are ordinary stores).
+// ---- warp-specialized kernel (16-bit caches, by default): warps 0-7 are the consumer
+// warpgroups, warps 8-11 the producer.
+//  * producer: warp 8 + q copies rows [32 q, 32 q + 32) of every tile. For tile j it resolves the rows it located
+//    during tile j - 1 (their block-table entries have been in flight since), locates tile j + 1's, waits until the
+//    stage is empty (both warpgroups released tile j - 3), issues the copies and arrives on full[j] twice: once
+//    through cp.async (counts once this lane's copies have landed) and once now (release: the positions are
+//    ordinary stores). It never waits for its own copies, so tile j + 1's lookups and copies issue while tile j's
+//    are still in flight.
 //  * consumers: the cooperative kernel's pipeline with mbarrier waits instead of CTA barriers; after PV(i) each
 //    warp releases tile i's stage. Turns (FlashAttention-3's ping-pong): a warpgroup issues its MMAs only after the
 //    other issued its previous ones (named barriers 1 + group), so the tensor cores alternate between them and one
 //    warpgroup's softmax runs under the other's MMAs.
 constexpr uint32_t kQReadyBarrier = 3;  // named barrier: the consumers' Q stores done (0 is __syncthreads)
 
-// Registers: sm_90 allocates them per warpgroup, so the producer is a whole warpgroup (warp 8 loads, 9-11 leave)
-// and the 384 threads start with 65536 / 384 = 168 each; the producer warpgroup then gives back down to
-// kProducerRegisters and the consumers grow to kConsumerRegisters (setmaxnreg; 128 x 56 + 256 x 224 = 64512).
+// Registers: sm_90 allocates them per warpgroup, so the 384 threads start with 65536 / 384 = 168 each; the
+// producer warpgroup then gives back down to kProducerRegisters and the consumers grow to kConsumerRegisters
+// (setmaxnreg; 128 x 56 + 256 x 224 = 64512).
 constexpr uint32_t kProducerRegisters = 56;
 constexpr uint32_t kConsumerRegisters = 224;
 
-template <typename CT, bool k8Bit, int kD>
-__global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD>::kThreads, 1)
+template <typename CT, int kD>
+__global__ void __launch_bounds__(Sm90MultiConfig<CT, false, kD, true>::kThreads, 1)
     attentionMultiKernelSm90WS(__grid_constant__ AttentionKernelParams const p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using Cfg = Sm90MultiConfig<CT, k8Bit, kD>;
-    static_assert(Cfg::kWarpSpecialized, "8-bit caches run attentionMultiKernelSm90");
+    using Cfg = Sm90MultiConfig<CT, false, kD, true>;
     constexpr int kTile = Cfg::kTile;
     constexpr int kStages = Cfg::kStages;
+    constexpr int kProducerWarps = (Cfg::kThreads - Cfg::kConsumerThreads) / 32;
+    constexpr int kWarpRows = kTile / kProducerWarps;  // a producer warp's rows of every tile
+    static_assert(kWarpRows == 32, "one lookup per lane: the two 16-row halves of a locateKVRowPair");
     extern __shared__ __align__(16) unsigned char smemRaw[];
 
     // ---- prologue (every warp)
@@ -370,50 +370,40 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD>::kThreads, 1)
     Sm90Smem<Cfg> const sm(smemRaw);
     if (tid == 0) {
         for (int st = 0; st < kStages; ++st) {
-            wgmma::mbarrierInit(sm.full(st), 32);                              // the producer's lanes
-            wgmma::mbarrierInit(sm.empty(st), Cfg::kConsumerThreads / 32);     // one per consumer warp
+            wgmma::mbarrierInit(sm.full(st), kProducerWarps * 32);          // every producer lane, each tile
+            wgmma::mbarrierInit(sm.empty(st), Cfg::kConsumerThreads / 32);  // one per consumer warp
         }
         wgmma::fenceBarrierInit();
     }
     __syncthreads();
 
     if (warp >= Cfg::kConsumerThreads / 32) {
-        // ---- producer warpgroup: warp 8 loads, the others leave
+        // ---- producer warpgroup
         wgmma::setMaxRegisters<kProducerRegisters, false>();
-        if (warp != Cfg::kConsumerThreads / 32) return;
+        int32_t const row0 = (warp - Cfg::kConsumerThreads / 32) * kWarpRows;  // of each tile
         KVSource const src = makeKVSource(p, w, kvHead, 2);
+        auto locate = [&](int32_t j) {
+            bool const valid = j < numTiles;
+            int32_t const r = valid ? w.tiles.tile(j) * kTile + row0 : 0;
+            return locateKVRowPair<16>(p, src, valid, r, valid, r + 16, lane);
+        };
+        KVRow ahead = locate(0);
         for (int32_t j = 0; j < numTiles; ++j) {
             int32_t const stage = j % kStages;
-            if (j > 0) {
-                cpAsyncWait<0>();  // tile j - 1 landed (this lane's copies)
-                wgmma::fenceProxyAsync();
-                wgmma::mbarrierArrive(sm.full((j - 1) % kStages));
-            }
+            KVRowOffset const rows = resolveKVRowOffset(p, src, ahead, 2);
+            ahead = locate(j + 1);
             if (j >= kStages) wgmma::mbarrierWait(sm.empty(stage), uint32_t((j / kStages - 1) & 1));
-            int32_t const row0 = w.tiles.tile(j) * kTile;
-            KVRow located[kTile / 32];
+            uint32_t const kAddr = smemAddr(sm.rawK(stage)) + uint32_t(row0 * 128);
+            uint32_t const vAddr = smemAddr(sm.rawV(stage)) + uint32_t(row0 * 128);
 #pragma unroll
-            for (int q = 0; q < kTile / 32; ++q)  // all lookups first: their block-table loads overlap
-                located[q] = locateKVRowPair<16>(p, src, true, row0 + 32 * q, true, row0 + 32 * q + 16, lane);
-            uint32_t const kAddr = smemAddr(sm.rawK(stage));
-            uint32_t const vAddr = smemAddr(sm.rawV(stage));
-#pragma unroll
-            for (int q = 0; q < kTile / 32; ++q) {
-                KVRowOffset const rows = resolveKVRowOffset(p, src, located[q], 2);
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    int32_t const r = 32 * q + 16 * half;
-                    copyKVRows<kD, 2, 16, false, kTile>(src, rows, 16 * half, kAddr + uint32_t(r * 128),
-                                                        vAddr + uint32_t(r * 128), sm.pos(stage) + r, lane);
-                }
-            }
-            cpAsyncCommit();
+            for (int half = 0; half < 2; ++half)
+                copyKVRows<kD, 2, 16, false, kTile>(src, rows, 16 * half, kAddr + uint32_t(16 * half * 128),
+                                                    vAddr + uint32_t(16 * half * 128), sm.pos(stage) + row0 + 16 * half,
+                                                    lane);
+            wgmma::cpAsyncMbarrierArrive(sm.full(stage));
+            wgmma::mbarrierArrive(sm.full(stage));
         }
-        if (numTiles > 0) {
-            cpAsyncWait<0>();
-            wgmma::fenceProxyAsync();
-            wgmma::mbarrierArrive(sm.full((numTiles - 1) % kStages));
-        }
+        cpAsyncWait<0>();  // no copy outlives its thread
         return;
     }
 
@@ -429,8 +419,14 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD>::kThreads, 1)
 
     Sm90Consumer<CT, kD, Cfg> cons(p, w, group, warp, lane);
     uint32_t const myTurn = 1 + uint32_t(group), otherTurn = 2 - uint32_t(group);
-    auto waitFull = [&](int32_t j) { wgmma::mbarrierWait(sm.full(j % kStages), uint32_t((j / kStages) & 1)); };
+    // Tile j has landed (every producer lane's copies and positions), and this thread's view of it is handed to the
+    // async proxy its MMAs read through.
+    auto waitFull = [&](int32_t j) {
+        wgmma::mbarrierWait(sm.full(j % kStages), uint32_t((j / kStages) & 1));
+        wgmma::fenceProxyAsync();
+    };
     auto release = [&](int32_t j) {  // this warp is done with tile j's stage (K, V, positions)
+        __syncwarp();  // every lane's reads of the positions happen before lane 0's release (racecheck: they did not)
         if (lane == 0) wgmma::mbarrierArrive(sm.empty(j % kStages));
     };
     if (numTiles > 0) {
@@ -478,12 +474,12 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD>::kThreads, 1)
 #endif
 }
 
-template <typename CT, bool k8Bit, int kD>
+template <typename CT, bool k8Bit, int kD, bool kWarpSpecialized>
 cudaError_t prepareOrLaunchSm90(int32_t& ctasPerSm, AttentionKernelParams const* kp, dim3 grid, cudaStream_t stream) {
-    using Cfg = Sm90MultiConfig<CT, k8Bit, kD>;
+    using Cfg = Sm90MultiConfig<CT, k8Bit, kD, kWarpSpecialized>;
     static KernelSetup setup;
     auto const kernel = [] {
-        if constexpr (Cfg::kWarpSpecialized) return attentionMultiKernelSm90WS<CT, k8Bit, kD>;
+        if constexpr (kWarpSpecialized) return attentionMultiKernelSm90WS<CT, kD>;
         else return attentionMultiKernelSm90<CT, k8Bit, kD>;
     }();
     cudaError_t const err =
@@ -493,31 +489,39 @@ cudaError_t prepareOrLaunchSm90(int32_t& ctasPerSm, AttentionKernelParams const*
     return cudaGetLastError();
 }
 
-cudaError_t dispatchSm90(IODType io, CacheDType cache, int32_t headDim, int32_t& ctasPerSm,
+// The variant: warp-specialized for 16-bit caches (1.35x the cooperative one at 4x2048 over 8192), unless the
+// cooperative one is chosen; cooperative for 8-bit caches (the whole CTA converts their tiles).
+cudaError_t dispatchSm90(IODType io, CacheDType cache, int32_t headDim, MultiKernelChoice choice, int32_t& ctasPerSm,
                          AttentionKernelParams const* kp, dim3 grid, cudaStream_t stream) {
-    auto byHeadDim = [&](auto ct, auto k8) -> cudaError_t {
+    bool const warpSpecialized = choice != MultiKernelChoice::kSm90Cooperative && !isCache8Bit(cache);
+    auto byHeadDim = [&](auto ct, auto k8, auto ws) -> cudaError_t {
         using CT = typename decltype(ct)::type;
         constexpr bool k8Bit = decltype(k8)::value;
-        if (headDim == 128) return prepareOrLaunchSm90<CT, k8Bit, 128>(ctasPerSm, kp, grid, stream);
-        if (headDim == 64) return prepareOrLaunchSm90<CT, k8Bit, 64>(ctasPerSm, kp, grid, stream);
-        return invalidArgument("head_dim=" + std::to_string(headDim) +
-                               ": expected 64 or 128 (Hopper multi-token kernel)");
+        constexpr bool kWS = decltype(ws)::value;
+        if constexpr (k8Bit && kWS) {
+            return invalidArgument("cache dtype: the warp-specialized Hopper kernel takes 16-bit caches");
+        } else {
+            if (headDim == 128) return prepareOrLaunchSm90<CT, k8Bit, 128, kWS>(ctasPerSm, kp, grid, stream);
+            if (headDim == 64) return prepareOrLaunchSm90<CT, k8Bit, 64, kWS>(ctasPerSm, kp, grid, stream);
+            return invalidArgument("head_dim=" + std::to_string(headDim) +
+                                   ": expected 64 or 128 (Hopper multi-token kernel)");
+        }
     };
     auto byCache = [&](auto ct) -> cudaError_t {
-        return isCache8Bit(cache) ? byHeadDim(ct, BoolTag<true>{}) : byHeadDim(ct, BoolTag<false>{});
+        if (isCache8Bit(cache)) return byHeadDim(ct, BoolTag<true>{}, BoolTag<false>{});
+        if (warpSpecialized) return byHeadDim(ct, BoolTag<false>{}, BoolTag<true>{});
+        return byHeadDim(ct, BoolTag<false>{}, BoolTag<false>{});
     };
     return io == IODType::kBF16 ? byCache(TypeTag<__nv_bfloat16>{}) : byCache(TypeTag<__half>{});
 }
 
 }  // namespace
 
-bool multiKernelSm90Serves(IODType io, CacheDType cache, int32_t headDim) {
+bool multiKernelSm90Serves(IODType io, CacheDType cache, int32_t headDim, MultiKernelChoice choice) {
     (void)cache;  // every cache dtype: 8-bit tiles are converted in shared memory
     if (headDim != 64 && headDim != 128) return false;
     if (io != IODType::kBF16 && io != IODType::kFP16) return false;
-    // PAGEDKV_MULTI_KERNEL=mma keeps every GPU on the mma.sync kernel (A/B benchmarks, its tests on an H100/H200).
-    char const* const choice = std::getenv("PAGEDKV_MULTI_KERNEL");
-    if (choice != nullptr && std::strcmp(choice, "mma") == 0) return false;
+    if (choice == MultiKernelChoice::kMma) return false;
     int device = 0, major = 0, minor = 0;
     if (cudaGetDevice(&device) != cudaSuccess) return false;
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
@@ -525,14 +529,15 @@ bool multiKernelSm90Serves(IODType io, CacheDType cache, int32_t headDim) {
     return major == 9 && minor == 0;  // sm_90a code runs on compute capability 9.0 only
 }
 
-cudaError_t multiKernelSm90Occupancy(IODType io, CacheDType cache, int32_t headDim, int32_t& ctasPerSm) {
-    return dispatchSm90(io, cache, headDim, ctasPerSm, nullptr, dim3(), nullptr);
+cudaError_t multiKernelSm90Occupancy(IODType io, CacheDType cache, int32_t headDim, MultiKernelChoice choice,
+                                     int32_t& ctasPerSm) {
+    return dispatchSm90(io, cache, headDim, choice, ctasPerSm, nullptr, dim3(), nullptr);
 }
 
 cudaError_t launchMultiKernelSm90(AttentionKernelParams const& kp, IODType io, CacheDType cache, int32_t headDim,
-                                  dim3 grid, cudaStream_t stream) {
+                                  MultiKernelChoice choice, dim3 grid, cudaStream_t stream) {
     int32_t ctasPerSm = 0;
-    return dispatchSm90(io, cache, headDim, ctasPerSm, &kp, grid, stream);
+    return dispatchSm90(io, cache, headDim, choice, ctasPerSm, &kp, grid, stream);
 }
 
 }  // namespace attn

@@ -60,6 +60,12 @@ __device__ __forceinline__ void fenceBarrierInit() { asm volatile("fence.mbarrie
 __device__ __forceinline__ void mbarrierArrive(uint32_t bar) {
     asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
 }
+// Tracks this thread's earlier cp.async copies: the barrier's pending count goes up by one now and back down once
+// they have all landed, so with an mbarrierArrive after it a phase completes only when every arriving thread's
+// copies are in shared memory -- without the thread waiting for them.
+__device__ __forceinline__ void cpAsyncMbarrierArrive(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
 // Waits (acquire) until the phase with the given parity has completed; a fresh barrier's "previous" phase (parity
 // 1) counts as completed.
 __device__ __forceinline__ void mbarrierWait(uint32_t bar, uint32_t parity) {
