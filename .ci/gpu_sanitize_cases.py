@@ -34,8 +34,8 @@ CASES = [
     (6, 2, 96, 24, CacheDType.FP8_E4M3, PageLayout.HND, 48, 4, 96),
 ]
 # Long prefill chunks: CTAs of the multi-token kernels that run through more KV tiles than the pipeline has stages,
-# so every stage is refilled while other warps may still read it (the Hopper kernel's warp-specialized variant at
-# bf16, its cooperative one with the 8-bit conversion at fp8). (case, q_lens, past_lens)
+# so every stage is refilled while other warps may still read it (on an H100 / H200: the Hopper kernel's
+# warp-specialized variant, its producer converting the 8-bit tiles at fp8). (case, q_lens, past_lens)
 LONG_CASES = [
     ((8, 2, 128, 16, CacheDType.BF16, PageLayout.HND, 0, 0, 0), (300, 1), (650, 50)),
     ((8, 2, 128, 64, CacheDType.FP8_E4M3, PageLayout.HND, 0, 0, 0), (260, 3), (700, 9)),

@@ -330,11 +330,13 @@ def run(which: set[str], peers: tuple[str, ...]) -> list[Result]:
                                 page_size=page, cache="fp8", seed=7)
                     fp8 = step.our_launcher()
                     fp8_us = time_us(fp8, torch, triton)
-                    with multi_kernel("mma"):
-                        fp8_mma_us = time_us(step.our_launcher(), torch, triton)
+                    others = []
+                    for choice, label in (("sm90-cooperative", "Hopper cooperative"), ("mma", "mma.sync")):
+                        with multi_kernel(choice):
+                            other_us = time_us(step.our_launcher(), torch, triton)
+                        others.append(f"{label} kernel {other_us:.1f} us ({other_us / fp8_us:.2f}x)")
                     row(name, "pagedkv fp8 e4m3 cache", step, fp8, fp8_us, {}, [],
-                        tflops=flops / (fp8_us * 1e-6) / 1e12,
-                        extra=f"mma.sync kernel {fp8_mma_us:.1f} us ({fp8_mma_us / fp8_us:.2f}x); bf16 {us:.1f} us")
+                        tflops=flops / (fp8_us * 1e-6) / 1e12, extra="; ".join(others) + f"; bf16 {us:.1f} us")
                     del step
                 torch.cuda.empty_cache()
 

@@ -346,9 +346,9 @@ def test_mma_multi_token_kernel_matches_reference(case, monkeypatch):
 
 
 # The Hopper kernel's cooperative variant (PAGEDKV_MULTI_KERNEL=sm90-cooperative: every warp loads, one CTA barrier
-# per tile) on every 16-bit case the Hopper kernel takes: the default for 16-bit caches is the warp-specialized one,
-# 8-bit caches always run the cooperative one.
-COOPERATIVE_ON_HOPPER_CASES = [c for c in MMA_ON_HOPPER_CASES if c.cache in (CacheDType.BF16, CacheDType.FP16)]
+# per tile, 8-bit tiles converted by the whole CTA) on every case the Hopper kernel takes; the default is the
+# warp-specialized one.
+COOPERATIVE_ON_HOPPER_CASES = MMA_ON_HOPPER_CASES
 
 
 @pytest.mark.parametrize("case", COOPERATIVE_ON_HOPPER_CASES, ids=[c.id for c in COOPERATIVE_ON_HOPPER_CASES])

@@ -43,22 +43,29 @@ template <typename CT, bool k8Bit, int kD, bool kWarpSpecialized_ = false>
 struct Sm90MultiConfig {
     static_assert(kD == 64 || kD == 128, "whole 128-byte column blocks, one wgmma N for O");
     static constexpr bool kWarpSpecialized = kWarpSpecialized_;
-    static_assert(!(k8Bit && kWarpSpecialized), "8-bit tiles are converted by the whole CTA: cooperative only");
     static constexpr int kConsumerThreads = 256;
     static constexpr int kThreads = kConsumerThreads + (kWarpSpecialized ? 128 : 0);  // + the producer warpgroup
     static constexpr int kRows = 128;
     static_assert(kRows == multiTileRows(kD), "the planner's row tiles (attention_plan.cpp) are this kernel's");
     static constexpr int kTile = 128;  // KV tokens per stage = N of S = Q K^T
     static constexpr int kNT = kTile / 8;
-    static constexpr int kStages = 3;
     static constexpr int kQBytes = kRows * kD * 2;
     static constexpr int kKVTileBytes = kTile * kD * 2;  // a 16-bit K or V tile as the MMAs read it
-    // 8-bit caches: the stages hold the tiles as stored ([token][kD] bytes); converted tiles: one K, two V.
+    // Stages of the tiles as loaded (8-bit caches: [token][kD] bytes). The warp-specialized 8-bit variant keeps 2
+    // of them and 2 converted (K, V) stages the MMAs read: 3 of each do not fit at D = 128.
+    static constexpr bool kWS8 = k8Bit && kWarpSpecialized;
+    static constexpr int kStages = kWS8 ? 2 : 3;
     static constexpr int kRawTileBytes = k8Bit ? kTile * kD : kKVTileBytes;
-    static constexpr int kConvBytes = k8Bit ? 3 * kKVTileBytes : 0;
+    // converted tiles: cooperative one K, two V (tile j's V at 1 + (j & 1)); warp-specialized 2 x (K, V)
+    static constexpr int kConvBytes = !k8Bit ? 0 : kWS8 ? 4 * kKVTileBytes : 3 * kKVTileBytes;
+    // the stages the MMAs read, handed over by the full / empty mbarriers (warp-specialized)
+    static constexpr int kMmaStages = kWS8 ? 2 : kStages;
+    // Position slots, tile j's at j % kPosSlots: the 8-bit producer writes tile j + 1's while tiles j - 1 and j
+    // may still be read.
+    static constexpr int kPosSlots = kWS8 ? 3 : kStages;
     static constexpr int kAlign = 1024;  // the swizzle repeats every 1024 bytes: blocks start on that boundary
-    static constexpr int kPosBytes = kStages * kTile * 4;
-    static constexpr int kBarrierBytes = kWarpSpecialized ? 2 * kStages * 8 : 0;  // full[], empty[] mbarriers
+    static constexpr int kPosBytes = kPosSlots * kTile * 4;
+    static constexpr int kBarrierBytes = kWarpSpecialized ? 2 * kMmaStages * 8 : 0;  // full[], empty[] mbarriers
     static constexpr int kSmemBytes =
         kAlign + kQBytes + kStages * 2 * kRawTileBytes + kConvBytes + kPosBytes + kBarrierBytes;
     static_assert(kQBytes % kAlign == 0 && kRawTileBytes % kAlign == 0 && kKVTileBytes % kAlign == 0,
@@ -85,20 +92,22 @@ struct Sm90Smem {
     __device__ __forceinline__ unsigned char* conv() const {
         return base + Cfg::kQBytes + Cfg::kStages * 2 * Cfg::kRawTileBytes;
     }
-    __device__ __forceinline__ int32_t* pos(int stage) const {
-        return reinterpret_cast<int32_t*>(conv() + Cfg::kConvBytes) + stage * Cfg::kTile;
+    __device__ __forceinline__ int32_t* pos(int32_t j) const {  // tile j's positions
+        return reinterpret_cast<int32_t*>(conv() + Cfg::kConvBytes) + (j % Cfg::kPosSlots) * Cfg::kTile;
     }
     __device__ __forceinline__ uint32_t full(int stage) const {
         return smemAddr(conv() + Cfg::kConvBytes + Cfg::kPosBytes) + 8u * uint32_t(stage);
     }
-    __device__ __forceinline__ uint32_t empty(int stage) const { return full(Cfg::kStages) + 8u * uint32_t(stage); }
+    __device__ __forceinline__ uint32_t empty(int stage) const { return full(Cfg::kMmaStages) + 8u * uint32_t(stage); }
     // the tiles the MMAs of tile j read: its stage (16-bit caches) or the converted tiles (8-bit)
     __device__ __forceinline__ uint32_t mmaK(int32_t j) const {
-        return Cfg::kConvBytes ? smemAddr(conv()) : smemAddr(rawK(j % Cfg::kStages));
+        if constexpr (Cfg::kWS8) return smemAddr(conv()) + uint32_t((j & 1) * 2 * Cfg::kKVTileBytes);
+        else return Cfg::kConvBytes ? smemAddr(conv()) : smemAddr(rawK(j % Cfg::kStages));
     }
     __device__ __forceinline__ uint32_t mmaV(int32_t j) const {
-        return Cfg::kConvBytes ? smemAddr(conv()) + uint32_t((1 + (j & 1)) * Cfg::kKVTileBytes)
-                               : smemAddr(rawV(j % Cfg::kStages));
+        if constexpr (Cfg::kWS8) return mmaK(j) + uint32_t(Cfg::kKVTileBytes);
+        else return Cfg::kConvBytes ? smemAddr(conv()) + uint32_t((1 + (j & 1)) * Cfg::kKVTileBytes)
+                                    : smemAddr(rawV(j % Cfg::kStages));
     }
 };
 
@@ -260,7 +269,7 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD>::kThreads, 1)
             }
             copyKVRows<kD, kElemBytes, kWarpRows, false, k8Bit ? 0 : kTile>(
                 src, rows, (i & 1) * kWarpRows, smemAddr(sm.rawK(stage)) + warpRowOffset,
-                smemAddr(sm.rawV(stage)) + warpRowOffset, sm.pos(stage) + warp * kWarpRows, lane);
+                smemAddr(sm.rawV(stage)) + warpRowOffset, sm.pos(i) + warp * kWarpRows, lane);
         }
         cpAsyncCommit();
     };
@@ -305,10 +314,10 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD>::kThreads, 1)
             cons.issuePV(sm.mmaV(i));
             wgmma::commit();
             issue(i + 2);
-            bool const nextMask = tileNeedsMaskAt<kTile>(p, sm.pos((i + 1) % Cfg::kStages), qa, qb, lane);
+            bool const nextMask = tileNeedsMaskAt<kTile>(p, sm.pos(i + 1), qa, qb, lane);
             wgmma::wait<1>();  // S(i + 1) done; PV(i) may still run
             wgmma::pin(cons.s);
-            cons.softmax(p, sm.pos((i + 1) % Cfg::kStages), nextMask);
+            cons.softmax(p, sm.pos(i + 1), nextMask);
             wgmma::wait<0>();
             wgmma::pin(cons.o);
             cons.rescale();
@@ -325,18 +334,23 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD>::kThreads, 1)
 #endif
 }
 
-// ---- warp-specialized kernel (16-bit caches, by default): warps 0-7 are the consumer
-// warpgroups, warps 8-11 the producer.
-//  * producer: warp 8 + q copies rows [32 q, 32 q + 32) of every tile. For tile j it resolves the rows it located
-//    during tile j - 1 (their block-table entries have been in flight since), locates tile j + 1's, waits until the
-//    stage is empty (both warpgroups released tile j - 3), issues the copies and arrives on full[j] twice: once
-//    through cp.async (counts once this lane's copies have landed) and once now (release: the positions are
-//    ordinary stores). It never waits for its own copies, so tile j + 1's lookups and copies issue while tile j's
-//    are still in flight.
+// ---- warp-specialized kernel (the default): warps 0-7 are the consumer warpgroups, warps 8-11 the producer.
+//  * 16-bit producer: warp 8 + q copies rows [32 q, 32 q + 32) of every tile straight into the stage the MMAs
+//    read. For tile j it resolves the rows it located during tile j - 1 (their block-table entries have been in
+//    flight since), locates tile j + 1's, waits until the stage is empty (both warpgroups released tile j - 3),
+//    issues the copies and arrives on full[j] twice: once through cp.async (counts once this lane's copies have
+//    landed) and once now (release: the positions are ordinary stores). It never waits for its own copies, so tile
+//    j + 1's lookups and copies issue while tile j's are still in flight.
+//  * 8-bit producer: the same rows into one of 2 staging stages, one tile ahead; for tile j it waits until the
+//    converted stage j % 2 is empty (tile j - 2 released), issues tile j + 1's copies, waits for tile j's (its own
+//    lanes'), converts its rows into the 16-bit blocked tiles (the exact dequantization of the other kernels),
+//    hands them to the async proxy and arrives on full[j % 2].
 //  * consumers: the cooperative kernel's pipeline with mbarrier waits instead of CTA barriers; after PV(i) each
-//    warp releases tile i's stage. Turns (FlashAttention-3's ping-pong): a warpgroup issues its MMAs only after the
+//    thread releases tile i's stage. Turns (FlashAttention-3's ping-pong): a warpgroup issues its MMAs only after the
 //    other issued its previous ones (named barriers 1 + group), so the tensor cores alternate between them and one
-//    warpgroup's softmax runs under the other's MMAs.
+//    warpgroup's softmax runs under the other's MMAs. 16-bit: S(i + 1) and PV(i) issued together (the
+//    intra-warpgroup overlap: 3 stages); 8-bit: S(i), softmax, PV(i) in turn, so that 2 converted stages leave
+//    the producer half a tile to convert the next one.
 constexpr uint32_t kQReadyBarrier = 3;  // named barrier: the consumers' Q stores done (0 is __syncthreads)
 
 // Registers: sm_90 allocates them per warpgroup, so the 384 threads start with 65536 / 384 = 168 each; the
@@ -345,13 +359,15 @@ constexpr uint32_t kQReadyBarrier = 3;  // named barrier: the consumers' Q store
 constexpr uint32_t kProducerRegisters = 56;
 constexpr uint32_t kConsumerRegisters = 224;
 
-template <typename CT, int kD>
-__global__ void __launch_bounds__(Sm90MultiConfig<CT, false, kD, true>::kThreads, 1)
+template <typename CT, bool k8Bit, int kD>
+__global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads, 1)
     attentionMultiKernelSm90WS(__grid_constant__ AttentionKernelParams const p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using Cfg = Sm90MultiConfig<CT, false, kD, true>;
+    using Cfg = Sm90MultiConfig<CT, k8Bit, kD, true>;
+    constexpr int kElemBytes = k8Bit ? 1 : 2;
     constexpr int kTile = Cfg::kTile;
     constexpr int kStages = Cfg::kStages;
+    constexpr int kMmaStages = Cfg::kMmaStages;
     constexpr int kProducerWarps = (Cfg::kThreads - Cfg::kConsumerThreads) / 32;
     constexpr int kWarpRows = kTile / kProducerWarps;  // a producer warp's rows of every tile
     static_assert(kWarpRows == 32, "one lookup per lane: the two 16-row halves of a locateKVRowPair");
@@ -369,9 +385,9 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, false, kD, true>::kThreads
     int32_t const numTiles = warpUniform(w.tiles.count());
     Sm90Smem<Cfg> const sm(smemRaw);
     if (tid == 0) {
-        for (int st = 0; st < kStages; ++st) {
+        for (int st = 0; st < kMmaStages; ++st) {
             wgmma::mbarrierInit(sm.full(st), kProducerWarps * 32);          // every producer lane, each tile
-            wgmma::mbarrierInit(sm.empty(st), Cfg::kConsumerThreads / 32);  // one per consumer warp
+            wgmma::mbarrierInit(sm.empty(st), Cfg::kConsumerThreads);       // every consumer thread
         }
         wgmma::fenceBarrierInit();
     }
@@ -381,27 +397,58 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, false, kD, true>::kThreads
         // ---- producer warpgroup
         wgmma::setMaxRegisters<kProducerRegisters, false>();
         int32_t const row0 = (warp - Cfg::kConsumerThreads / 32) * kWarpRows;  // of each tile
-        KVSource const src = makeKVSource(p, w, kvHead, 2);
+        KVSource const src = makeKVSource(p, w, kvHead, kElemBytes);
         auto locate = [&](int32_t j) {
             bool const valid = j < numTiles;
             int32_t const r = valid ? w.tiles.tile(j) * kTile + row0 : 0;
             return locateKVRowPair<16>(p, src, valid, r, valid, r + 16, lane);
         };
+        // tile j's rows (located one tile earlier) into stage j % kStages, positions into tile j's slot
+        constexpr int kRowBytes = k8Bit ? kD : 128;  // a row's bytes in a staging tile / in column block 0
         KVRow ahead = locate(0);
-        for (int32_t j = 0; j < numTiles; ++j) {
-            int32_t const stage = j % kStages;
-            KVRowOffset const rows = resolveKVRowOffset(p, src, ahead, 2);
+        auto copyTile = [&](int32_t j) {
+            KVRowOffset const rows = resolveKVRowOffset(p, src, ahead, kElemBytes);
             ahead = locate(j + 1);
-            if (j >= kStages) wgmma::mbarrierWait(sm.empty(stage), uint32_t((j / kStages - 1) & 1));
-            uint32_t const kAddr = smemAddr(sm.rawK(stage)) + uint32_t(row0 * 128);
-            uint32_t const vAddr = smemAddr(sm.rawV(stage)) + uint32_t(row0 * 128);
+            uint32_t const kAddr = smemAddr(sm.rawK(j % kStages)) + uint32_t(row0 * kRowBytes);
+            uint32_t const vAddr = smemAddr(sm.rawV(j % kStages)) + uint32_t(row0 * kRowBytes);
 #pragma unroll
             for (int half = 0; half < 2; ++half)
-                copyKVRows<kD, 2, 16, false, kTile>(src, rows, 16 * half, kAddr + uint32_t(16 * half * 128),
-                                                    vAddr + uint32_t(16 * half * 128), sm.pos(stage) + row0 + 16 * half,
-                                                    lane);
-            wgmma::cpAsyncMbarrierArrive(sm.full(stage));
-            wgmma::mbarrierArrive(sm.full(stage));
+                copyKVRows<kD, kElemBytes, 16, false, k8Bit ? 0 : kTile>(
+                    src, rows, 16 * half, kAddr + uint32_t(16 * half * kRowBytes),
+                    vAddr + uint32_t(16 * half * kRowBytes), sm.pos(j) + row0 + 16 * half, lane);
+        };
+        if constexpr (!k8Bit) {
+            for (int32_t j = 0; j < numTiles; ++j) {
+                int32_t const stage = j % kStages;
+                if (j >= kStages) wgmma::mbarrierWait(sm.empty(stage), uint32_t((j / kStages - 1) & 1));
+                copyTile(j);
+                wgmma::cpAsyncMbarrierArrive(sm.full(stage));
+                wgmma::mbarrierArrive(sm.full(stage));
+            }
+        } else {
+            bool const isFp8 = p.cacheIsFp8 != 0;
+            if (numTiles > 0) copyTile(0);
+            cpAsyncCommit();
+            for (int32_t j = 0; j < numTiles; ++j) {
+                int32_t const stage = j % kMmaStages;
+                // tile j - 2 released: its converted stage and its position slot ((j + 1) % 3) are free
+                if (j >= kMmaStages) wgmma::mbarrierWait(sm.empty(stage), uint32_t((j / kMmaStages - 1) & 1));
+                if (j + 1 < numTiles) copyTile(j + 1);  // into the staging stage tile j - 1 was converted from
+                cpAsyncCommit();
+                cpAsyncWait<1>();  // tile j's copies (this lane's) landed
+                __syncwarp();      // ... and every lane's of this warp: its rows
+                // 8 rows at a time (the swizzle repeats every 8 rows): 56 registers hold one group's loads
+#pragma unroll 1
+                for (int r = row0; r < row0 + kWarpRows; r += 8) {
+                    unsigned char* const convK = sm.conv() + stage * 2 * Cfg::kKVTileBytes + r * 128;
+                    convertTile8<CT, kD, 8, 32, kTile>(sm.rawK(j % kStages) + r * kD, convK, isFp8, lane);
+                    convertTile8<CT, kD, 8, 32, kTile>(sm.rawV(j % kStages) + r * kD, convK + Cfg::kKVTileBytes,
+                                                       isFp8, lane);
+                }
+                wgmma::fenceProxyAsync();
+                wgmma::mbarrierArrive(sm.full(stage));
+                __syncwarp();  // the staging reads done before the next copies into this stage
+            }
         }
         cpAsyncWait<0>();  // no copy outlives its thread
         return;
@@ -422,53 +469,77 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, false, kD, true>::kThreads
     // Tile j has landed (every producer lane's copies and positions), and this thread's view of it is handed to the
     // async proxy its MMAs read through.
     auto waitFull = [&](int32_t j) {
-        wgmma::mbarrierWait(sm.full(j % kStages), uint32_t((j / kStages) & 1));
+        wgmma::mbarrierWait(sm.full(j % kMmaStages), uint32_t((j / kMmaStages) & 1));
         wgmma::fenceProxyAsync();
     };
-    auto release = [&](int32_t j) {  // this warp is done with tile j's stage (K, V, positions)
-        __syncwarp();  // every lane's reads of the positions happen before lane 0's release (racecheck: they did not)
-        if (lane == 0) wgmma::mbarrierArrive(sm.empty(j % kStages));
-    };
+    // This thread is done with tile j's stage (K, V, positions). Every thread arrives (release: its own reads of the
+    // positions come before the producer's next writes); one arrival per warp after a __syncwarp still left racecheck
+    // reporting the other lanes' reads against those writes.
+    auto release = [&](int32_t j) { wgmma::mbarrierArrive(sm.empty(j % kMmaStages)); };
     if (numTiles > 0) {
         if (group == 1) wgmma::namedBarrierArrive(1, Cfg::kConsumerThreads);  // warpgroup 0 takes the first turn
-        waitFull(0);
-        bool const needMask = tileNeedsMaskAt<kTile>(p, sm.pos(0), qa, qb, lane);
-        wgmma::namedBarrierSync(myTurn, Cfg::kConsumerThreads);
-        wgmma::fence();
-        cons.issueS(sQ, sm.mmaK(0));
-        wgmma::commit();
-        wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads);
-        wgmma::wait<0>();
-        wgmma::pin(cons.s);
-        cons.softmax(p, sm.pos(0), needMask);
-        cons.packP();
-        for (int32_t i = 0; i + 1 < numTiles; ++i) {
-            waitFull(i + 1);
+        if constexpr (k8Bit) {
+            for (int32_t i = 0; i < numTiles; ++i) {
+                waitFull(i);
+                bool const needMask = tileNeedsMaskAt<kTile>(p, sm.pos(i), qa, qb, lane);
+                wgmma::namedBarrierSync(myTurn, Cfg::kConsumerThreads);
+                wgmma::fence();
+                cons.issueS(sQ, sm.mmaK(i));
+                wgmma::commit();
+                // warpgroup 1's last turn has no turn of warpgroup 0 after it
+                if (group == 0 || i + 1 < numTiles) wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads);
+                wgmma::wait<0>();
+                wgmma::pin(cons.s);
+                cons.softmax(p, sm.pos(i), needMask);
+                cons.rescale();
+                cons.packP();
+                wgmma::fence();
+                cons.issuePV(sm.mmaV(i));
+                wgmma::commit();
+                wgmma::wait<0>();
+                wgmma::pin(cons.o);
+                release(i);
+            }
+        } else {
+            waitFull(0);
+            bool const needMask = tileNeedsMaskAt<kTile>(p, sm.pos(0), qa, qb, lane);
             wgmma::namedBarrierSync(myTurn, Cfg::kConsumerThreads);
             wgmma::fence();
-            cons.issueS(sQ, sm.mmaK(i + 1));
-            wgmma::commit();
-            cons.issuePV(sm.mmaV(i));
+            cons.issueS(sQ, sm.mmaK(0));
             wgmma::commit();
             wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads);
-            bool const nextMask = tileNeedsMaskAt<kTile>(p, sm.pos((i + 1) % kStages), qa, qb, lane);
-            wgmma::wait<1>();  // S(i + 1) done; PV(i) may still run
+            wgmma::wait<0>();
             wgmma::pin(cons.s);
-            cons.softmax(p, sm.pos((i + 1) % kStages), nextMask);
+            cons.softmax(p, sm.pos(0), needMask);
+            cons.packP();
+            for (int32_t i = 0; i + 1 < numTiles; ++i) {
+                waitFull(i + 1);
+                wgmma::namedBarrierSync(myTurn, Cfg::kConsumerThreads);
+                wgmma::fence();
+                cons.issueS(sQ, sm.mmaK(i + 1));
+                wgmma::commit();
+                cons.issuePV(sm.mmaV(i));
+                wgmma::commit();
+                wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads);
+                bool const nextMask = tileNeedsMaskAt<kTile>(p, sm.pos(i + 1), qa, qb, lane);
+                wgmma::wait<1>();  // S(i + 1) done; PV(i) may still run
+                wgmma::pin(cons.s);
+                cons.softmax(p, sm.pos(i + 1), nextMask);
+                wgmma::wait<0>();
+                wgmma::pin(cons.o);
+                release(i);
+                cons.rescale();
+                cons.packP();
+            }
+            wgmma::namedBarrierSync(myTurn, Cfg::kConsumerThreads);
+            wgmma::fence();
+            cons.issuePV(sm.mmaV(numTiles - 1));
+            wgmma::commit();
+            // The last turn: warpgroup 1 has no turn after it, so only warpgroup 0 hands one over.
+            if (group == 0) wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads);
             wgmma::wait<0>();
             wgmma::pin(cons.o);
-            release(i);
-            cons.rescale();
-            cons.packP();
         }
-        wgmma::namedBarrierSync(myTurn, Cfg::kConsumerThreads);
-        wgmma::fence();
-        cons.issuePV(sm.mmaV(numTiles - 1));
-        wgmma::commit();
-        // The last turn: warpgroup 1 has no turn after it, so only warpgroup 0 hands one over.
-        if (group == 0) wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads);
-        wgmma::wait<0>();
-        wgmma::pin(cons.o);
     }
     cons.store(p, w, kvHead, z);
 #endif
@@ -479,7 +550,7 @@ cudaError_t prepareOrLaunchSm90(int32_t& ctasPerSm, AttentionKernelParams const*
     using Cfg = Sm90MultiConfig<CT, k8Bit, kD, kWarpSpecialized>;
     static KernelSetup setup;
     auto const kernel = [] {
-        if constexpr (kWarpSpecialized) return attentionMultiKernelSm90WS<CT, kD>;
+        if constexpr (kWarpSpecialized) return attentionMultiKernelSm90WS<CT, k8Bit, kD>;
         else return attentionMultiKernelSm90<CT, k8Bit, kD>;
     }();
     cudaError_t const err =
@@ -489,28 +560,25 @@ cudaError_t prepareOrLaunchSm90(int32_t& ctasPerSm, AttentionKernelParams const*
     return cudaGetLastError();
 }
 
-// The variant: warp-specialized for 16-bit caches (1.35x the cooperative one at 4x2048 over 8192), unless the
-// cooperative one is chosen; cooperative for 8-bit caches (the whole CTA converts their tiles).
+// The variant: warp-specialized (the default; 1.35x the cooperative one at 4x2048 over 8192, bf16) unless the
+// cooperative one is chosen.
 cudaError_t dispatchSm90(IODType io, CacheDType cache, int32_t headDim, MultiKernelChoice choice, int32_t& ctasPerSm,
                          AttentionKernelParams const* kp, dim3 grid, cudaStream_t stream) {
-    bool const warpSpecialized = choice != MultiKernelChoice::kSm90Cooperative && !isCache8Bit(cache);
+    bool const warpSpecialized = choice != MultiKernelChoice::kSm90Cooperative;
     auto byHeadDim = [&](auto ct, auto k8, auto ws) -> cudaError_t {
         using CT = typename decltype(ct)::type;
         constexpr bool k8Bit = decltype(k8)::value;
         constexpr bool kWS = decltype(ws)::value;
-        if constexpr (k8Bit && kWS) {
-            return invalidArgument("cache dtype: the warp-specialized Hopper kernel takes 16-bit caches");
-        } else {
-            if (headDim == 128) return prepareOrLaunchSm90<CT, k8Bit, 128, kWS>(ctasPerSm, kp, grid, stream);
-            if (headDim == 64) return prepareOrLaunchSm90<CT, k8Bit, 64, kWS>(ctasPerSm, kp, grid, stream);
-            return invalidArgument("head_dim=" + std::to_string(headDim) +
-                                   ": expected 64 or 128 (Hopper multi-token kernel)");
-        }
+        if (headDim == 128) return prepareOrLaunchSm90<CT, k8Bit, 128, kWS>(ctasPerSm, kp, grid, stream);
+        if (headDim == 64) return prepareOrLaunchSm90<CT, k8Bit, 64, kWS>(ctasPerSm, kp, grid, stream);
+        return invalidArgument("head_dim=" + std::to_string(headDim) +
+                               ": expected 64 or 128 (Hopper multi-token kernel)");
+    };
+    auto byVariant = [&](auto ct, auto k8) -> cudaError_t {
+        return warpSpecialized ? byHeadDim(ct, k8, BoolTag<true>{}) : byHeadDim(ct, k8, BoolTag<false>{});
     };
     auto byCache = [&](auto ct) -> cudaError_t {
-        if (isCache8Bit(cache)) return byHeadDim(ct, BoolTag<true>{}, BoolTag<false>{});
-        if (warpSpecialized) return byHeadDim(ct, BoolTag<false>{}, BoolTag<true>{});
-        return byHeadDim(ct, BoolTag<false>{}, BoolTag<false>{});
+        return isCache8Bit(cache) ? byVariant(ct, BoolTag<true>{}) : byVariant(ct, BoolTag<false>{});
     };
     return io == IODType::kBF16 ? byCache(TypeTag<__nv_bfloat16>{}) : byCache(TypeTag<__half>{});
 }
