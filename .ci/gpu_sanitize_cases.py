@@ -39,6 +39,9 @@ CASES = [
 LONG_CASES = [
     ((8, 2, 128, 16, CacheDType.BF16, PageLayout.HND, 0, 0, 0), (300, 1), (650, 50)),
     ((8, 2, 128, 64, CacheDType.FP8_E4M3, PageLayout.HND, 0, 0, 0), (260, 3), (700, 9)),
+    # more CTAs than SMs, so that CTAs follow each other on an SM (a per-warp stage release was reported only here)
+    ((32, 8, 128, 64, CacheDType.BF16, PageLayout.HND, 0, 0, 0), (1000,), (0,)),
+    ((32, 8, 128, 16, CacheDType.FP8_E4M3, PageLayout.HND, 0, 0, 0), (700,), (0,)),
 ]
 
 
