@@ -9,7 +9,9 @@ block table; the peers read their own NHD copy of the same values: ``tc_fa2`` =
 cache at 64x4K against xqa's fp8 decode (and our bf16), and the TensorRT plugin's loose bounds
 (max_q_len = T, max_kv_len = MB * page_size) at 64x4K and 256x1K.
 Prefill: 4 sequences x a 2048-token chunk over 8192 cached tokens and 1 x 8192 over nothing (causal), against
-``BatchPrefillWithPagedKVCacheWrapper(backend="fa3")`` (and fa2 with ``--peers``).
+``BatchPrefillWithPagedKVCacheWrapper(backend="fa3")`` (and fa2 with ``--peers``); each bf16 prefill also times our
+other multi-token kernels on the same tensors (the Hopper kernel's cooperative variant and the mma.sync kernel,
+``PAGEDKV_MULTI_KERNEL``), and P16 an fp8 e4m3 cache on all three.
 Llama-3 shapes (``--cases llama``): decode P16 64x4K and both prefills (P16) at 64 query heads over 8 KV heads
 (70B-like) and at the default 32 / 8 (8B-like), D = 128, against the same peers.
 Head dims (``--cases headdim``): decode P16 64x4K and prefill P16 4x2048 over 8192 at D = 80 (Phi-2) and 96

@@ -61,8 +61,7 @@ cudaError_t launchMultiKernel(AttentionKernelParams const& kp, IODType io, Cache
 // Which multi-token kernel runs: PAGEDKV_MULTI_KERNEL, read at every launch (A/B benchmarks; the tests that run
 // each kernel on one GPU). Unset or empty: the default for the device; "mma": the mma.sync kernel everywhere;
 // "sm90-cooperative" / "sm90-ws": that variant of the Hopper kernel wherever the Hopper kernel serves (the
-// warp-specialized one, the default, takes 16-bit caches; 8-bit ones stay cooperative). Any other value:
-// invalidArgument.
+// warp-specialized one is the default). Any other value: invalidArgument.
 enum class MultiKernelChoice { kDefault, kMma, kSm90Cooperative, kSm90WarpSpecialized };
 cudaError_t readMultiKernelChoice(MultiKernelChoice& choice);
 

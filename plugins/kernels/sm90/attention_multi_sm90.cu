@@ -9,8 +9,8 @@
 //    O += P V is kTile / 16 wgmma m64nDk16 with P from registers and V read MN-major from shared memory;
 //  * each warpgroup overlaps its softmax of tile i + 1 with its own P V of tile i (the pipeline below); in the
 //    cooperative variant the two warpgroups also load and run in lockstep (one CTA barrier per tile); in the
-//    warp-specialized one (16-bit caches, the default for them) a producer warpgroup loads and the consumer
-//    warpgroups take turns on the tensor cores.
+//    warp-specialized one (the default) a producer warpgroup loads and the consumer warpgroups take turns on the
+//    tensor cores.
 // Head dims 64 / 128, every cache dtype (8-bit tiles are converted into 16-bit ones in shared memory, as the mma.sync
 // kernel does); the other head dims (32, 80, 96, 256) and other GPUs stay on attention_multi.cu's mma.sync kernel
 // (multiKernelSm90Serves). Design, byte and FLOP counts, measurements:
@@ -32,13 +32,15 @@ namespace attn {
 namespace {
 
 // ---- shapes. Both kernels: a CTA serves kRows = 128 query rows (the planner's row tile) as 2 consumer warpgroups
-// of 64 rows; KV tiles of kTile = 128 tokens in 3 stages (the pipeline holds tiles i, i + 1 and i + 2).
-//  * cooperative (8-bit caches; 16-bit ones with PAGEDKV_MULTI_KERNEL=sm90-cooperative): 256 threads; every thread loads its share of each tile and the
-//    CTA synchronizes once per tile (8-bit caches: a second time, after converting the tile into 16-bit ones: one
-//    K, two V buffers).
-//  * warp-specialized (16-bit caches, the default for them): 384 threads; a producer warpgroup loads every tile straight into the stage
-//    the MMAs read and hands it over through mbarriers, so the consumer warpgroups never wait on a CTA barrier,
-//    and take turns issuing their MMAs (named barriers), one's softmax under the other's MMAs.
+// of 64 rows; KV tiles of kTile = 128 tokens in 3 stages (the pipeline holds tiles i, i + 1 and i + 2; the
+// warp-specialized 8-bit variant 2 + 2, below).
+//  * cooperative (PAGEDKV_MULTI_KERNEL=sm90-cooperative): 256 threads; every thread loads its share of each tile
+//    and the CTA synchronizes once per tile (8-bit caches: a second time, after converting the tile into 16-bit
+//    ones: one K, two V buffers).
+//  * warp-specialized (the default): 384 threads; a producer warpgroup loads every tile (8-bit caches: and
+//    converts it) into the stage the MMAs read and hands it over through mbarriers, so the consumer warpgroups
+//    never wait on a CTA barrier, and take turns issuing their MMAs (named barriers), one's softmax under the
+//    other's MMAs.
 template <typename CT, bool k8Bit, int kD, bool kWarpSpecialized_ = false>
 struct Sm90MultiConfig {
     static_assert(kD == 64 || kD == 128, "whole 128-byte column blocks, one wgmma N for O");
@@ -219,7 +221,7 @@ __device__ __forceinline__ bool tileNeedsMaskAt(AttentionKernelParams const& p, 
                                      p.params.window)) != 0;
 }
 
-// ---- cooperative kernel (8-bit caches; 16-bit ones with PAGEDKV_MULTI_KERNEL=sm90-cooperative). Pipeline (FlashAttention-3's intra-warpgroup overlap): iteration i issues
+// ---- cooperative kernel (PAGEDKV_MULTI_KERNEL=sm90-cooperative). Pipeline (FlashAttention-3's intra-warpgroup overlap): iteration i issues
 // S(i + 1) and PV(i) back to back, runs softmax(i + 1) while PV(i) is in flight, then rescales O. Commit groups at
 // iteration i's wait: tiles [0, i + 2), so waiting for all of them lands tile i + 1; the barrier after it also
 // means every warpgroup finished PV(i - 1), which frees tile i - 1's stage for tile i + 2. The MMAs sit in
