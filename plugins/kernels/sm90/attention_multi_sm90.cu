@@ -170,6 +170,23 @@ struct Sm90Consumer {
             else step(No{}, No{});
         }
     }
+    // The intra-warpgroup overlap: S(j + 1) and PV(j) issued back to back (after the rescaled O and the packed P(j)
+    // are fenced), then softmax(j + 1) once S(j + 1) is done, while PV(j) may still run, and PV(j) waited for.
+    __device__ __forceinline__ void issueSAndPV(uint32_t sQ, uint32_t kNext, uint32_t vThis) {
+        wgmma::fence();
+        issueS(sQ, kNext);
+        wgmma::commit();
+        issuePV(vThis);
+        wgmma::commit();
+    }
+    __device__ __forceinline__ void softmaxUnderPV(AttentionKernelParams const& p, int32_t const* tilePos,
+                                                   bool needMask) {
+        wgmma::wait<1>();
+        wgmma::pin(s);
+        softmax(p, tilePos, needMask);
+        wgmma::wait<0>();
+        wgmma::pin(o);
+    }
     __device__ __forceinline__ void packP() {
 #pragma unroll
         for (int kt = 0; kt < kTile / 16; ++kt) probFragment<CT, kNT>(s, kt, pa[kt]);
@@ -310,18 +327,10 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD>::kThreads, 1)
         for (int32_t i = 0; i + 1 < numTiles; ++i) {
             landed(IntTag<0>{}, i + 1);
             // The MMAs first: the loader's integer work for tile i + 2 and the mask decision issue under them.
-            wgmma::fence();  // orders the rescaled O and the packed P before the MMAs read them
-            cons.issueS(sQ, sm.mmaK(i + 1));
-            wgmma::commit();
-            cons.issuePV(sm.mmaV(i));
-            wgmma::commit();
+            cons.issueSAndPV(sQ, sm.mmaK(i + 1), sm.mmaV(i));
             issue(i + 2);
             bool const nextMask = tileNeedsMaskAt<kTile>(p, sm.pos(i + 1), qa, qb, lane);
-            wgmma::wait<1>();  // S(i + 1) done; PV(i) may still run
-            wgmma::pin(cons.s);
-            cons.softmax(p, sm.pos(i + 1), nextMask);
-            wgmma::wait<0>();
-            wgmma::pin(cons.o);
+            cons.softmaxUnderPV(p, sm.pos(i + 1), nextMask);
             cons.rescale();
             cons.packP();
         }
@@ -517,18 +526,10 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads
             for (int32_t i = 0; i + 1 < numTiles; ++i) {
                 waitFull(i + 1);
                 wgmma::namedBarrierSync(myTurn, Cfg::kConsumerThreads);
-                wgmma::fence();
-                cons.issueS(sQ, sm.mmaK(i + 1));
-                wgmma::commit();
-                cons.issuePV(sm.mmaV(i));
-                wgmma::commit();
+                cons.issueSAndPV(sQ, sm.mmaK(i + 1), sm.mmaV(i));
                 wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads);
                 bool const nextMask = tileNeedsMaskAt<kTile>(p, sm.pos(i + 1), qa, qb, lane);
-                wgmma::wait<1>();  // S(i + 1) done; PV(i) may still run
-                wgmma::pin(cons.s);
-                cons.softmax(p, sm.pos(i + 1), nextMask);
-                wgmma::wait<0>();
-                wgmma::pin(cons.o);
+                cons.softmaxUnderPV(p, sm.pos(i + 1), nextMask);
                 release(i);
                 cons.rescale();
                 cons.packP();
