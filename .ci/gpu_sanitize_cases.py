@@ -90,7 +90,8 @@ def run_case(rng, heads, kv_heads, head_dim, page, cache, page_layout, window, s
         rtol = atol = 0.08
     good = np.allclose(out, out_ref, atol=atol, rtol=rtol) and not np.isnan(out).any()
     print(f"case H={heads} KVH={kv_heads} D={head_dim} P={page} {cache.name} {page_layout.name} window={window} "
-          f"sinks={sinks} cyclic={cyclic} q_lens={q_lens.tolist()} past={past.tolist()}: max abs err {np.abs(out - out_ref).max():.3e} {'PASS' if good else 'FAIL'}")
+          f"sinks={sinks} cyclic={cyclic} q_lens={q_lens.tolist()} past={past.tolist()}: "
+          f"max abs err {np.abs(out - out_ref).max():.3e} {'PASS' if good else 'FAIL'}")
     return bool(good)
 
 

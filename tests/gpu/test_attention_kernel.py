@@ -333,37 +333,30 @@ def _runs_multi_token_kernel(case: Case) -> bool:
     return any(q * group > 16 or group > 16 for _, q in case.seqs if q > 0)
 
 
-# The mma.sync multi-token kernel serves sm_80 / sm_89 and, on an H100 / H200, what the sm_90a kernel does not
-# cover; PAGEDKV_MULTI_KERNEL=mma (read at every launch) runs it on the cases the sm_90a kernel would take, so
-# that the one GPU this suite runs on checks both kernels.
-MMA_ON_HOPPER_CASES = [c for c in CASES if _runs_multi_token_kernel(c) and c.head_dim in (64, 128)]
+# The default multi-token kernel on an H100 / H200 is the Hopper kernel's warp-specialized variant; the other two
+# run on the cases it takes (PAGEDKV_MULTI_KERNEL, read at every launch), so that the one GPU this suite runs on
+# checks all three: "sm90-cooperative" (every warp loads, one CTA barrier per tile, 8-bit tiles converted by the
+# whole CTA) and "mma", the mma.sync kernel, which also serves sm_80 / sm_89 and, on an H100 / H200, what the
+# Hopper kernel does not cover.
+OTHER_KERNELS_ON_HOPPER_CASES = [c for c in CASES if _runs_multi_token_kernel(c) and c.head_dim in (64, 128)]
 
 
-@pytest.mark.parametrize("case", MMA_ON_HOPPER_CASES, ids=[c.id for c in MMA_ON_HOPPER_CASES])
-def test_mma_multi_token_kernel_matches_reference(case, monkeypatch):
-    monkeypatch.setenv("PAGEDKV_MULTI_KERNEL", "mma")
-    check(case)
-
-
-# The Hopper kernel's cooperative variant (PAGEDKV_MULTI_KERNEL=sm90-cooperative: every warp loads, one CTA barrier
-# per tile, 8-bit tiles converted by the whole CTA) on every case the Hopper kernel takes; the default is the
-# warp-specialized one.
-COOPERATIVE_ON_HOPPER_CASES = MMA_ON_HOPPER_CASES
-
-
-@pytest.mark.parametrize("case", COOPERATIVE_ON_HOPPER_CASES, ids=[c.id for c in COOPERATIVE_ON_HOPPER_CASES])
-def test_cooperative_sm90_kernel_matches_reference(case, monkeypatch):
-    monkeypatch.setenv("PAGEDKV_MULTI_KERNEL", "sm90-cooperative")
+@pytest.mark.parametrize("kernel", ["mma", "sm90-cooperative"])
+@pytest.mark.parametrize("case", OTHER_KERNELS_ON_HOPPER_CASES, ids=[c.id for c in OTHER_KERNELS_ON_HOPPER_CASES])
+def test_other_multi_token_kernels_match_reference(case, kernel, monkeypatch):
+    monkeypatch.setenv("PAGEDKV_MULTI_KERNEL", kernel)
     check(case)
 
 
 def test_unknown_multi_kernel_choice_is_refused(monkeypatch):
+    from pagedkv import _lib
     from pagedkv.kernels.attention import paged_attention_numpy
 
     case = Case(((0, 300),), seed=110)
     cfg, meta, pool, q = build(case)
     monkeypatch.setenv("PAGEDKV_MULTI_KERNEL", "fastest")
-    with pytest.raises(Exception, match="PAGEDKV_MULTI_KERNEL=fastest: expected mma, sm90-cooperative or sm90-ws"):
+    expected = "PAGEDKV_MULTI_KERNEL=fastest: expected mma, sm90-cooperative or sm90-ws"
+    with pytest.raises(_lib.CapiError, match=expected):
         paged_attention_numpy(q, meta, pool, cfg)
 
 
