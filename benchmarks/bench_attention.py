@@ -12,8 +12,8 @@ Prefill: 4 sequences x a 2048-token chunk over 8192 cached tokens and 1 x 8192 o
 ``BatchPrefillWithPagedKVCacheWrapper(backend="fa3")`` (and fa2 with ``--peers``); each bf16 prefill also times our
 other multi-token kernels on the same tensors (the Hopper kernel's cooperative variant and the mma.sync kernel,
 ``PAGEDKV_MULTI_KERNEL``), and P16 an fp8 e4m3 cache on all three.
-Llama-3 shapes (``--cases llama``): decode P16 64x4K and both prefills (P16) at 64 query heads over 8 KV heads
-(70B-like) and at the default 32 / 8 (8B-like), D = 128, against the same peers.
+Llama-3 shapes (``llama``, in the default cases): decode P16 64x4K and both prefills (P16) at 64 query heads over 8
+KV heads (70B-like) and at the default 32 / 8 (8B-like), D = 128, against the same peers.
 Head dims (``--cases headdim``): decode P16 64x4K and prefill P16 4x2048 over 8192 at D = 80 (Phi-2) and 96
 (Phi-3-mini), same H and KVH, each row's note with its time relative to ours at D = 128 (the decode / prefill row
 of the same run, or timed for the purpose when those cases did not run); the peers are tried at those head dims
@@ -28,7 +28,7 @@ time over ours: > 1 means ours is faster); the note has every peer's time, ratio
 benchmarks/NOTES-attention.md has the byte counts, floors and predictions.
 
 Run on the GPU machine from the repository root (pagedkv built, torch + triton, FlashInfer importable):
-    python benchmarks/bench_attention.py [--json out.json] [--cases decode,prefill,fp8,plugin,headdim] [--peers ...]
+    python benchmarks/bench_attention.py [--json out.json] [--cases decode,fp8,plugin,prefill,llama,headdim] [--peers ...]
 FlashInfer 0.7.2 compiles each kernel on first use (``.whl/flashinfer-env.sh`` sets its JIT up there).
 """
 
@@ -424,7 +424,7 @@ def print_table(results: list[Result]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", help="write the results to this file")
-    ap.add_argument("--cases", default="decode,fp8,plugin,prefill",
+    ap.add_argument("--cases", default="decode,fp8,plugin,prefill,llama",
                     help="comma-separated subset of: decode, fp8, plugin, prefill, headdim, llama")
     ap.add_argument("--peers", default=",".join(DEFAULT_PEERS),
                     help=f"comma-separated FlashInfer paths to time, of: {', '.join(PEERS)} (default %(default)s)")

@@ -15,8 +15,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <type_traits>
-
 #include "attention_decode_tile.cuh"
 #include "attention_dispatch.cuh"
 #include "attention_kernels.h"
@@ -90,23 +88,58 @@ __device__ void poisonRows(AttentionKernelParams const& p, CtaWork const& w, int
     }
 }
 
+// What a lane holds across the decode loop: the CTA's Q fragments (in registers for D <= 128, else re-read
+// from the shared tile per k-step), its ldmatrix lane offsets (attention_tile.cuh: FragLane) and the query
+// positions of its accumulator rows g and g + 8 (-1: padding row, sees nothing).
+template <int kD, bool kQInRegs>
+struct DecodeLane {
+    uint32_t qFrag[kQInRegs ? kD / 16 : 1][4];
+    uint32_t sQAddr;
+    uint32_t offA, offK, offV;
+    int32_t qPos0, qPos1;
+
+    __device__ __forceinline__ DecodeLane(AttentionKernelParams const& p, CtaWork const& w, unsigned char const* sQ,
+                                          int32_t lane) {
+        using Lane = FragLane<kD>;
+        int32_t const g = lane >> 2;
+        int32_t const numRows = w.rowEnd - w.rowBegin;  // <= 16
+        qPos0 = g < numRows ? rowQueryPos(w.seq, w.rowBegin + g, p.groupSize) : -1;
+        qPos1 = g + 8 < numRows ? rowQueryPos(w.seq, w.rowBegin + g + 8, p.groupSize) : -1;
+        sQAddr = smemAddr(sQ);
+        offA = Lane::offsetA(lane), offK = Lane::offsetK(lane), offV = Lane::offsetV(lane);
+        if constexpr (kQInRegs) {
+#pragma unroll
+            for (int kk = 0; kk < kD / 16; ++kk) ldmatrixX4(qFrag[kk], Lane::at(sQAddr, offA, 0, kk));
+        }
+    }
+    // The A fragment of Q K^T's k-step kk.
+    __device__ __forceinline__ void fragA(int kk, uint32_t (&a)[4]) const {
+        if constexpr (kQInRegs) {
+            a[0] = qFrag[kk][0], a[1] = qFrag[kk][1], a[2] = qFrag[kk][2], a[3] = qFrag[kk][3];
+        } else {
+            ldmatrixX4(a, FragLane<kD>::at(sQAddr, offA, 0, kk));
+        }
+    }
+};
+
 // The decode kernel's online-softmax step on its 16-row score tile: soft-cap and mask chosen once per tile
-// (uniform branches), not per score -- the run-time switches cost two branches per score, ~1/10 of the
-// fp8 decode loop's instructions (profiled). kPerTile = false keeps the per-score switches (one inlined
-// variant instead of four: the 16-bit D = 256 kernel spills with four).
-template <int kNT, bool kPerTile>
+// (uniform branches, withSoftmaxVariant), not per score -- the run-time switches cost two branches per score,
+// ~1/10 of the fp8 decode loop's instructions (profiled). kPerTile = false keeps the per-score switches (one
+// inlined variant instead of four: the 16-bit D = 256 kernel spills with four).
+template <int kNT, bool kPerTile, int kDimTiles>
 __device__ __forceinline__ void decodeSoftmax(AttentionKernelParams const& p, float (&s)[kNT][4], int32_t const* sPos,
                                               bool needMask, int32_t qPos0, int32_t qPos1, int32_t lane,
-                                              float (&m)[2], float (&l)[2], float (&alpha)[2], float rawScale) {
+                                              SoftmaxRows<kDimTiles>& st, float rawScale) {
+    float alpha[2];
     if constexpr (!kPerTile) {
-        softmaxStep<kNT>(p, s, sPos, needMask, qPos0, qPos1, lane, m, l, alpha, rawScale);
-    } else if (p.useSoftcap != 0) {
-        if (needMask) softmaxStepFixed<kNT, true, true>(p, s, sPos, qPos0, qPos1, lane, m, l, alpha, rawScale);
-        else softmaxStepFixed<kNT, true, false>(p, s, sPos, qPos0, qPos1, lane, m, l, alpha, rawScale);
+        softmaxStep<kNT>(p, s, sPos, needMask, qPos0, qPos1, lane, st.m, st.l, alpha, rawScale);
     } else {
-        if (needMask) softmaxStepFixed<kNT, false, true>(p, s, sPos, qPos0, qPos1, lane, m, l, alpha, rawScale);
-        else softmaxStepFixed<kNT, false, false>(p, s, sPos, qPos0, qPos1, lane, m, l, alpha, rawScale);
+        withSoftmaxVariant(p.useSoftcap != 0, needMask, [&](auto capped, auto masked) {
+            softmaxStepFixed<kNT, decltype(capped)::value, decltype(masked)::value>(p, s, sPos, qPos0, qPos1, lane,
+                                                                                    st.m, st.l, alpha, rawScale);
+        });
     }
+    rescaleRows(st.o, alpha);
 }
 
 // One warp step (kNT * 8 tokens: 16 or 32) of an 8-bit cache, straight from the staging tiles into MMA
@@ -116,12 +149,9 @@ __device__ __forceinline__ void decodeSoftmax(AttentionKernelParams const& p, fl
 // kFp8: e4m3, else int8 (a uniform choice per launch, hoisted out of the loop by decodeBody's instantiation).
 template <typename CT, int kD, int kNT, bool kFp8, bool kQInRegs>
 __device__ __forceinline__ void decodeTile8(AttentionKernelParams const& p, uint32_t kRaw, uint32_t vRaw,
-                                            int32_t const* tilePos, uint32_t const (&qFrag)[kQInRegs ? kD / 16 : 1][4],
-                                            uint32_t sQAddr, uint32_t offA, float qUnscale, bool needMask,
-                                            int32_t qPos0, int32_t qPos1,
-                                            int32_t lane, float (&o)[kD / 8][4], float (&m)[2], float (&l)[2]) {
+                                            int32_t const* tilePos, DecodeLane<kD, kQInRegs> const& q,
+                                            float qUnscale, bool needMask, int32_t lane, SoftmaxRows<kD / 8>& st) {
     using F = Frag8<kD>;
-    using Lane = FragLane<kD>;
     int32_t const g = lane >> 2;
     int32_t const c = lane & 3;
 
@@ -146,11 +176,7 @@ __device__ __forceinline__ void decodeTile8(AttentionKernelParams const& p, uint
         for (int wi = 0; wi < 4; ++wi) {
             int const kk = 4 * h + wi;
             uint32_t a[4];
-            if constexpr (kQInRegs) {
-                a[0] = qFrag[kk][0], a[1] = qFrag[kk][1], a[2] = qFrag[kk][2], a[3] = qFrag[kk][3];
-            } else {
-                ldmatrixX4(a, Lane::at(sQAddr, offA, 0, kk));
-            }
+            q.fragA(kk, a);
             float (&acc)[kNT][4] = (wi & 1) ? sOdd : s;
 #pragma unroll
             for (int nt = 0; nt < kNT; ++nt) {
@@ -165,9 +191,7 @@ __device__ __forceinline__ void decodeTile8(AttentionKernelParams const& p, uint
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nt][e] += sOdd[nt][e];
     // qUnscale (a power of two, 1 unless the queries are bf16) is folded into the softmax's logit scale.
-    float alpha[2];
-    decodeSoftmax<kNT, true>(p, s, tilePos, needMask, qPos0, qPos1, lane, m, l, alpha, qUnscale);
-    rescaleRows(o, alpha);
+    decodeSoftmax<kNT, true>(p, s, tilePos, needMask, q.qPos0, q.qPos1, lane, st, qUnscale);
 
     // O += P V as an f16 MMA (tokenPairsToHalf), 16 tokens per k-step kt: lane (g, c) reads tokens 16 kt +
     // 2c, 2c + 1, 2c + 8, 2c + 9 (the k pairs of its B fragments), the kVRun contiguous dims of each 128-dim
@@ -198,237 +222,144 @@ __device__ __forceinline__ void decodeTile8(AttentionKernelParams const& p, uint
                 tokenPairsToHalf<kFp8>(w[0][wd], w[1][wd], b0);
                 tokenPairsToHalf<kFp8>(w[2][wd], w[3][wd], b1);
 #pragma unroll
-                for (int j = 0; j < 4; ++j) Mma<__half>::run(o[hv * 16 + wd * 4 + j], pa, b0[j], b1[j]);
+                for (int j = 0; j < 4; ++j) Mma<__half>::run(st.o[hv * 16 + wd * 4 + j], pa, b0[j], b1[j]);
             }
         }
     }
 }
 
-template <typename CT, bool k8Bit, int kD, bool kFp8>
-__device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
-    using Cfg = DecodeConfig<CT, k8Bit, kD>;
-    constexpr int kTile = Cfg::kTile;
-    constexpr int kStep = Cfg::kStep;
-    constexpr int kStages = Cfg::kStages;
-    extern __shared__ __align__(16) unsigned char smem[];
-
-    int32_t const seq = blockIdx.x;
-    int32_t const kvHead = blockIdx.y;
-    int32_t const z = blockIdx.z;
-    int32_t const tid = threadIdx.x;
-    int32_t const warp = tid >> 5;
-    int32_t const lane = tid & 31;
-
-    // The split-K merge (launched as a programmatic dependent, attention_merge.cu) may be scheduled once every
-    // CTA of this grid has started: it waits for this grid's completion before reading any partial, so the
-    // trigger only hides its launch latency behind this kernel's run.
-    // Only when the merge follows (a split plan), so that no other kernel's launch is moved forward.
-    if (p.split.decodeGridChunks > 1) gridDependencyLaunchDependents();
-    // The pool descriptor does not depend on the step metadata: load it first, so that its round trip
-    // overlaps decodeCtaWork's (the prologue is metadata -> block table -> first KV tile; every CTA of a
-    // single-sequence split pays it once, unhidden).
-    PoolView const pool = loadPool(p);
-    CtaWork const w = decodeCtaWork(p.split, p.stepView(), seq, z);
-    if (w.poison) poisonRows<CT, kD>(p, w, kvHead, tid, Cfg::kThreads);
-    if (!w.active) return;
-    KVSource const src = makeKVSourceFromPool(pool, p, w, kvHead, Cfg::kElemBytes);
-    int32_t const numRows = w.rowEnd - w.rowBegin;  // <= 16
-
-    // ---- shared memory: Q tile, then per warp: stages x (K, V) raw tiles, [kConvert8: converted K, V], positions
-    unsigned char* const sQ = smem;
-    float* const sWarpMax = reinterpret_cast<float*>(smem + Cfg::kQBytes);
-    unsigned char* const warpBase = smem + Cfg::kQBytes + Cfg::kScratchBytes + warp * Cfg::kWarpBytes;
-    unsigned char* const sConvK = warpBase + kStages * 2 * Cfg::kRawTileBytes;
-    unsigned char* const sConvV = sConvK + Cfg::kConvTileBytes;
-    int32_t* const sPos = reinterpret_cast<int32_t*>(sConvV + Cfg::kConvTileBytes);  // [kStages][kStep]
-    auto rawK = [&](int stage) { return warpBase + stage * 2 * Cfg::kRawTileBytes; };
-    auto rawV = [&](int stage) { return warpBase + stage * 2 * Cfg::kRawTileBytes + Cfg::kRawTileBytes; };
-
-    // ---- this warp's steps: w, w + kWarps, ... of the CTA's tile list in steps of kStepTiles tiles
-    int32_t const numTiles = w.tiles.count();
-    int32_t const numSteps = (numTiles + Cfg::kStepTiles - 1) / Cfg::kStepTiles;
-    int32_t const mine = numSteps > warp ? (numSteps - warp + Cfg::kWarps - 1) / Cfg::kWarps : 0;
-    // Tile j of the CTA's list, as its first virtual index (0 past the list: locateKVRowPair is told invalid).
-    auto tileStart = [&](int32_t j) { return j < numTiles ? w.tiles.tile(j) * kTile : 0; };
-    auto firstTile = [&](int32_t i) { return (warp + i * Cfg::kWarps) * Cfg::kStepTiles; };  // of step i
-    // Rows are located for two tiles per lookup pass (locateKVRowPair): with 1-tile steps, steps 2j and 2j + 1
-    // (located at step 2j - 2's copy, resolved at 2j's); with 2-tile steps, the step's two tiles (located at
-    // the previous step's copy).
-    auto locate = [&](int32_t i) {
-        int32_t const t0 = firstTile(i);
-        int32_t const t1 = Cfg::kStepTiles == 2 ? t0 + 1 : firstTile(i + 1);
-        bool const v0 = i < mine && t0 < numTiles;
-        bool const v1 = (Cfg::kStepTiles == 2 ? i : i + 1) < mine && t1 < numTiles;
-        return locateKVRowPair<kTile>(p, src, v0, v0 ? tileStart(t0) : 0, v1, v1 ? tileStart(t1) : 0, lane);
-    };
-    KVRow ahead = locate(0);
-    KVRowOffset rows;
-    auto issue = [&](int32_t i) {
-        if (i < mine) {
-            int32_t const stage = i % kStages;
-            uint32_t const sK = smemAddr(rawK(stage)), sV = smemAddr(rawV(stage));
-            int32_t* const stagePos = sPos + stage * kStep;
-            if constexpr (Cfg::kStepTiles == 2) {
-                rows = resolveKVRowOffset(p, src, ahead, Cfg::kElemBytes);
-                ahead = locate(i + 1);
-                constexpr uint32_t kHalf = uint32_t(Cfg::kRawTileBytes / 2);  // rows 16.. of the stage
-                copyKVRows<kD, Cfg::kElemBytes, kTile, Cfg::kFrag8>(src, rows, 0, sK, sV, stagePos, lane);
-                copyKVRows<kD, Cfg::kElemBytes, kTile, Cfg::kFrag8>(src, rows, kTile, sK + kHalf, sV + kHalf,
-                                                                    stagePos + kTile, lane);
-            } else {
-                if ((i & 1) == 0) {
-                    rows = resolveKVRowOffset(p, src, ahead, Cfg::kElemBytes);
-                    ahead = locate(i + 2);
-                }
-                copyKVRows<kD, Cfg::kElemBytes, kTile, Cfg::kFrag8>(src, rows, (i & 1) * kTile, sK, sV, stagePos,
-                                                                    lane);
-            }
-        }
-        cpAsyncCommit();  // always: keeps the group count uniform for cp.async.wait_group
-    };
-#pragma unroll
-    for (int i = 0; i < kStages - 1; ++i) issue(i);
-
-    float qUnscale = 1.f;  // Frag8 path: the logits' factor undoing loadQRowsK8's power-of-two Q scaling
-    if constexpr (Cfg::kFrag8)
-        qUnscale = loadQRowsK8<CT, kD, Cfg::kRows, Cfg::kThreads>(p, sQ, sWarpMax, w.rowBegin, w.rowEnd, kvHead, tid);
-    else
-        loadQRows<CT, kD, Cfg::kRows, Cfg::kThreads>(p, sQ, w.rowBegin, w.rowEnd, kvHead, tid);
-    __syncthreads();
-
-    int32_t const g = lane >> 2;
-    int32_t const qPos0 = g < numRows ? rowQueryPos(w.seq, w.rowBegin + g, p.groupSize) : -1;
-    int32_t const qPos1 = g + 8 < numRows ? rowQueryPos(w.seq, w.rowBegin + g + 8, p.groupSize) : -1;
-    int32_t const qFirst = rowQueryPos(w.seq, w.rowBegin, p.groupSize);   // earliest query of the CTA's rows
-    int32_t const qLast = rowQueryPos(w.seq, w.rowEnd - 1, p.groupSize);  // latest
+// One warp step (16 tokens) of 16-bit tiles (16-bit caches, or 8-bit ones converted by the warp): S = Q K^T
+// with even and odd k-steps in separate accumulators (as decodeTile8) where registers allow (D <= 128), the
+// online-softmax step (per-tile variants where registers allow), O += P V. ldmatrix reads the swizzled tiles.
+template <typename CT, int kD, bool kQInRegs>
+__device__ __forceinline__ void decodeTile16(AttentionKernelParams const& p, uint32_t kTileAddr, uint32_t vTileAddr,
+                                             int32_t const* tilePos, DecodeLane<kD, kQInRegs> const& q,
+                                             bool needMask, int32_t lane, SoftmaxRows<kD / 8>& st) {
     using Lane = FragLane<kD>;
-    uint32_t const sQAddr = smemAddr(sQ);
-    uint32_t const offA = Lane::offsetA(lane), offK = Lane::offsetK(lane), offV = Lane::offsetV(lane);
-    uint32_t qFrag[Cfg::kQInRegs ? kD / 16 : 1][4];
-    if constexpr (Cfg::kQInRegs) {
+    constexpr bool kSplitS = kD <= 128;
+    // S = Q K^T for 16 rows x 16 tokens
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    float sOdd[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
-        for (int kk = 0; kk < kD / 16; ++kk) ldmatrixX4(qFrag[kk], Lane::at(sQAddr, offA, 0, kk));
+    for (int kk = 0; kk < kD / 16; ++kk) {
+        uint32_t a[4];
+        q.fragA(kk, a);
+        uint32_t b[4];
+        ldmatrixX4(b, Lane::at(kTileAddr, q.offK, 0, kk));
+        float (&acc)[2][4] = (kSplitS && (kk & 1)) ? sOdd : s;
+        Mma<CT>::run(acc[0], a, b[0], b[1]);
+        Mma<CT>::run(acc[1], a, b[2], b[3]);
+    }
+    if constexpr (kSplitS) {
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] += sOdd[nt][e];
     }
 
-    float o[kD / 8][4];
-#pragma unroll
-    for (int dn = 0; dn < kD / 8; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.f;
-    float m[2] = {negInf(), negInf()};
-    float l[2] = {0.f, 0.f};
+    decodeSoftmax<2, kSplitS>(p, s, tilePos, needMask, q.qPos0, q.qPos1, lane, st, 1.f);
 
-    for (int32_t i = 0; i < mine; ++i) {
-        cpAsyncWait<kStages - 2>();  // this lane's copies of step i have landed ...
-        __syncwarp();                // ... and every lane's (and every lane is done with step i - 1)
-        issue(i + kStages - 1);      // refills the stage step i - 1 used
-        int32_t const stage = i % kStages;
-        if constexpr (Cfg::kConvert8) {
-            // The step's 8-bit K and V -> the warp's 16-bit tiles of the compute type (exact). The barrier at the
-            // top of this iteration ordered the previous step's reads of them before these writes.
-            convertTile8<CT, kD, kTile, 32>(rawK(stage), sConvK, p.cacheIsFp8 != 0, lane);
-            convertTile8<CT, kD, kTile, 32>(rawV(stage), sConvV, p.cacheIsFp8 != 0, lane);
-            __syncwarp();
-        }
-        uint32_t const kTileAddr = smemAddr(Cfg::kConvert8 ? sConvK : rawK(stage));
-        uint32_t const vTileAddr = smemAddr(Cfg::kConvert8 ? sConvV : rawV(stage));
-        int32_t const* const tilePos = sPos + stage * kStep;
-        // A step whose every row holds a position that all the CTA's queries see needs no per-element mask
-        // (tileNeedsMask, the multi-token kernel's rule; positions ascend within a step: its tiles come in
-        // list order). Padding rows (qPos -1) then see it too, harmlessly: their Q is zero and they are never
-        // written.
-        bool const holdsAll = __all_sync(0xffffffffu, tilePos[lane & (kStep - 1)] >= 0);
-        bool const needMask = tileNeedsMask(holdsAll, tilePos[0], tilePos[kStep - 1], qFirst, qLast, p.params.window);
-        if constexpr (Cfg::kFrag8) {
-            decodeTile8<CT, kD, kStep / 8, kFp8, Cfg::kQInRegs>(p, kTileAddr, vTileAddr, tilePos, qFrag, sQAddr, offA,
-                                                                qUnscale, needMask, qPos0, qPos1, lane, o, m, l);
-        } else {
-            // 16-bit tiles (16-bit caches, or converted 8-bit ones): even and odd k-steps of S in separate
-            // accumulators (as decodeTile8) and the per-tile softmax variants where registers allow (D <= 128).
-            constexpr bool kSplitS = kD <= 128;
-            // S = Q K^T for 16 rows x 16 tokens
-            float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-            float sOdd[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    // O += P V
+    uint32_t pa[4];
+    probFragment<CT, 2>(s, 0, pa);
 #pragma unroll
-            for (int kk = 0; kk < kD / 16; ++kk) {
-                uint32_t a[4];
-                if constexpr (Cfg::kQInRegs) {
-                    a[0] = qFrag[kk][0], a[1] = qFrag[kk][1], a[2] = qFrag[kk][2], a[3] = qFrag[kk][3];
-                } else {
-                    ldmatrixX4(a, Lane::at(sQAddr, offA, 0, kk));
-                }
-                uint32_t b[4];
-                ldmatrixX4(b, Lane::at(kTileAddr, offK, 0, kk));
-                float (&acc)[2][4] = (kSplitS && (kk & 1)) ? sOdd : s;
-                Mma<CT>::run(acc[0], a, b[0], b[1]);
-                Mma<CT>::run(acc[1], a, b[2], b[3]);
-            }
-            if constexpr (kSplitS) {
-#pragma unroll
-                for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) s[nt][e] += sOdd[nt][e];
-            }
-
-            float alpha[2];
-            decodeSoftmax<2, kSplitS>(p, s, tilePos, needMask, qPos0, qPos1, lane, m, l, alpha, 1.f);
-            rescaleRows(o, alpha);
-
-            // O += P V
-            uint32_t pa[4];
-            probFragment<CT, 2>(s, 0, pa);
-#pragma unroll
-            for (int dp = 0; dp < kD / 16; ++dp) {
-                uint32_t b[4];
-                ldmatrixX4Trans(b, Lane::at(vTileAddr, offV, 0, dp));
-                Mma<CT>::run(o[2 * dp], pa, b[0], b[1]);
-                Mma<CT>::run(o[2 * dp + 1], pa, b[2], b[3]);
-            }
-        }
+    for (int dp = 0; dp < kD / 16; ++dp) {
+        uint32_t b[4];
+        ldmatrixX4Trans(b, Lane::at(vTileAddr, q.offV, 0, dp));
+        Mma<CT>::run(st.o[2 * dp], pa, b[0], b[1]);
+        Mma<CT>::run(st.o[2 * dp + 1], pa, b[2], b[3]);
     }
-    cpAsyncWait<0>();
-    l[0] = quadSum(l[0]);
-    l[1] = quadSum(l[1]);
+}
 
-    // ---- combine the 4 warps' states; the pipeline's shared memory is free once every warp got here
-    __syncthreads();
-    float* const cO = reinterpret_cast<float*>(smem);  // [kWarps][16][kCombineStride]
-    float* const cM = cO + Cfg::kWarps * Cfg::kRows * Cfg::kCombineStride;  // [kWarps][16]
-    float* const cL = cM + Cfg::kWarps * Cfg::kRows;                        // [kWarps][16]
+// The decode CTA's shared memory: the Q tile, then per warp: kStages x (K, V) raw tiles, [kConvert8: the
+// converted K, V], positions [kStages][kStep]. At the end the combine buffer aliases all of it.
+template <class Cfg>
+struct DecodeSmem {
+    unsigned char* sQ;
+    float* sWarpMax;          // loadQRowsK8's scratch (Frag8 path)
+    unsigned char* warpBase;  // this warp's stages
+    unsigned char* sConvK;
+    unsigned char* sConvV;
+    int32_t* sPos;
+
+    __device__ __forceinline__ DecodeSmem(unsigned char* smem, int32_t warp) {
+        sQ = smem;
+        sWarpMax = reinterpret_cast<float*>(smem + Cfg::kQBytes);
+        warpBase = smem + Cfg::kQBytes + Cfg::kScratchBytes + warp * Cfg::kWarpBytes;
+        sConvK = warpBase + Cfg::kStages * 2 * Cfg::kRawTileBytes;
+        sConvV = sConvK + Cfg::kConvTileBytes;
+        sPos = reinterpret_cast<int32_t*>(sConvV + Cfg::kConvTileBytes);
+    }
+    __device__ __forceinline__ unsigned char* rawK(int stage) const { return warpBase + stage * 2 * Cfg::kRawTileBytes; }
+    __device__ __forceinline__ unsigned char* rawV(int stage) const {
+        return warpBase + stage * 2 * Cfg::kRawTileBytes + Cfg::kRawTileBytes;
+    }
+    __device__ __forceinline__ int32_t* pos(int stage) const { return sPos + stage * Cfg::kStep; }
+};
+
+// The end-of-CTA combine buffer (aliases the pipeline): per warp and row, D partial outputs (kCombineStride
+// apart), the running max and the sum.
+template <class Cfg>
+struct DecodeCombine {
+    float* cO;  // [kWarps][16][kCombineStride]
+    float* cM;  // [kWarps][16]
+    float* cL;  // [kWarps][16]
+    __device__ __forceinline__ explicit DecodeCombine(unsigned char* smem) {
+        cO = reinterpret_cast<float*>(smem);
+        cM = cO + Cfg::kWarps * Cfg::kRows * Cfg::kCombineStride;
+        cL = cM + Cfg::kWarps * Cfg::kRows;
+    }
+};
+
+// Epilogue, part 1: a warp's state -> the combine buffer (the caller has synchronized the CTA: the pipeline's
+// shared memory is free; the sums are quad-reduced).
+template <class Cfg, int kD>
+__device__ __forceinline__ void stashWarpState(DecodeCombine<Cfg> const& cb, SoftmaxRows<kD / 8> const& st,
+                                               int32_t warp, int32_t lane) {
+    int32_t const g = lane >> 2;
     int32_t const c = lane & 3;
     if (c == 0) {
-        cM[warp * 16 + g] = m[0], cM[warp * 16 + g + 8] = m[1];
-        cL[warp * 16 + g] = l[0], cL[warp * 16 + g + 8] = l[1];
+        cb.cM[warp * 16 + g] = st.m[0], cb.cM[warp * 16 + g + 8] = st.m[1];
+        cb.cL[warp * 16 + g] = st.l[0], cb.cL[warp * 16 + g + 8] = st.l[1];
     }
 #pragma unroll
     for (int dn = 0; dn < kD / 8; ++dn) {
-        float* const r0 = cO + (warp * 16 + g) * Cfg::kCombineStride;
+        float* const r0 = cb.cO + (warp * 16 + g) * Cfg::kCombineStride;
         float* const r1 = r0 + 8 * Cfg::kCombineStride;
         // column 2c (+1) of output tile dn is dim dn * 8 + 2c (+1), or Frag8::vDim of it on the Frag8 path
         int32_t const d0 = Cfg::kFrag8 ? Frag8<kD>::vDim(dn, 2 * c) : dn * 8 + 2 * c;
         int32_t const d1 = Cfg::kFrag8 ? Frag8<kD>::vDim(dn, 2 * c + 1) : dn * 8 + 2 * c + 1;
-        r0[d0] = o[dn][0], r0[d1] = o[dn][1];
-        r1[d0] = o[dn][2], r1[d1] = o[dn][3];
+        r0[d0] = st.o[dn][0], r0[d1] = st.o[dn][1];
+        r1[d0] = st.o[dn][2], r1[d1] = st.o[dn][3];
     }
-    __syncthreads();
+}
 
-    // 8 threads per row (rows tid / 8, + kThreads / 8, ...). Thread j's values d < kDimsPerThread are dims
-    // dimOf(d): kD / 8 consecutive ones from d0 = j kD / 8 for D = 64, 128, 256; for the other head dims 8-dim
-    // groups j, j + 8 (dims d0 + 64 (d / 8) + d % 8 from d0 = 8 j; D = 32, 80, 96 have 4, 10, 12 groups, so
-    // some threads have a group less: hasDim).
+// Epilogue, part 2 (after a CTA barrier): the warps' states combined per row and written -- the final output
+// when the sequence is one chunk, else a normalized partial row and its log2-sum-exp for the merge kernel.
+// 8 threads per row (rows tid / 8, + kThreads / 8, ...). Thread j's values d < kDimsPerThread are dims
+// dimOf(d): kD / 8 consecutive ones from d0 = j kD / 8 for D = 64, 128, 256; for the other head dims 8-dim
+// groups j, j + 8 (dims d0 + 64 (d / 8) + d % 8 from d0 = 8 j; D = 32, 80, 96 have 4, 10, 12 groups, so
+// some threads have a group less: hasDim).
+template <typename CT, class Cfg, int kD>
+__device__ __forceinline__ void writeCombinedRows(AttentionKernelParams const& p, CtaWork const& w,
+                                                  DecodeCombine<Cfg> const& cb, int32_t kvHead, int32_t z,
+                                                  int32_t tid) {
     constexpr bool kConsecutive = kD % 64 == 0;
     constexpr int kDimsPerThread = kConsecutive ? kD / 8 : 8 * ((kD / 8 + 7) / 8);
     int32_t const d0 = (tid & 7) * (kConsecutive ? kDimsPerThread : 8);
     auto dimOf = [&](int d) { return kConsecutive ? d0 + d : d0 + 64 * (d / 8) + d % 8; };
     auto hasDim = [&](int d) { return kConsecutive || dimOf(d) < kD; };
+    int32_t const numRows = w.rowEnd - w.rowBegin;
     for (int32_t row = tid >> 3; row < numRows; row += Cfg::kThreads / 8) {
         float mMax = negInf();
 #pragma unroll
-        for (int ww = 0; ww < Cfg::kWarps; ++ww) mMax = fmaxf(mMax, cM[ww * 16 + row]);
+        for (int ww = 0; ww < Cfg::kWarps; ++ww) mMax = fmaxf(mMax, cb.cM[ww * 16 + row]);
         float weight[Cfg::kWarps];
         float sum = 0.f;
 #pragma unroll
         for (int ww = 0; ww < Cfg::kWarps; ++ww) {
-            weight[ww] = mMax == negInf() ? 0.f : fastExp2(cM[ww * 16 + row] - mMax);
-            sum += weight[ww] * cL[ww * 16 + row];
+            weight[ww] = mMax == negInf() ? 0.f : fastExp2(cb.cM[ww * 16 + row] - mMax);
+            sum += weight[ww] * cb.cL[ww * 16 + row];
         }
         float acc[kDimsPerThread];
 #pragma unroll
@@ -437,7 +368,7 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
             if (hasDim(d)) {
 #pragma unroll
                 for (int ww = 0; ww < Cfg::kWarps; ++ww)
-                    x += weight[ww] * cO[(ww * 16 + row) * Cfg::kCombineStride + dimOf(d)];
+                    x += weight[ww] * cb.cO[(ww * 16 + row) * Cfg::kCombineStride + dimOf(d)];
             }
             acc[d] = x;
         }
@@ -470,6 +401,126 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
             if ((tid & 7) == 0) p.partialLse[prow] = sum > 0.f ? mMax + __log2f(sum) : negInf();
         }
     }
+}
+
+// The decode CTA: prologue (work, pool, KV source), the warp's loader primed, Q loaded, the step loop
+// (wait, refill, [convert], mask decision, step), the epilogue (stash, combine, write).
+template <typename CT, bool k8Bit, int kD, bool kFp8>
+__device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
+    using Cfg = DecodeConfig<CT, k8Bit, kD>;
+    constexpr int kTile = Cfg::kTile;
+    constexpr int kStep = Cfg::kStep;
+    constexpr int kStages = Cfg::kStages;
+    extern __shared__ __align__(16) unsigned char smem[];
+
+    int32_t const seq = blockIdx.x;
+    int32_t const kvHead = blockIdx.y;
+    int32_t const z = blockIdx.z;
+    int32_t const tid = threadIdx.x;
+    int32_t const warp = tid >> 5;
+    int32_t const lane = tid & 31;
+
+    // ---- prologue
+    // The split-K merge (launched as a programmatic dependent, attention_merge.cu) may be scheduled once every
+    // CTA of this grid has started: it waits for this grid's completion before reading any partial, so the
+    // trigger only hides its launch latency behind this kernel's run.
+    // Only when the merge follows (a split plan), so that no other kernel's launch is moved forward.
+    if (p.split.decodeGridChunks > 1) gridDependencyLaunchDependents();
+    // The pool descriptor does not depend on the step metadata: load it first, so that its round trip
+    // overlaps decodeCtaWork's (the prologue is metadata -> block table -> first KV tile; every CTA of a
+    // single-sequence split pays it once, unhidden).
+    PoolView const pool = loadPool(p);
+    CtaWork const w = decodeCtaWork(p.split, p.stepView(), seq, z);
+    if (w.poison) poisonRows<CT, kD>(p, w, kvHead, tid, Cfg::kThreads);
+    if (!w.active) return;
+    KVSource const src = makeKVSourceFromPool(pool, p, w, kvHead, Cfg::kElemBytes);
+    DecodeSmem<Cfg> const sm(smem, warp);
+
+    // ---- loader: this warp's steps are w, w + kWarps, ... of the CTA's tile list in steps of kStepTiles tiles.
+    // Its tile n (PairedKVTileLoader's numbering) is tile n % kStepTiles of step n / kStepTiles: with 1-tile
+    // steps, steps 2j and 2j + 1 are located at step 2j - 2's copy and resolved at 2j's; with 2-tile steps, the
+    // step's two tiles are located at the previous step's copy.
+    int32_t const numTiles = w.tiles.count();
+    int32_t const numSteps = (numTiles + Cfg::kStepTiles - 1) / Cfg::kStepTiles;
+    int32_t const mine = numSteps > warp ? (numSteps - warp + Cfg::kWarps - 1) / Cfg::kWarps : 0;
+    auto const tileAt = [&](int32_t n) {
+        int32_t const step = Cfg::kStepTiles == 2 ? n >> 1 : n;
+        int32_t const t = (warp + step * Cfg::kWarps) * Cfg::kStepTiles + (Cfg::kStepTiles == 2 ? (n & 1) : 0);
+        bool const valid = step < mine && t < numTiles;
+        return KVTileRef{valid, valid ? w.tiles.tile(t) * kTile : 0};
+    };
+    PairedKVTileLoader<kD, Cfg::kElemBytes, kTile, Cfg::kFrag8> loader;
+    loader.start(p, src, tileAt, lane);
+    // issue(i): step i's copies into its stage (one commit group per call, empty past the warp's last step).
+    auto issue = [&](int32_t i) {
+        if (i < mine) {
+            int32_t const stage = i % kStages;
+            uint32_t const sK = smemAddr(sm.rawK(stage)), sV = smemAddr(sm.rawV(stage));
+            if constexpr (Cfg::kStepTiles == 2) {
+                constexpr uint32_t kHalf = uint32_t(Cfg::kRawTileBytes / 2);  // rows 16.. of the stage
+                loader.copy(p, src, tileAt, 2 * i, sK, sV, sm.pos(stage), lane);
+                loader.copy(p, src, tileAt, 2 * i + 1, sK + kHalf, sV + kHalf, sm.pos(stage) + kTile, lane);
+            } else {
+                loader.copy(p, src, tileAt, i, sK, sV, sm.pos(stage), lane);
+            }
+        }
+        cpAsyncCommit();  // always: keeps the group count uniform for cp.async.wait_group
+    };
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i) issue(i);
+
+    // ---- queries: the Q tile (under the first copies), the lane's fragments and row positions
+    float qUnscale = 1.f;  // Frag8 path: the logits' factor undoing loadQRowsK8's power-of-two Q scaling
+    if constexpr (Cfg::kFrag8)
+        qUnscale = loadQRowsK8<CT, kD, Cfg::kRows, Cfg::kThreads>(p, sm.sQ, sm.sWarpMax, w.rowBegin, w.rowEnd, kvHead,
+                                                                   tid);
+    else
+        loadQRows<CT, kD, Cfg::kRows, Cfg::kThreads>(p, sm.sQ, w.rowBegin, w.rowEnd, kvHead, tid);
+    __syncthreads();
+    DecodeLane<kD, Cfg::kQInRegs> const q(p, w, sm.sQ, lane);
+    int32_t const qFirst = rowQueryPos(w.seq, w.rowBegin, p.groupSize);   // earliest query of the CTA's rows
+    int32_t const qLast = rowQueryPos(w.seq, w.rowEnd - 1, p.groupSize);  // latest
+
+    SoftmaxRows<kD / 8> st;
+    st.init();
+
+    // ---- the warp's steps
+    for (int32_t i = 0; i < mine; ++i) {
+        cpAsyncWait<kStages - 2>();  // this lane's copies of step i have landed ...
+        __syncwarp();                // ... and every lane's (and every lane is done with step i - 1)
+        issue(i + kStages - 1);      // refills the stage step i - 1 used
+        int32_t const stage = i % kStages;
+        if constexpr (Cfg::kConvert8) {
+            // The step's 8-bit K and V -> the warp's 16-bit tiles of the compute type (exact). The barrier at the
+            // top of this iteration ordered the previous step's reads of them before these writes.
+            convertTile8<CT, kD, kTile, 32>(sm.rawK(stage), sm.sConvK, p.cacheIsFp8 != 0, lane);
+            convertTile8<CT, kD, kTile, 32>(sm.rawV(stage), sm.sConvV, p.cacheIsFp8 != 0, lane);
+            __syncwarp();
+        }
+        uint32_t const kTileAddr = smemAddr(Cfg::kConvert8 ? sm.sConvK : sm.rawK(stage));
+        uint32_t const vTileAddr = smemAddr(Cfg::kConvert8 ? sm.sConvV : sm.rawV(stage));
+        int32_t const* const tilePos = sm.pos(stage);
+        // A step whose every row holds a position that all the CTA's queries see needs no per-element mask
+        // (tileNeedsMask, the multi-token kernel's rule; positions ascend within a step: its tiles come in
+        // list order). Padding rows (qPos -1) then see it too, harmlessly: their Q is zero and they are never
+        // written.
+        bool const holdsAll = __all_sync(0xffffffffu, tilePos[lane & (kStep - 1)] >= 0);
+        bool const needMask = tileNeedsMask(holdsAll, tilePos[0], tilePos[kStep - 1], qFirst, qLast, p.params.window);
+        if constexpr (Cfg::kFrag8)
+            decodeTile8<CT, kD, kStep / 8, kFp8, Cfg::kQInRegs>(p, kTileAddr, vTileAddr, tilePos, q, qUnscale, needMask,
+                                                                lane, st);
+        else
+            decodeTile16<CT, kD, Cfg::kQInRegs>(p, kTileAddr, vTileAddr, tilePos, q, needMask, lane, st);
+    }
+    cpAsyncWait<0>();
+    st.reduceSums();
+
+    // ---- epilogue: combine the warps' states; the pipeline's shared memory is free once every warp got here
+    __syncthreads();
+    DecodeCombine<Cfg> const cb(smem);
+    stashWarpState<Cfg, kD>(cb, st, warp, lane);
+    __syncthreads();
+    writeCombinedRows<CT, Cfg, kD>(p, w, cb, kvHead, z, tid);
 }
 
 template <typename CT, bool k8Bit, int kD>

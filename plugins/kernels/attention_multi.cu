@@ -13,7 +13,6 @@
 
 #include <cstdlib>
 #include <string>
-#include <type_traits>
 
 #include "attention_dispatch.cuh"
 #include "attention_kernels.h"
@@ -60,6 +59,170 @@ struct MultiConfig {
     static_assert(kTile % (kWarps * 8) == 0, "each warp loads a multiple of 8 rows of a KV tile");
 };
 
+// The CTA's shared memory: the Q tile, kStages x (K, V) raw tiles, [8-bit: the converted K, V], positions
+// [kStages][kTile].
+template <class Cfg>
+struct MultiSmem {
+    unsigned char* sQ;
+    unsigned char* sRaw;
+    unsigned char* sConvK;
+    unsigned char* sConvV;
+    int32_t* sPos;
+
+    __device__ __forceinline__ explicit MultiSmem(unsigned char* smem) {
+        sQ = smem;
+        sRaw = smem + Cfg::kQBytes;
+        sConvK = sRaw + Cfg::kStages * 2 * Cfg::kRawTileBytes;
+        sConvV = sConvK + Cfg::kConvTileBytes;
+        sPos = reinterpret_cast<int32_t*>(sConvV + Cfg::kConvTileBytes);
+    }
+    __device__ __forceinline__ unsigned char* rawK(int stage) const { return sRaw + stage * 2 * Cfg::kRawTileBytes; }
+    __device__ __forceinline__ unsigned char* rawV(int stage) const {
+        return sRaw + stage * 2 * Cfg::kRawTileBytes + Cfg::kRawTileBytes;
+    }
+    __device__ __forceinline__ int32_t* pos(int stage) const { return sPos + stage * Cfg::kTile; }
+};
+
+// What a lane holds across the KV loop for Q K^T: its ldmatrix lane offsets (FragLane) and, when they are few
+// (kQInRegs), the Q fragments; otherwise they are re-read from the Q tile per k-step. (Its rows' query
+// positions stay a kernel local: as a member here they cost the 8-bit D = 128 instance 76 bytes of spills.)
+template <class Cfg, int kD>
+struct MultiLane {
+    static constexpr int kMT = Cfg::kMTiles;
+    int32_t warpRow0;  // local row of the warp's first m-tile
+    uint32_t sQAddr;
+    uint32_t offA, offK, offV;
+    uint32_t qFrag[Cfg::kQInRegs ? kMT : 1][Cfg::kQInRegs ? kD / 16 : 1][4];
+
+    __device__ __forceinline__ MultiLane(unsigned char const* sQ, int32_t warp, int32_t lane) {
+        using Lane = FragLane<kD>;
+        warpRow0 = warp * 16 * kMT;
+        sQAddr = smemAddr(sQ);
+        offA = Lane::offsetA(lane), offK = Lane::offsetK(lane), offV = Lane::offsetV(lane);
+    }
+    // The Q fragments into registers (kQInRegs), once the Q tile is visible to the warp.
+    __device__ __forceinline__ void loadQFragments() {
+        if constexpr (Cfg::kQInRegs) {
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                for (int kk = 0; kk < kD / 16; ++kk)
+                    ldmatrixX4(qFrag[mt][kk], FragLane<kD>::at(sQAddr, offA, warpRow0 + mt * 16, kk));
+        }
+    }
+    // The A fragment of m-tile mt's k-step kk.
+    __device__ __forceinline__ void fragA(int mt, int kk, uint32_t (&a)[4]) const {
+        if constexpr (Cfg::kQInRegs) {
+            a[0] = qFrag[mt][kk][0], a[1] = qFrag[mt][kk][1];
+            a[2] = qFrag[mt][kk][2], a[3] = qFrag[mt][kk][3];
+        } else {
+            ldmatrixX4(a, FragLane<kD>::at(sQAddr, offA, warpRow0 + mt * 16, kk));
+        }
+    }
+};
+
+// Compute stage 1 of a sub-tile: S = Q K^T for the warp's kMT m16 tiles x kSub tokens; each K fragment feeds
+// kMT MMAs. Fully unrolled only when Q fragments live in registers (static indexing); otherwise a partial unroll
+// keeps ptxas from hoisting every K fragment of the tile at once (4 k-steps: ldmatrix interleaved with the MMAs
+// of the previous step, no spills; D = 128 sits at ~246 registers).
+template <typename CT, class Cfg, int kD>
+__device__ __forceinline__ void multiScores(MultiLane<Cfg, kD> const& q, uint32_t kSubAddr,
+                                            float (&s)[Cfg::kMTiles][Cfg::kNT][4]) {
+    constexpr int kMT = Cfg::kMTiles;
+#pragma unroll(Cfg::kQInRegs ? kD / 16 : 4)
+    for (int kk = 0; kk < kD / 16; ++kk) {
+        uint32_t a[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) q.fragA(mt, kk, a[mt]);
+#pragma unroll
+        for (int np = 0; np < Cfg::kSub / 16; ++np) {
+            uint32_t b[4];
+            ldmatrixX4(b, FragLane<kD>::at(kSubAddr, q.offK, np * 16, kk));
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+                Mma<CT>::run(s[mt][2 * np], a[mt], b[0], b[1]);
+                Mma<CT>::run(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// Compute stage 2 of a sub-tile: the online-softmax step of every m-tile (soft-cap and mask decided once per
+// tile, withSoftmaxVariant), then O += P V, 16 tokens per k-step; each V fragment feeds kMT MMAs.
+template <typename CT, class Cfg, int kD>
+__device__ __forceinline__ void multiSoftmaxPV(AttentionKernelParams const& p, MultiLane<Cfg, kD> const& q,
+                                               float (&s)[Cfg::kMTiles][Cfg::kNT][4], int32_t const* subPos,
+                                               int32_t const (&qPos)[Cfg::kMTiles][2], bool needMask, uint32_t vSubAddr, int32_t lane,
+                                               SoftmaxRows<kD / 8> (&st)[Cfg::kMTiles]) {
+    constexpr int kMT = Cfg::kMTiles;
+    constexpr int kNT = Cfg::kNT;
+    withSoftmaxVariant(p.useSoftcap != 0, needMask, [&](auto capped, auto masked) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+            float alpha[2];
+            softmaxStepFixed<kNT, decltype(capped)::value, decltype(masked)::value>(
+                p, s[mt], subPos, qPos[mt][0], qPos[mt][1], lane, st[mt].m, st[mt].l, alpha);
+            rescaleRows(st[mt].o, alpha);
+        }
+    });
+#pragma unroll
+    for (int kt = 0; kt < Cfg::kSub / 16; ++kt) {
+        uint32_t pa[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) probFragment<CT, kNT>(s[mt], kt, pa[mt]);
+#pragma unroll
+        for (int dp = 0; dp < kD / 16; ++dp) {
+            uint32_t b[4];
+            ldmatrixX4Trans(b, FragLane<kD>::at(vSubAddr, q.offV, kt * 16, dp));
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+                Mma<CT>::run(st[mt].o[2 * dp], pa[mt], b[0], b[1]);
+                Mma<CT>::run(st[mt].o[2 * dp + 1], pa[mt], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// Epilogue: outputs straight from the accumulators, row g / g + 8 of each m-tile, dims dn * 8 + 2c, +1 -- the
+// final output when the sequence is one chunk, else a normalized partial row and its log2-sum-exp.
+template <typename CT, class Cfg, int kD>
+__device__ __forceinline__ void writeMultiRows(AttentionKernelParams const& p, CtaWork const& w,
+                                               MultiLane<Cfg, kD> const& q, SoftmaxRows<kD / 8> const (&st)[Cfg::kMTiles],
+                                               int32_t kvHead, int32_t z, int32_t lane) {
+    int32_t const g = lane >> 2;
+    int32_t const c = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kMTiles; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float const sum = quadSum(st[mt].l[h]);
+            int32_t const row = w.rowBegin + q.warpRow0 + mt * 16 + g + 8 * h;
+            if (row >= w.rowEnd) continue;
+            int32_t const token = row / p.groupSize;
+            int32_t const head = kvHead * p.groupSize + row % p.groupSize;
+            float const scale = sum > 0.f ? p.outScale / sum : 0.f;  // nothing seen -> 0, never 0/0
+            if (w.nChunks == 1) {
+                CT* const dst =
+                    static_cast<CT*>(p.params.out) + (int64_t(token) * p.params.numQHeads + head) * kD + 2 * c;
+#pragma unroll
+                for (int dn = 0; dn < kD / 8; ++dn)
+                    *reinterpret_cast<uint32_t*>(dst + dn * 8) =
+                        Mma<CT>::pack(st[mt].o[dn][2 * h] * scale, st[mt].o[dn][2 * h + 1] * scale);
+            } else {
+                int64_t const prow = partialRow(p, z, token, head);
+                float* const dst = p.partialOut + prow * kD + 2 * c;
+#pragma unroll
+                for (int dn = 0; dn < kD / 8; ++dn)
+                    *reinterpret_cast<float2*>(dst + dn * 8) =
+                        make_float2(st[mt].o[dn][2 * h] * scale, st[mt].o[dn][2 * h + 1] * scale);
+                if (c == 0) p.partialLse[prow] = sum > 0.f ? st[mt].m[h] + __log2f(sum) : negInf();
+            }
+        }
+    }
+}
+
+// The CTA: prologue (work, KV source), the loader primed and Q loaded, the KV-tile loop (wait, barrier,
+// [convert], per sub-tile: scores, loader, softmax + P V), the epilogue.
 template <typename CT, bool k8Bit, int kD>
 __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
     attentionMultiKernel(__grid_constant__ AttentionKernelParams const p) {
@@ -76,77 +239,55 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
     int32_t const warp = tid >> 5;
     int32_t const lane = tid & 31;
 
+    // ---- prologue
     CtaWork const w = multiCtaWork(p.split, p.stepView(), Cfg::kRows, kTile, slot, z);
     if (!w.active) return;
     KVSource const src = makeKVSource(p, w, kvHead, Cfg::kElemBytes);
     int32_t const qa = rowQueryPos(w.seq, w.rowBegin, p.groupSize);    // earliest query of the tile
     int32_t const qb = rowQueryPos(w.seq, w.rowEnd - 1, p.groupSize);  // latest
+    MultiSmem<Cfg> const sm(smem);
 
-    // ---- shared memory: Q tile, stages x (K, V) raw tiles, [8-bit: converted K, V], positions
-    unsigned char* const sQ = smem;
-    unsigned char* const sRaw = smem + Cfg::kQBytes;
-    unsigned char* const sConvK = sRaw + Cfg::kStages * 2 * Cfg::kRawTileBytes;
-    unsigned char* const sConvV = sConvK + Cfg::kConvTileBytes;
-    int32_t* const sPos = reinterpret_cast<int32_t*>(sConvV + Cfg::kConvTileBytes);  // [kStages][kTile]
-    auto rawK = [&](int stage) { return sRaw + stage * 2 * Cfg::kRawTileBytes; };
-    auto rawV = [&](int stage) { return sRaw + stage * 2 * Cfg::kRawTileBytes + Cfg::kRawTileBytes; };
-
+    // ---- loader: each warp loads its own kWarpRows rows of every KV tile (copyKVRows: one page lookup per row,
+    // by one lane, two tiles per lookup pass: PairedKVTileLoader, their block-table entries requested a tile or
+    // two ahead).
     int32_t const numTiles = w.tiles.count();
-    // Each warp loads its own kWarpRows rows of a KV tile (copyKVRows: one page lookup per row, by one lane,
-    // two tiles per lookup pass, their block-table entries requested a tile or two ahead).
     constexpr int kWarpRows = kTile / Cfg::kWarps;
     constexpr uint32_t kWarpRowBytes = uint32_t(kWarpRows * Cfg::kRawRowBytes);
-    auto warpRows = [&](int32_t i) { return i < numTiles ? w.tiles.tile(i) * kTile + warp * kWarpRows : 0; };
-    // Tiles 2j and 2j + 1 are located together (locateKVRowPair) at tile 2j - 2's copy, resolved at 2j's.
-    KVRow ahead = locateKVRowPair<kWarpRows>(p, src, 0 < numTiles, warpRows(0), 1 < numTiles, warpRows(1), lane);
-    KVRowOffset rows;
+    auto const tileAt = [&](int32_t n) {
+        bool const valid = n < numTiles;
+        return KVTileRef{valid, valid ? w.tiles.tile(n) * kTile + warp * kWarpRows : 0};
+    };
+    PairedKVTileLoader<kD, Cfg::kElemBytes, kWarpRows> loader;
+    loader.start(p, src, tileAt, lane);
     // issue(i): tile i's copies into its stage (one commit group per call, empty past the last tile).
     auto issue = [&](int32_t i) {
         if (i < numTiles) {
             int32_t const stage = i % Cfg::kStages;
-            if ((i & 1) == 0) {
-                rows = resolveKVRowOffset(p, src, ahead, Cfg::kElemBytes);
-                ahead = locateKVRowPair<kWarpRows>(p, src, i + 2 < numTiles, warpRows(i + 2), i + 3 < numTiles,
-                                                   warpRows(i + 3), lane);
-            }
-            copyKVRows<kD, Cfg::kElemBytes, kWarpRows>(src, rows, (i & 1) * kWarpRows,
-                                                       smemAddr(rawK(stage)) + warp * kWarpRowBytes,
-                                                       smemAddr(rawV(stage)) + warp * kWarpRowBytes,
-                                                       sPos + stage * kTile + warp * kWarpRows, lane);
+            loader.copy(p, src, tileAt, i, smemAddr(sm.rawK(stage)) + warp * kWarpRowBytes,
+                        smemAddr(sm.rawV(stage)) + warp * kWarpRowBytes, sm.pos(stage) + warp * kWarpRows, lane);
         }
         cpAsyncCommit();
     };
 #pragma unroll
     for (int32_t i = 0; i < Cfg::kAhead; ++i) issue(i);
-    loadQRows<CT, kD, Cfg::kRows, Cfg::kThreads>(p, sQ, w.rowBegin, w.rowEnd, kvHead, tid);
+    loadQRows<CT, kD, Cfg::kRows, Cfg::kThreads>(p, sm.sQ, w.rowBegin, w.rowEnd, kvHead, tid);
 
-    // ---- this thread's rows: m-tile mt, rows g and g + 8
-    int32_t const g = lane >> 2;
-    int32_t const c = lane & 3;
+    // ---- this thread's rows and state
     int32_t const warpRow0 = warp * 16 * kMT;  // local row of the warp's first m-tile
     bool const warpHasRows = w.rowBegin + warpRow0 < w.rowEnd;
-    int32_t qPos[kMT][2];
+    int32_t qPos[kMT][2];  // query positions of the lane's rows: m-tile mt, rows g and g + 8 (-1: none)
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            int32_t const row = w.rowBegin + warpRow0 + mt * 16 + g + 8 * h;
+            int32_t const row = w.rowBegin + warpRow0 + mt * 16 + (lane >> 2) + 8 * h;
             qPos[mt][h] = row < w.rowEnd ? rowQueryPos(w.seq, row, p.groupSize) : -1;
         }
     }
-    using Lane = FragLane<kD>;
-    uint32_t const sQAddr = smemAddr(sQ);
-    uint32_t const offA = Lane::offsetA(lane), offK = Lane::offsetK(lane), offV = Lane::offsetV(lane);
-    uint32_t qFrag[Cfg::kQInRegs ? kMT : 1][Cfg::kQInRegs ? kD / 16 : 1][4];
-
-    float o[kMT][kD / 8][4];
+    MultiLane<Cfg, kD> q(sm.sQ, warp, lane);
+    SoftmaxRows<kD / 8> st[kMT];
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-        for (int dn = 0; dn < kD / 8; ++dn) o[mt][dn][0] = o[mt][dn][1] = o[mt][dn][2] = o[mt][dn][3] = 0.f;
-    float m[kMT][2], l[kMT][2];
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) m[mt][0] = m[mt][1] = negInf(), l[mt][0] = l[mt][1] = 0.f;
+    for (int mt = 0; mt < kMT; ++mt) st[mt].init();
 
     // Commit groups before iteration i's wait: tiles [0, i + kAhead) (2 stages: issue(i + 1) comes first).
     // Waiting until at most kAhead - 1 = 1 group is pending therefore means tile i has landed.
@@ -160,25 +301,17 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
         cpAsyncWait<1>();        // tile i has landed for this thread ...
         __syncthreads();         // ... and for every thread; Q is visible too
         int32_t const stage = i % Cfg::kStages;
-        uint32_t kTileAddr = smemAddr(rawK(stage));
-        uint32_t vTileAddr = smemAddr(rawV(stage));
+        uint32_t kTileAddr = smemAddr(sm.rawK(stage));
+        uint32_t vTileAddr = smemAddr(sm.rawV(stage));
         if constexpr (k8Bit) {
-            convertTile8<CT, kD, kTile, Cfg::kThreads>(rawK(stage), sConvK, p.cacheIsFp8 != 0, tid);
-            convertTile8<CT, kD, kTile, Cfg::kThreads>(rawV(stage), sConvV, p.cacheIsFp8 != 0, tid);
+            convertTile8<CT, kD, kTile, Cfg::kThreads>(sm.rawK(stage), sm.sConvK, p.cacheIsFp8 != 0, tid);
+            convertTile8<CT, kD, kTile, Cfg::kThreads>(sm.rawV(stage), sm.sConvV, p.cacheIsFp8 != 0, tid);
             __syncthreads();
-            kTileAddr = smemAddr(sConvK);
-            vTileAddr = smemAddr(sConvV);
+            kTileAddr = smemAddr(sm.sConvK);
+            vTileAddr = smemAddr(sm.sConvV);
         }
-        if constexpr (Cfg::kQInRegs) {
-            if (i == 0) {
-#pragma unroll
-                for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-                    for (int kk = 0; kk < kD / 16; ++kk)
-                        ldmatrixX4(qFrag[mt][kk], Lane::at(sQAddr, offA, warpRow0 + mt * 16, kk));
-            }
-        }
-        int32_t const* const tilePos = sPos + stage * kTile;
+        if (i == 0) q.loadQFragments();
+        int32_t const* const tilePos = sm.pos(stage);
         if (warpHasRows) {
             // The stage's kTile tokens as kSubTiles steps of kSub tokens (not unrolled: registers and code size).
 #pragma unroll 1
@@ -193,85 +326,19 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
                 bool const needMask =
                     tileNeedsMask(holdsAll, subPos[0], subPos[Cfg::kSub - 1], qa, qb, p.params.window);
 
-                // S = Q K^T: kMT m16 tiles x kSub tokens; each K fragment feeds kMT MMAs
                 float s[kMT][kNT][4];
 #pragma unroll
                 for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
                     for (int nt = 0; nt < kNT; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
-                if (anyRow) {
-                    // Fully unrolled only when Q fragments live in registers (static indexing); otherwise a partial
-                    // unroll keeps ptxas from hoisting every K fragment of the tile at once (4 k-steps: ldmatrix
-                    // interleaved with the MMAs of the previous step, no spills; D = 128 sits at ~246 registers).
-#pragma unroll(Cfg::kQInRegs ? kD / 16 : 4)
-                    for (int kk = 0; kk < kD / 16; ++kk) {
-                        uint32_t a[kMT][4];
-#pragma unroll
-                        for (int mt = 0; mt < kMT; ++mt) {
-                            if constexpr (Cfg::kQInRegs) {
-                                a[mt][0] = qFrag[mt][kk][0], a[mt][1] = qFrag[mt][kk][1];
-                                a[mt][2] = qFrag[mt][kk][2], a[mt][3] = qFrag[mt][kk][3];
-                            } else {
-                                ldmatrixX4(a[mt], Lane::at(sQAddr, offA, warpRow0 + mt * 16, kk));
-                            }
-                        }
-#pragma unroll
-                        for (int np = 0; np < Cfg::kSub / 16; ++np) {
-                            uint32_t b[4];
-                            ldmatrixX4(b, Lane::at(kSubAddr, offK, np * 16, kk));
-#pragma unroll
-                            for (int mt = 0; mt < kMT; ++mt) {
-                                Mma<CT>::run(s[mt][2 * np], a[mt], b[0], b[1]);
-                                Mma<CT>::run(s[mt][2 * np + 1], a[mt], b[2], b[3]);
-                            }
-                        }
-                    }
-                }
+                if (anyRow) multiScores<CT, Cfg, kD>(q, kSubAddr, s);
                 // 3 stages: the loader's integer work issues while the tensor cores still run the S MMAs above
                 // (their results are first needed by the softmax), instead of before any MMA of the tile.
                 if constexpr (Cfg::kStages == 3) {
                     if (h == 0) issue(i + 2);
                 }
                 if (!anyRow) continue;
-
-                // Soft-cap and mask decided once per tile (uniform), not per score (softmaxStepFixed,
-                // attention_tile.cuh).
-                auto softmax = [&](auto capped, auto masked) {
-#pragma unroll
-                    for (int mt = 0; mt < kMT; ++mt) {
-                        float alpha[2];
-                        softmaxStepFixed<kNT, decltype(capped)::value, decltype(masked)::value>(
-                            p, s[mt], subPos, qPos[mt][0], qPos[mt][1], lane, m[mt], l[mt], alpha);
-                        rescaleRows(o[mt], alpha);
-                    }
-                };
-                using Yes = std::true_type;
-                using No = std::false_type;
-                if (p.useSoftcap != 0) {
-                    if (needMask) softmax(Yes{}, Yes{});
-                    else softmax(Yes{}, No{});
-                } else {
-                    if (needMask) softmax(No{}, Yes{});
-                    else softmax(No{}, No{});
-                }
-
-                // O += P V, 16 tokens per k-step; each V fragment feeds kMT MMAs
-#pragma unroll
-                for (int kt = 0; kt < Cfg::kSub / 16; ++kt) {
-                    uint32_t pa[kMT][4];
-#pragma unroll
-                    for (int mt = 0; mt < kMT; ++mt) probFragment<CT, kNT>(s[mt], kt, pa[mt]);
-#pragma unroll
-                    for (int dp = 0; dp < kD / 16; ++dp) {
-                        uint32_t b[4];
-                        ldmatrixX4Trans(b, Lane::at(vSubAddr, offV, kt * 16, dp));
-#pragma unroll
-                        for (int mt = 0; mt < kMT; ++mt) {
-                            Mma<CT>::run(o[mt][2 * dp], pa[mt], b[0], b[1]);
-                            Mma<CT>::run(o[mt][2 * dp + 1], pa[mt], b[2], b[3]);
-                        }
-                    }
-                }
+                multiSoftmaxPV<CT, Cfg, kD>(p, q, s, subPos, qPos, needMask, vSubAddr, lane, st);
             }
         } else {
             if constexpr (Cfg::kStages == 3) issue(i + 2);  // warps without rows still load their share
@@ -281,35 +348,8 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
     }
     cpAsyncWait<0>();
 
-    // ---- outputs straight from the accumulators: row g / g + 8 of each m-tile, dims dn * 8 + 2c, +1
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float const sum = quadSum(l[mt][h]);
-            int32_t const row = w.rowBegin + warpRow0 + mt * 16 + g + 8 * h;
-            if (row >= w.rowEnd) continue;
-            int32_t const token = row / p.groupSize;
-            int32_t const head = kvHead * p.groupSize + row % p.groupSize;
-            float const scale = sum > 0.f ? p.outScale / sum : 0.f;  // nothing seen -> 0, never 0/0
-            if (w.nChunks == 1) {
-                CT* const dst =
-                    static_cast<CT*>(p.params.out) + (int64_t(token) * p.params.numQHeads + head) * kD + 2 * c;
-#pragma unroll
-                for (int dn = 0; dn < kD / 8; ++dn)
-                    *reinterpret_cast<uint32_t*>(dst + dn * 8) =
-                        Mma<CT>::pack(o[mt][dn][2 * h] * scale, o[mt][dn][2 * h + 1] * scale);
-            } else {
-                int64_t const prow = partialRow(p, z, token, head);
-                float* const dst = p.partialOut + prow * kD + 2 * c;
-#pragma unroll
-                for (int dn = 0; dn < kD / 8; ++dn)
-                    *reinterpret_cast<float2*>(dst + dn * 8) =
-                        make_float2(o[mt][dn][2 * h] * scale, o[mt][dn][2 * h + 1] * scale);
-                if (c == 0) p.partialLse[prow] = sum > 0.f ? m[mt][h] + __log2f(sum) : negInf();
-            }
-        }
-    }
+    // ---- epilogue
+    writeMultiRows<CT, Cfg, kD>(p, w, q, st, kvHead, z, lane);
 }
 
 template <typename CT, bool k8Bit, int kD>

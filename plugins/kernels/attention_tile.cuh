@@ -254,6 +254,47 @@ __device__ __forceinline__ void copyKVRows(KVSource const& src, KVRowOffset cons
     }
 }
 
+// ---- a warp's stream of KV tile copies through the three steps above, two tiles per lookup pass: the warp's
+// tiles 2q and 2q + 1 are located when tile 2q - 2 is copied and resolved when tile 2q is, so every block-table
+// entry has a tile or two of compute to arrive in. The tile numbering is the caller's (tileAt(n): the warp's
+// n-th tile -- a decode step or half of one, a multi-token KV tile -- as its first virtual index, 0 when
+// invalid); the decode and multi-token kernels run their loaders through this one.
+struct KVTileRef {
+    bool valid;
+    int32_t start;  // first virtual index of the tile's rows (0 when !valid)
+};
+
+template <int kD, int kElemBytes, int kRows, bool kSwizzle8 = false>
+struct PairedKVTileLoader {
+    KVRow located;     // the next pair's rows: block-table entries requested
+    KVRowOffset rows;  // the current pair's rows: K byte offsets
+
+    template <typename TileAt>
+    static __device__ __forceinline__ KVRow locatePair(AttentionKernelParams const& p, KVSource const& src,
+                                                       TileAt const& tileAt, int32_t n, int32_t lane) {
+        KVTileRef const a = tileAt(n);
+        KVTileRef const b = tileAt(n + 1);
+        return locateKVRowPair<kRows>(p, src, a.valid, a.start, b.valid, b.start, lane);
+    }
+    // Locates the first pair (tiles 0 and 1).
+    template <typename TileAt>
+    __device__ __forceinline__ void start(AttentionKernelParams const& p, KVSource const& src, TileAt const& tileAt,
+                                          int32_t lane) {
+        located = locatePair(p, src, tileAt, 0, lane);
+    }
+    // Tile n's copies into (sK, sV) and its positions into sPos; an even n first resolves its pair and locates
+    // the next one. The caller commits the copy group.
+    template <typename TileAt>
+    __device__ __forceinline__ void copy(AttentionKernelParams const& p, KVSource const& src, TileAt const& tileAt,
+                                         int32_t n, uint32_t sK, uint32_t sV, int32_t* sPos, int32_t lane) {
+        if ((n & 1) == 0) {
+            rows = resolveKVRowOffset(p, src, located, kElemBytes);
+            located = locatePair(p, src, tileAt, n + 2, lane);
+        }
+        copyKVRows<kD, kElemBytes, kRows, kSwizzle8>(src, rows, (n & 1) * kRows, sK, sV, sPos, lane);
+    }
+};
+
 // ---- 8-bit staging tile [kRows][kD] bytes -> swizzled 16-bit tile of the compute type (exact, no scale); with
 // kBlockRows > 0 the blocked tile wgmma reads (blockedTileChunk).
 // `tid` runs over [0, kThreads): the CTA's threads (multi-token kernel) or one warp's lanes (decode kernel).
@@ -536,6 +577,22 @@ __device__ __forceinline__ void softmaxStepFixed(AttentionKernelParams const& p,
         p, s, sPos, kMask, qPos0, qPos1, lane, m, l, alpha, rawScale);
 }
 
+// Soft-cap and mask decided once per tile (uniform branches), not per score: step(capped, masked) is called
+// with std::true_type / std::false_type for each, so it compiles four times with both switches as constants
+// (softmaxStepFixed). The decode, multi-token and Hopper kernels all branch this way.
+template <typename Step>
+__device__ __forceinline__ void withSoftmaxVariant(bool capped, bool masked, Step&& step) {
+    using Yes = std::true_type;
+    using No = std::false_type;
+    if (capped) {
+        if (masked) step(Yes{}, Yes{});
+        else step(Yes{}, No{});
+    } else {
+        if (masked) step(No{}, Yes{});
+        else step(No{}, No{});
+    }
+}
+
 // O *= alpha per row, skipped by the whole warp when no row's running max moved (alpha == 1 exactly): after
 // the first tiles of a long sequence that is the common case, and it saves D / 2 multiplies per lane.
 template <int kDimTiles>
@@ -563,6 +620,26 @@ __device__ __forceinline__ float quadSum(float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 2);
     return x;
 }
+
+// The online-softmax state of one m16 tile of a warp: the output accumulators (rows g and g + 8 of each n8
+// output tile, attention_mma.cuh), the running max (log2 domain) and the thread-partial sums of the two rows.
+template <int kDimTiles>
+struct SoftmaxRows {
+    float o[kDimTiles][4];
+    float m[2];
+    float l[2];
+    __device__ __forceinline__ void init() {
+#pragma unroll
+        for (int dn = 0; dn < kDimTiles; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.f;
+        m[0] = m[1] = negInf();
+        l[0] = l[1] = 0.f;
+    }
+    // The row sums over the quad's 4 lanes (each thread holds a partial of its rows' columns).
+    __device__ __forceinline__ void reduceSums() {
+        l[0] = quadSum(l[0]);
+        l[1] = quadSum(l[1]);
+    }
+};
 
 // Quiet NaN of the compute type, for rows a launch could not serve (see CtaWork::poison).
 template <typename CT>

@@ -19,7 +19,6 @@
 #include <cuda_fp16.h>
 
 #include <string>
-#include <type_traits>
 
 #include "attention_dispatch.cuh"
 #include "attention_kernels.h"
@@ -156,19 +155,10 @@ struct Sm90Consumer {
         for (int kt = 0; kt < kTile / 16; ++kt) wgmma::Mma<CT, kD>::rs(o, pa[kt], wgmma::mnMajor<kTile>(vTileAddr, kt), true);
     }
     __device__ __forceinline__ void softmax(AttentionKernelParams const& p, int32_t const* tilePos, bool needMask) {
-        auto step = [&](auto capped, auto masked) {
+        withSoftmaxVariant(p.useSoftcap != 0, needMask, [&](auto capped, auto masked) {
             softmaxStepFixed<kNT, decltype(capped)::value, decltype(masked)::value>(p, s, tilePos, qPos[0], qPos[1],
                                                                                     lane, m, l, alpha);
-        };
-        using Yes = std::true_type;
-        using No = std::false_type;
-        if (p.useSoftcap != 0) {
-            if (needMask) step(Yes{}, Yes{});
-            else step(Yes{}, No{});
-        } else {
-            if (needMask) step(No{}, Yes{});
-            else step(No{}, No{});
-        }
+        });
     }
     // The intra-warpgroup overlap: S(j + 1) and PV(j) issued back to back (after the rescaled O and the packed P(j)
     // are fenced), then softmax(j + 1) once S(j + 1) is done, while PV(j) may still run, and PV(j) waited for.
