@@ -146,125 +146,179 @@ __device__ __forceinline__ uint32_t warmParameterLines(QKVWriteKernelParams cons
     return touched;
 }
 
-// 3 CTAs of 256 threads per SM (<= 80 registers, no spills; ~31 KB of static shared memory each) keep 24 warps
-// and, with kPrefetch = 4 copies in flight per thread, 24 x 32 x 4 x 16 B = 48 KB of reads in flight per SM:
-// Little's law at the read half of the copy ceiling (~16 B/ns per SM) covers ~3 us of loaded latency.
-template <IODType IO, CacheDType C>
-__global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
-    qkvWriteKernel(__grid_constant__ QKVWriteKernelParams const kp) {
-    using io_t = typename IOStorage<IO>::type;
-    using kv_t = cache_t<C>;
-    QKVWriteParams const& p = kp.p;
-    QKVWritePlan const& plan = kp.plan;
-    KVLayout const& layout = p.layout;
-    StepMetadata const& meta = p.meta;
+// ---- the kernel's per-warp state and stages (qkvWriteKernel below reads as their data flow) ----------------
 
-    int32_t const warp = threadIdx.x >> 5;
-    int32_t const lane = threadIdx.x & 31;
-    // kGlobal partners only: one warp pass of rows (32 lanes x 8 dims floats: lane l stages dims [8 l, 8 l + 8)
-    // of the pass, the rows' dims and, past the last row, its idle lanes' own words) per warp.
-    __shared__ float stage[kQKVWriteWarps][32 * kVecElems];
-    // The parameter lines, fetched together before anything else (warmParameterLines says why). The store is
-    // the loads' only use, into this thread's own word of its warp's staging row: the kGlobal path's first
-    // write there follows a __syncwarp, and nothing reads the word before that write.
-    stage[warp][lane] = __uint_as_float(warmParameterLines(kp));
-    // Which row of a warp pass and which 8-element vector of it. The lanes past the pass's last row (VPH not
-    // dividing 32) count as vectors past the end of that row: vec >= VPH, dims >= D, so they rotate nothing and
-    // stage their own words; their head row is out of range (rowSlot), so they load and store nothing.
-    int32_t const slot = min(laneRowOf(lane, plan.laneRowMagic), plan.rowsPerPass - 1);
-    int32_t const vec = lane - slot * plan.vecsPerRow;
-    int32_t const dim0 = vec * kVecElems;  // first head dim of my vector
-    int32_t const rowSlot = vec < plan.vecsPerRow ? slot : plan.numHeadRows;  // head row = pass * RPP + rowSlot
-    int32_t const headDim = p.headDim;
-    int32_t const kRowBegin = p.numQHeads;  // rows [0, H) Q heads, [H, H+KVH) K heads, [H+KVH, NHR) V heads
-    int32_t const vRowBegin = p.numQHeads + p.numKVHeads;
-    int64_t const rowStride = static_cast<int64_t>(plan.numHeadRows) * headDim;
-    int64_t const qRowStride = static_cast<int64_t>(p.numQHeads) * headDim;
-    io_t const* const bias = static_cast<io_t const*>(p.bias);
-    // This layer's pool descriptor (engine input kv_pools): address and capacity live in device memory.
-    int64_t const* const desc = meta.poolDescs + static_cast<int64_t>(meta.poolIndex) * kPoolDescFields;
+// Which row of a warp pass and which 8-element vector of it my lane owns, for the whole kernel. The lanes past the
+// pass's last row (VPH not dividing 32) count as vectors past the end of that row: vec >= VPH, dims >= D, so they
+// rotate nothing and stage their own words; their head row is out of range (rowSlot), so they load and store
+// nothing.
+struct LaneGeometry {
+    int32_t lane;
+    int32_t slot;     // row of the warp pass, lane / VPH (the last row for the lanes past it)
+    int32_t vec;      // vector index in that row
+    int32_t dim0;     // first head dim of my vector
+    int32_t rowSlot;  // head row = pass * RPP + rowSlot; NHR (out of range) for the lanes past the last row
 
-    // My contiguous, balanced share [g, gEnd) of the (token, pass) pairs g = t * P + pass; pass `pass` of
-    // token t is head row pass * rowsPerPass + rowSlot for my lane. Computed first, so that the first loads and
-    // the pool descriptor are in flight while the CTA sets up its RoPE table (decode: the kernel is a chain of
-    // round trips, and this takes one link off it).
-    int32_t const warpId = static_cast<int32_t>(blockIdx.x) * kQKVWriteWarps + warp;
-    int32_t const passes = plan.passesPerToken;  // P
-    int32_t g = 0;
-    int32_t gEnd = 0;
+    __device__ __forceinline__ LaneGeometry(int32_t lane_, QKVWritePlan const& plan)
+        : lane(lane_),
+          slot(min(laneRowOf(lane_, plan.laneRowMagic), plan.rowsPerPass - 1)),
+          vec(lane_ - slot * plan.vecsPerRow),
+          dim0(vec * kVecElems),
+          rowSlot(vec < plan.vecsPerRow ? slot : plan.numHeadRows) {}
+};
+
+// Where the head rows of a token sit: in the packed qkv row, in q, and in the bias.
+template <typename io_t>
+struct HeadRows {
+    int32_t headDim;
+    int32_t kBegin;  // rows [0, H) Q heads, [H, H+KVH) K heads, [H+KVH, NHR) V heads
+    int32_t vBegin;
+    int64_t tokenStride;   // elements of a packed qkv token row: NHR * D
+    int64_t qTokenStride;  // elements of a q token row: H * D
+    io_t const* bias;      // [NHR][D], or null
+
+    __device__ __forceinline__ HeadRows(QKVWriteParams const& p, QKVWritePlan const& plan)
+        : headDim(p.headDim),
+          kBegin(p.numQHeads),
+          vBegin(p.numQHeads + p.numKVHeads),
+          tokenStride(static_cast<int64_t>(plan.numHeadRows) * headDim),
+          qTokenStride(static_cast<int64_t>(p.numQHeads) * headDim),
+          bias(static_cast<io_t const*>(p.bias)) {}
+};
+
+// My warp's contiguous, balanced share [begin, end) of the (token, pass) pairs g = t * P + pass; pass `pass` of
+// token t is head row pass * rowsPerPass + rowSlot for my lane.
+struct WarpRange {
+    int32_t passes;  // P, passes per token
+    int32_t begin;
+    int32_t end;
+    __device__ __forceinline__ bool active() const { return begin < end; }  // warp-uniform
+};
+
+__device__ __forceinline__ WarpRange warpRangeOf(int32_t warpId, QKVWritePlan const& plan) {
+    WarpRange r{plan.passesPerToken, 0, 0};
     if (warpId < plan.numWarps) {
-        g = static_cast<int32_t>(static_cast<int64_t>(warpId) * plan.totalPasses / plan.numWarps);
-        gEnd = static_cast<int32_t>(static_cast<int64_t>(warpId + 1) * plan.totalPasses / plan.numWarps);
+        r.begin = static_cast<int32_t>(static_cast<int64_t>(warpId) * plan.totalPasses / plan.numWarps);
+        r.end = static_cast<int32_t>(static_cast<int64_t>(warpId + 1) * plan.totalPasses / plan.numWarps);
     }
-    bool const active = g < gEnd;  // warp-uniform
+    return r;
+}
 
-    // Loads run kPrefetch passes ahead of the processing, across token boundaries: (aheadToken, aheadPass) is
-    // the pair of the next pass to load. Each byte of qkv is read once, 16 bytes per lane, as an asynchronous
-    // copy into this thread's column of a shared-memory ring (vec.cuh: copyAsync16 says why not registers).
-    // Layout [slot][thread]: a warp's 16-byte accesses are consecutive, conflict-free.
-    __shared__ uint4 ring[kRingSlots][kQKVWriteThreads];
-    int32_t aheadToken = g / passes;
-    int32_t aheadPass = g - aheadToken * passes;
-    int32_t aheadLeft = gEnd - g;  // pairs left to load
-    int32_t aheadSlot = 0;
-    auto const loadNext = [&]() {
-        int32_t const row = aheadPass * plan.rowsPerPass + rowSlot;
-        bool const valid = aheadLeft > 0 && row < plan.numHeadRows;
-        io_t const* src = static_cast<io_t const*>(p.qkv);  // not read when !valid
-        if (valid) src += static_cast<int64_t>(aheadToken) * rowStride + static_cast<int64_t>(row) * headDim + dim0;
-        copyAsync16(&ring[aheadSlot][threadIdx.x], src, valid);
-        commitAsyncCopies();  // one group per pass, also for a zero-fill: the wait below counts groups
+// This layer's pool: its descriptor (engine input kv_pools: address and capacity live in device memory), and
+// the address and NB, loaded once per warp into registers.
+template <typename kv_t>
+struct LayerPool {
+    int64_t const* desc;
+    kv_t* base = nullptr;
+    int64_t numBlocks = 0;
+
+    __device__ __forceinline__ explicit LayerPool(StepMetadata const& meta)
+        : desc(meta.poolDescs + static_cast<int64_t>(meta.poolIndex) * kPoolDescFields) {}
+    __device__ __forceinline__ void load() {
+        base = reinterpret_cast<kv_t*>(__ldg(desc + kPoolDescAddress));
+        numBlocks = __ldg(desc + kPoolDescNumBlocks);
+    }
+};
+
+// The warp's loads: they run kPrefetch passes ahead of the processing, across token boundaries: (aheadToken,
+// aheadPass) is the pair of the next pass to load. Each byte of qkv is read once, 16 bytes per lane, as an
+// asynchronous copy into this thread's column of the shared-memory ring `slots` (vec.cuh: copyAsync16 says why
+// not registers). One commit group per pass: groups committed so far = kPrefetch + (passes taken), so leaving
+// kPrefetch - 1 pending completes the oldest. The caller takes a pass's slot, then issues the load kPrefetch
+// passes ahead into the slot read one pass ago (its value was consumed, so that read has landed: no write-after-
+// read hazard), before processing the row; a thread only reads what its own copies wrote, so no barrier.
+template <typename io_t>
+struct LoadRing {
+    uint4 (&slots)[kRingSlots][kQKVWriteThreads];  // __shared__, [slot][thread]
+    int32_t aheadToken;
+    int32_t aheadPass;
+    int32_t aheadLeft;     // pairs left to load
+    int32_t aheadSlot;     // the slot the next copy goes into
+    int32_t readSlot = 0;  // the slot of the next pass to take
+
+    __device__ __forceinline__ LoadRing(uint4 (&slots_)[kRingSlots][kQKVWriteThreads], WarpRange const& range)
+        : slots(slots_),
+          aheadToken(range.begin / range.passes),
+          aheadPass(range.begin - aheadToken * range.passes),
+          aheadLeft(range.end - range.begin),
+          aheadSlot(0) {}
+
+    // Copies my 16 bytes of the next pair's head row, or zero-fills them (row out of range, range exhausted).
+    __device__ __forceinline__ void issueNext(QKVWriteKernelParams const& kp, HeadRows<io_t> const& heads,
+                                              LaneGeometry const& geo, int32_t passes) {
+        int32_t const row = aheadPass * kp.plan.rowsPerPass + geo.rowSlot;
+        bool const valid = aheadLeft > 0 && row < kp.plan.numHeadRows;
+        io_t const* src = static_cast<io_t const*>(kp.p.qkv);  // not read when !valid
+        if (valid)
+            src += static_cast<int64_t>(aheadToken) * heads.tokenStride + static_cast<int64_t>(row) * heads.headDim +
+                   geo.dim0;
+        copyAsync16(&slots[aheadSlot][threadIdx.x], src, valid);
+        commitAsyncCopies();  // one group per pass, also for a zero-fill: take() counts groups
         --aheadLeft;
         if (++aheadPass == passes) {
             aheadPass = 0;
             ++aheadToken;
         }
         if (++aheadSlot == kRingSlots) aheadSlot = 0;
-    };
-    // The pool (address, NB) of this layer: device memory, loaded once per warp into registers. And the
-    // sequence guess of my first token (exact for decode batches), seeded into the warp's span cache below.
-    kv_t* pool = nullptr;
-    int64_t poolBlocks = 0;
-    SeqSpan firstGuess{-1, 0, 0, 0};  // empty: no token matches
-    if (active) {
-#pragma unroll
-        for (int k = 0; k < kPrefetch; ++k) loadNext();
-        pool = reinterpret_cast<kv_t*>(__ldg(desc + kPoolDescAddress));
-        poolBlocks = __ldg(desc + kPoolDescNumBlocks);
-        firstGuess = guessSequence(meta, kp.seqsPerToken, g / passes);
     }
 
-    // RoPE constants of my 8 dims. They depend on the lane's vector index only, so they are set up once per
-    // CTA; per token only the angle changes. The turns per position sit in shared memory laid out [k][vec]
-    // (what lane `vec` needs for its dim vec*8 + k), so that a warp's reads are conflict-free.
-    __shared__ uint64_t laneTurns[kVecElems * 32];  // [8][32]: vec < 32 (idle lanes' vec >= VPH read zeros)
-    // A parameter table (kp.ropeTurns, then kp.ropeTurnsLong) copied to shared memory by frequency index: step 1
-    // below stages ropeTurns for laneTurns; with LongRoPE, step 3 then stages ropeTurnsLong here for the loop.
-    __shared__ uint64_t ropeTurnsStaged[kMaxRotaryPairs];
+    // The oldest pass's 16 bytes, once its copy has landed.
+    __device__ __forceinline__ uint4 take() {
+        waitAsyncCopies<kPrefetch - 1>();
+        uint4 const mine = slots[readSlot][threadIdx.x];
+        if (++readSlot == kRingSlots) readSlot = 0;
+        return mine;
+    }
+};
+
+// My lane's RoPE constants (they depend on its vector index only, so they are set up once per CTA; per token only
+// the angle changes) and the CTA's turns tables in shared memory.
+struct RopeLane {
+    bool on;              // RoPE is on (uniform)
+    bool longRope;        // LongRoPE: long sequences rotate with ropeTurnsLong (uniform)
+    uint32_t rotateMask;  // bit k: dim0 + k rotates
+    uint32_t firstMask;   // bit k: dim0 + k is the first of its pair (x*cos - partner*sin)
+    int32_t partnerLane;  // kShuffle: the lane holding dims dim0 +- R/2 of the same row
+    uint64_t const* laneTurns;    // [8][32] __shared__: (k << 5) + vec is what lane `vec` needs for dim vec*8 + k
+    uint64_t const* turnsStaged;  // [kMaxRotaryPairs] __shared__, by frequency index (LongRoPE: the long table)
+};
+
+// Warp w copies entries [w * S, w * S + S) of a parameter table to shared memory. Its S loads use warp-uniform
+// indices (one broadcast each, no constant-cache serialization) and are all issued before any is used, so the
+// copy costs one constant-cache miss latency. (Round 2 scanned the whole table in every thread, 8 loads at a
+// time: 8 dependent misses after the launch, on the way to the barrier that every warp of the CTA waits at:
+// the decode path's critical chain.)
+__device__ __forceinline__ void stageTurns(uint64_t (&staged)[kMaxRotaryPairs],
+                                           uint64_t const (&table)[kMaxRotaryPairs], QKVWriteKernelParams const& kp,
+                                           int32_t warp, int32_t lane) {
+    constexpr int32_t kTurnsPerWarp = kMaxRotaryPairs / kQKVWriteWarps;
+    static_assert(kMaxRotaryPairs % kQKVWriteWarps == 0 && kTurnsPerWarp <= 32, "one lane per staged entry");
+    int32_t const firstFreq = warp * kTurnsPerWarp;
+    if (firstFreq < kp.ropeHalf) {  // warp-uniform; entries >= R/2 are never read
+        uint64_t turns[kTurnsPerWarp];
+#pragma unroll
+        for (int32_t j = 0; j < kTurnsPerWarp; ++j) turns[j] = table[firstFreq + j];  // < kMaxRotaryPairs
+        uint64_t mine = 0;
+#pragma unroll
+        for (int32_t j = 0; j < kTurnsPerWarp; ++j) mine = lane == j ? turns[j] : mine;
+        if (lane < kTurnsPerWarp) staged[firstFreq + lane] = mine;
+    }
+}
+
+// The CTA's RoPE set-up (every thread calls it: two CTA barriers with rotation, three with LongRoPE, none
+// without). laneTurns holds the turns per position laid out [k][vec] (what lane `vec` needs for its dim
+// vec*8 + k), so that a warp's reads are conflict-free. ropeTurnsStaged holds a parameter table (kp.ropeTurns,
+// then kp.ropeTurnsLong) copied by frequency index: step 1 stages ropeTurns for laneTurns; with LongRoPE, step 3
+// then stages ropeTurnsLong there for the token loop.
+__device__ __forceinline__ RopeLane setUpRope(QKVWriteKernelParams const& kp, int32_t warp, LaneGeometry const& geo,
+                                              uint64_t (&laneTurns)[kVecElems * 32],
+                                              uint64_t (&ropeTurnsStaged)[kMaxRotaryPairs]) {
+    QKVWriteParams const& p = kp.p;
     bool const rope = kp.ropePartner != RopePartner::kNone;
     bool const longRope = rope && kp.ropeLongAboveKVLen > 0;  // uniform
     static_assert(kVecElems * 32 == kQKVWriteThreads, "one thread per laneTurns entry");
-    // Warp w copies entries [w * S, w * S + S) of a parameter table to shared memory. Its S loads use warp-uniform
-    // indices (one broadcast each, no constant-cache serialization) and are all issued before any is used, so the
-    // copy costs one constant-cache miss latency. (Round 2 scanned the whole table in every thread, 8 loads at a
-    // time: 8 dependent misses after the launch, on the way to the barrier that every warp of the CTA waits at:
-    // the decode path's critical chain.)
-    auto const stageTurns = [&](uint64_t const (&table)[kMaxRotaryPairs]) {
-        constexpr int32_t kTurnsPerWarp = kMaxRotaryPairs / kQKVWriteWarps;
-        static_assert(kMaxRotaryPairs % kQKVWriteWarps == 0 && kTurnsPerWarp <= 32, "one lane per staged entry");
-        int32_t const firstFreq = warp * kTurnsPerWarp;
-        if (firstFreq < kp.ropeHalf) {  // warp-uniform; entries >= R/2 are never read
-            uint64_t turns[kTurnsPerWarp];
-#pragma unroll
-            for (int32_t j = 0; j < kTurnsPerWarp; ++j) turns[j] = table[firstFreq + j];  // < kMaxRotaryPairs
-            uint64_t mine = 0;
-#pragma unroll
-            for (int32_t j = 0; j < kTurnsPerWarp; ++j) mine = lane == j ? turns[j] : mine;
-            if (lane < kTurnsPerWarp) ropeTurnsStaged[firstFreq + lane] = mine;
-        }
-    };
     if (rope) {
-        stageTurns(kp.ropeTurns);  // step 1
+        stageTurns(ropeTurnsStaged, kp.ropeTurns, kp, warp, geo.lane);  // step 1
         __syncthreads();
         // Step 2: thread i fills laneTurns entry i = (k, v) from shared memory (dims v * 8 + k >= D never rotate:
         // 0). Entries [0, R/2) were all staged: the 8 warps cover [0, kMaxRotaryPairs) >= R/2.
@@ -276,25 +330,292 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
         __syncthreads();
         if (longRope) {
             // Step 3 (LongRoPE): the long table replaces the staged short one (step 2's reads are behind the
-            // barrier). Tokens of long sequences read it by frequency index, once per token (below).
-            stageTurns(kp.ropeTurnsLong);
+            // barrier). Tokens of long sequences read it by frequency index, once per token (tokenCosSin).
+            stageTurns(ropeTurnsStaged, kp.ropeTurnsLong, kp, warp, geo.lane);
             __syncthreads();
         }
     }
-    uint32_t rotateMask = 0;  // bit k: dim0 + k rotates
-    uint32_t firstMask = 0;   // bit k: dim0 + k is the first of its pair (x*cos - partner*sin)
+    uint32_t rotateMask = 0;
+    uint32_t firstMask = 0;
 #pragma unroll
     for (int k = 0; k < kVecElems; ++k) {
-        RopeElem const e = ropeElem(p.rope.style, p.rope.rotaryDim, dim0 + k);
+        RopeElem const e = ropeElem(p.rope.style, p.rope.rotaryDim, geo.dim0 + k);
         rotateMask |= e.rotates ? (1u << k) : 0u;
         firstMask |= (e.rotates && e.first) ? (1u << k) : 0u;
     }
-    int32_t partnerLane = lane;  // kShuffle: the lane holding dims dim0 +- R/2 of the same row
+    int32_t partnerLane = geo.lane;
     if (kp.ropePartner == RopePartner::kShuffle && rotateMask != 0) {
         int32_t const laneDelta = kp.ropeHalf / kVecElems;
-        partnerLane = dim0 < kp.ropeHalf ? lane + laneDelta : lane - laneDelta;
+        partnerLane = geo.dim0 < kp.ropeHalf ? geo.lane + laneDelta : geo.lane - laneDelta;
+    }
+    return RopeLane{rope, longRope, rotateMask, firstMask, partnerLane, laneTurns, ropeTurnsStaged};
+}
+
+// What my rows of the current token need of it, set up when the range enters a new token (warp-uniform except
+// cos/sin, which are per lane). The token's sequence is not held here but in the warp's span cache (shared memory).
+struct TokenState {
+    bool owned = false;  // a sequence owns the token (false only for cuQLens[B] <= t: K/V not written)
+    bool rope = false;   // this token's rows in my range include Q or K heads and RoPE is on
+    int64_t block = kInvalidBlock;
+    int32_t offset = 0;
+    bool writeKV = false;   // the page is usable and no later token of this step takes the slot
+    bool zeroTail = false;  // my V rows also zero the rest of the sequence's last page
+    float cosv[kVecElems];
+    float sinv[kVecElems];  // signed: -sin for the first of a pair, +sin for the second
+};
+
+// The sequence of token t through the warp's span cache `cached` (warpSpan in the kernel says why shared memory):
+// a hit costs no load; a miss runs findSequence with the whole warp and replaces the cached span.
+__device__ __forceinline__ SeqSpan lookUpSequence(SeqSpan& cached, StepMetadata const& meta, float seqsPerToken,
+                                                  int32_t t, int32_t lane) {
+    SeqSpan span = cached;
+    if (!(t >= span.begin && t < span.end)) {
+        span = findSequence(meta, seqsPerToken, t, lane);
+        __syncwarp();  // every lane has read the old span
+        if (lane == 0) cached = span;
+        __syncwarp();
+    }
+    return span;
+}
+
+// Where token t's K/V go: one block-table load through the contract's locateToken, and which writes the rules
+// of the step allow.
+__device__ __forceinline__ void locateKV(TokenState& tok, SeqSpan const& span, int32_t t, int32_t cachePos,
+                                         int32_t kvLen, QKVWriteKernelParams const& kp, int64_t poolBlocks) {
+    QKVWriteParams const& p = kp.p;
+    KVLayout const& layout = p.layout;
+    StepMetadata const& meta = p.meta;
+    BlockTableRow const blockRow{meta.blockTable + static_cast<int64_t>(span.seq) * meta.maxBlocks, meta.maxBlocks,
+                                 poolBlocks};
+    KVLocation const loc = locateToken(layout, blockRow, cachePos);
+    tok.block = loc.block;
+    tok.offset = loc.offset;
+    bool const valid = tok.block != kInvalidBlock;
+    // Cyclic ring: when a later token of this same step maps to the same slot, only that one writes (the result
+    // of writing in token order, with exactly one writer per slot).
+    bool const superseded = layout.cyclicLen > 0 && cachePos >= layout.ringSinkTokens &&
+                            static_cast<int64_t>(cachePos) + layout.cyclicLen < kvLen;
+    tok.writeKV = valid && !superseded;
+    // After a prefill chunk, the last token's writer of each V row also zeroes the rows past it in the sequence's
+    // last page (attention loads whole pages; 0 * NaN = NaN). Not in a wrapped ring: those rows hold live older
+    // tokens. Decode tokens (q_len 1) never take this branch.
+    bool const wrapped =
+        layout.cyclicLen > 0 && static_cast<int64_t>(kvLen) - layout.ringSinkTokens > layout.cyclicLen;
+    tok.zeroTail = p.zeroVTail && valid && t == span.end - 1 && span.end - span.begin > 1 && !wrapped;
+}
+
+// cos/sin of the token's RoPE position, once for all my rows of it (every Q and K head). Dims that do not rotate
+// have turns 0 (cos 1, sin 0, unused): no per-dim branch.
+__device__ __forceinline__ void tokenCosSin(TokenState& tok, int32_t t, int32_t cachePos, int32_t kvLen,
+                                            QKVWriteKernelParams const& kp, LaneGeometry const& geo,
+                                            RopeLane const& rope) {
+    QKVWriteParams const& p = kp.p;
+    int32_t const ropePos = p.positionIds != nullptr ? __ldg(p.positionIds + t) : cachePos;
+    float const mscale = p.rope.mscale;
+    // LongRoPE: the whole sequence's new tokens take the long table once its kv length after this step passes
+    // the switch (Hugging Face: max(position_ids) + 1 > original_max_positions).
+    bool const longTable = rope.longRope && kvLen > kp.ropeLongAboveKVLen;
+    bool const pairsShareFreq = kp.ropePartner == RopePartner::kInVector;  // GPT-J: (2i, 2i+1)
+#pragma unroll
+    for (int k = 0; k < kVecElems; ++k) {
+        float s;
+        float c;
+        if (pairsShareFreq && (k & 1) != 0) {
+            c = tok.cosv[k - 1];
+            s = -tok.sinv[k - 1];  // undo the first element's sign, reapplied below
+        } else {
+            uint64_t turns = rope.laneTurns[(k << 5) + geo.vec];
+            if (longTable) {  // by frequency index: a rare path, some bank conflicts are fine
+                RopeElem const e = ropeElem(p.rope.style, p.rope.rotaryDim, geo.dim0 + k);
+                turns = e.rotates ? rope.turnsStaged[e.freq] : 0;
+            }
+            __sincosf(ropeAngle(ropePos, turns), &s, &c);
+            c *= mscale;
+            s *= mscale;
+        }
+        tok.cosv[k] = c;
+        tok.sinv[k] = ((rope.firstMask >> k) & 1u) ? -s : s;
+    }
+}
+
+// A new token t, entered at pass `pass` with `pairsLeft` pairs left in my range: its sequence, page and cos/sin,
+// once for all my rows of it. Only what my rows of it need: the sequence when they include K/V heads or when the
+// RoPE position comes from it; the page for K/V heads; cos/sin for Q/K heads.
+template <typename io_t>
+__device__ __forceinline__ void enterToken(TokenState& tok, int32_t t, int32_t pass, int32_t pairsLeft,
+                                           int32_t passes, QKVWriteKernelParams const& kp,
+                                           HeadRows<io_t> const& heads, LaneGeometry const& geo, RopeLane const& rope,
+                                           SeqSpan& warpSpan, int64_t poolBlocks) {
+    int32_t const tokenPassEnd = min(passes, pass + pairsLeft);  // my passes of t: [pass, tokenPassEnd)
+    bool const needKV = tokenPassEnd * kp.plan.rowsPerPass > heads.kBegin;
+    bool const tokenRope = rope.on && pass * kp.plan.rowsPerPass < heads.vBegin;
+    tok.rope = tokenRope;
+
+    // Sequence and cache position. Cache position = pastLen + index in the sequence's new tokens: chunk k of a
+    // prefill lands after the earlier chunks, never over them.
+    tok.owned = false;
+    int32_t cachePos = 0;
+    int32_t kvLen = 0;
+    SeqSpan span{-1, 0, 0, 0};
+    // The inner test with `&` / `|`: its operands are plain values, and with `&&` / `||` the compiler re-derived
+    // longRope from the parameters here (two more parameter loads per token).
+    if (needKV || (tokenRope & ((kp.p.positionIds == nullptr) | rope.longRope))) {
+        span = lookUpSequence(warpSpan, kp.p.meta, kp.seqsPerToken, t, geo.lane);
+        tok.owned = t >= span.begin && t < span.end;
+        cachePos = span.pastLen + (t - span.begin);
+        kvLen = span.pastLen + (span.end - span.begin);
     }
 
+    tok.block = kInvalidBlock;
+    tok.offset = 0;
+    tok.writeKV = false;
+    tok.zeroTail = false;
+    if (needKV && tok.owned) locateKV(tok, span, t, cachePos, kvLen, kp, poolBlocks);
+
+    if (tok.rope) tokenCosSin(tok, t, cachePos, kvLen, kp, geo, rope);
+}
+
+// The partner of each of my 8 elements (the element it rotates with) in the same head row. Every lane calls it,
+// rows out of range included: the shuffles and the kGlobal path's __syncwarp need the whole warp.
+template <typename io_t>
+__device__ __forceinline__ void fetchPartners(float (&partner)[kVecElems], uint4 mine, float const (&x)[kVecElems],
+                                              io_t const* rowBias, bool rotatesRow, QKVWriteKernelParams const& kp,
+                                              HeadRows<io_t> const& heads, LaneGeometry const& geo,
+                                              RopeLane const& rope, float (&warpStage)[32 * kVecElems]) {
+    if (kp.ropePartner == RopePartner::kShuffle) {
+        // The partner lane holds the same row. Shuffle the packed input (4 words, not 8 floats); every lane takes
+        // part, rows out of range included, as shuffles need the whole warp.
+        uint4 theirs;
+        theirs.x = __shfl_sync(kFullMask, mine.x, rope.partnerLane);
+        theirs.y = __shfl_sync(kFullMask, mine.y, rope.partnerLane);
+        theirs.z = __shfl_sync(kFullMask, mine.z, rope.partnerLane);
+        theirs.w = __shfl_sync(kFullMask, mine.w, rope.partnerLane);
+        unpack8<io_t>(theirs, partner);
+        if (rowBias != nullptr && rotatesRow)
+            addBias8<io_t>(partner, rowBias + geo.dim0 + (rope.partnerLane - geo.lane) * kVecElems);
+    } else if (kp.ropePartner == RopePartner::kInVector) {
+#pragma unroll
+        for (int e = 0; e < kVecElems; ++e) partner[e] = x[e ^ 1];
+    } else {
+        // kGlobal: the pair distance R/2 is not a whole number of vectors, so partners straddle two vectors. The
+        // warp stages its rows (bias included) in shared memory and each lane reads its partners by dim. Rare
+        // configurations only; the common ones use a shuffle.
+        float* const rowStage = warpStage + geo.slot * heads.headDim;
+        __syncwarp();  // the previous row's reads are done
+#pragma unroll
+        for (int e = 0; e < kVecElems; ++e) rowStage[geo.dim0 + e] = x[e];
+        __syncwarp();
+#pragma unroll
+        for (int e = 0; e < kVecElems; ++e)
+            partner[e] = rowStage[ropeElem(kp.p.rope.style, kp.p.rope.rotaryDim, geo.dim0 + e).partnerDim];
+    }
+}
+
+// My 8 values of head row `row` of the token (`mine`: its packed input): bias, then the rotation for Q and K heads.
+template <typename io_t>
+__device__ __forceinline__ void computeRow(float (&x)[kVecElems], uint4 mine, int32_t row, bool inRange,
+                                           QKVWriteKernelParams const& kp, HeadRows<io_t> const& heads,
+                                           LaneGeometry const& geo, RopeLane const& rope, TokenState const& tok,
+                                           float (&warpStage)[32 * kVecElems]) {
+    bool const rotatesRow = tok.rope && row < heads.vBegin;  // Q and K heads
+    // The bias row is small and stays in L1/L2: loaded per row rather than held in registers.
+    io_t const* const rowBias =
+        (heads.bias != nullptr && inRange) ? heads.bias + static_cast<int64_t>(row) * heads.headDim : nullptr;
+    unpack8<io_t>(mine, x);
+    if (rowBias != nullptr) addBias8<io_t>(x, rowBias + geo.dim0);
+    if (tok.rope) {
+        float partner[kVecElems];
+        fetchPartners<io_t>(partner, mine, x, rowBias, rotatesRow, kp, heads, geo, rope, warpStage);
+        if (rotatesRow) {
+#pragma unroll
+            for (int e = 0; e < kVecElems; ++e)
+                if ((rope.rotateMask >> e) & 1u) x[e] = fmaf(x[e], tok.cosv[e], partner[e] * tok.sinv[e]);
+        }
+    }
+}
+
+// Stores my 8 values of head row `row` (in range) of token t: a Q head to q, a K head to the pool (or the token's
+// bad-page report), a V head to the pool (and, for the last token of a prefill chunk, the rest of its page zeroed).
+template <typename io_t, CacheDType C>
+__device__ __forceinline__ void storeRow(float const (&x)[kVecElems], int32_t row, int32_t t,
+                                         QKVWriteKernelParams const& kp, HeadRows<io_t> const& heads,
+                                         LaneGeometry const& geo, TokenState const& tok, SeqSpan const& warpSpan,
+                                         LayerPool<cache_t<C>> const& pool) {
+    QKVWriteParams const& p = kp.p;
+    KVLayout const& layout = p.layout;
+    if (row < heads.kBegin) {  // Q head -> qOut[t, row, :]
+        int64_t const at =
+            static_cast<int64_t>(t) * heads.qTokenStride + static_cast<int64_t>(row) * heads.headDim + geo.dim0;
+        if (p.qOutFP8) {
+            storeQuantized8<CacheDType::kFP8E4M3>(static_cast<__nv_fp8_storage_t*>(p.qOut) + at, x, kp.invQScale);
+        } else {
+            storeActivation8<io_t>(static_cast<io_t*>(p.qOut) + at, x);
+        }
+    } else if (row < heads.vBegin) {  // K head
+        int32_t const kvHead = row - heads.kBegin;
+        // One reporter per token: the lane holding vector 0 of K head 0.
+        if (kvHead == 0 && geo.vec == 0 && tok.owned && tok.block == kInvalidBlock)
+            reportBadPage(p.status, warpSpan, t, layout, p.meta, pool.desc);
+        if (tok.writeKV)
+            storeQuantized8<C>(pool.base + layout.elemOffset(tok.block, p.layer, 0, kvHead, tok.offset) + geo.dim0, x,
+                               kp.invKScale);
+    } else {  // V head
+        int32_t const kvHead = row - heads.vBegin;
+        if (tok.writeKV)
+            storeQuantized8<C>(pool.base + layout.elemOffset(tok.block, p.layer, 1, kvHead, tok.offset) + geo.dim0, x,
+                               kp.invVScale);
+        if (tok.zeroTail) {
+            // Exactly one writer per (row, head, vector): this lane of the last token's V head.
+            for (int32_t off = tok.offset + 1; off < layout.pageSize; ++off)
+                storeZero8<C>(pool.base + layout.elemOffset(tok.block, p.layer, 1, kvHead, off) + geo.dim0);
+        }
+    }
+}
+
+// 3 CTAs of 256 threads per SM (<= 80 registers, no spills; ~31 KB of static shared memory each) keep 24 warps
+// and, with kPrefetch = 4 copies in flight per thread, 24 x 32 x 4 x 16 B = 48 KB of reads in flight per SM:
+// Little's law at the read half of the copy ceiling (~16 B/ns per SM) covers ~3 us of loaded latency.
+template <IODType IO, CacheDType C>
+__global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
+    qkvWriteKernel(__grid_constant__ QKVWriteKernelParams const kp) {
+    using io_t = typename IOStorage<IO>::type;
+    using kv_t = cache_t<C>;
+    QKVWritePlan const& plan = kp.plan;
+    StepMetadata const& meta = kp.p.meta;
+
+    // Prologue: the parameter lines, my lane's place in a warp pass, the shape of a token's rows.
+    int32_t const warp = threadIdx.x >> 5;
+    int32_t const lane = threadIdx.x & 31;
+    // kGlobal partners only: one warp pass of rows (32 lanes x 8 dims floats: lane l stages dims [8 l, 8 l + 8)
+    // of the pass, the rows' dims and, past the last row, its idle lanes' own words) per warp.
+    __shared__ float stage[kQKVWriteWarps][32 * kVecElems];
+    // The parameter lines, fetched together before anything else (warmParameterLines says why). The store is
+    // the loads' only use, into this thread's own word of its warp's staging row: the kGlobal path's first
+    // write there follows a __syncwarp, and nothing reads the word before that write.
+    stage[warp][lane] = __uint_as_float(warmParameterLines(kp));
+    LaneGeometry const geo(lane, plan);
+    HeadRows<io_t> const heads(kp.p, plan);
+    LayerPool<kv_t> pool(meta);
+
+    // My range, first, so that the first loads and the pool descriptor are in flight while the CTA sets up its
+    // RoPE table (decode: the kernel is a chain of round trips, and this takes one link off it). And the sequence
+    // guess of my first token (exact for decode batches), seeded into the warp's span cache below.
+    WarpRange const range = warpRangeOf(static_cast<int32_t>(blockIdx.x) * kQKVWriteWarps + warp, plan);
+    // Layout [slot][thread]: a warp's 16-byte accesses are consecutive, conflict-free.
+    __shared__ uint4 ringSlots[kRingSlots][kQKVWriteThreads];
+    LoadRing<io_t> ring(ringSlots, range);
+    SeqSpan firstGuess{-1, 0, 0, 0};  // empty: no token matches
+    if (range.active()) {
+#pragma unroll
+        for (int k = 0; k < kPrefetch; ++k) ring.issueNext(kp, heads, geo, range.passes);
+        pool.load();
+        firstGuess = guessSequence(meta, kp.seqsPerToken, range.begin / range.passes);
+    }
+
+    // Set-up: the CTA's RoPE table, then the warp's span cache.
+    __shared__ uint64_t laneTurns[kVecElems * 32];  // [8][32]: vec < 32 (idle lanes' vec >= VPH read zeros)
+    __shared__ uint64_t ropeTurnsStaged[kMaxRotaryPairs];
+    RopeLane const rope = setUpRope(kp, warp, geo, laneTurns, ropeTurnsStaged);
     // Each warp's last sequence lookup. It lives in shared memory, not registers: it is read once per token,
     // and 4 registers held across the row loop would cost a CTA of occupancy. It starts as the guess for my
     // first token: a real (seq, cuQLens[seq], cuQLens[seq+1], pastLens[seq]) entry, used only for the tokens
@@ -303,196 +624,34 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
     if (lane == 0) warpSpan[warp] = firstGuess;
     __syncwarp();
 
-    if (!active) return;  // after the CTA barrier above; an inactive warp issued no copies
+    if (!range.active()) return;  // after the CTA barriers above; an inactive warp issued no copies
 
-    // Per-token state, set up when the range enters a new token (warp-uniform).
-    int32_t token = g / passes;
-    int32_t pass = g - token * passes;
-    bool enterToken = true;
-    bool owned = false;     // a sequence owns the token (false only for cuQLens[B] <= t: K/V not written)
-    bool tokenRope = false;  // this token's rows in my range include Q or K heads and RoPE is on
-    int32_t readSlot = 0;  // the ring slot of pass g
-    int64_t block = kInvalidBlock;
-    int32_t offset = 0;
-    bool writeKV = false;
-    bool zeroTail = false;
-    float cosv[kVecElems];
-    float sinv[kVecElems];  // signed: -sin for the first of a pair, +sin for the second
-
+    // The rows: g walks my range, (token, pass) its pair.
+    int32_t token = range.begin / range.passes;
+    int32_t pass = range.begin - token * range.passes;
+    bool newToken = true;
+    TokenState tok;
 #pragma unroll 1
-    for (; g < gEnd; ++g, ++pass) {
-        if (pass == passes) {
+    for (int32_t g = range.begin; g < range.end; ++g, ++pass) {
+        if (pass == range.passes) {
             ++token;
             pass = 0;
-            enterToken = true;
+            newToken = true;
         }
-        if (enterToken) {  // a new token: its sequence, page and cos/sin, once for all my rows of it
-            enterToken = false;
-            int32_t const t = token;
-            int32_t const tokenPassEnd = min(passes, pass + (gEnd - g));  // my passes of t: [pass, tokenPassEnd)
-            bool const needKV = tokenPassEnd * plan.rowsPerPass > kRowBegin;
-            tokenRope = rope && pass * plan.rowsPerPass < vRowBegin;
-
-            // Sequence and cache position. Cache position = pastLen + index in the sequence's new tokens: chunk
-            // k of a prefill lands after the earlier chunks, never over them.
-            owned = false;
-            int32_t cachePos = 0;
-            int32_t kvLen = 0;
-            SeqSpan span{-1, 0, 0, 0};
-            if (needKV || (tokenRope && (p.positionIds == nullptr || longRope))) {
-                span = warpSpan[warp];
-                if (!(t >= span.begin && t < span.end)) {
-                    span = findSequence(meta, kp.seqsPerToken, t, lane);
-                    __syncwarp();  // every lane has read the old span
-                    if (lane == 0) warpSpan[warp] = span;
-                    __syncwarp();
-                }
-                owned = t >= span.begin && t < span.end;
-                cachePos = span.pastLen + (t - span.begin);
-                kvLen = span.pastLen + (span.end - span.begin);
-            }
-
-            // Where its K/V go: one block-table load through the contract's locateToken.
-            block = kInvalidBlock;
-            offset = 0;
-            writeKV = false;
-            zeroTail = false;
-            if (needKV && owned) {
-                BlockTableRow const blockRow{meta.blockTable + static_cast<int64_t>(span.seq) * meta.maxBlocks,
-                                             meta.maxBlocks, poolBlocks};
-                KVLocation const loc = locateToken(layout, blockRow, cachePos);
-                block = loc.block;
-                offset = loc.offset;
-                bool const valid = block != kInvalidBlock;
-                // Cyclic ring: when a later token of this same step maps to the same slot, only that one writes
-                // (the result of writing in token order, with exactly one writer per slot).
-                bool const superseded = layout.cyclicLen > 0 && cachePos >= layout.ringSinkTokens &&
-                                        static_cast<int64_t>(cachePos) + layout.cyclicLen < kvLen;
-                writeKV = valid && !superseded;
-                // After a prefill chunk, the last token's writer of each V row also zeroes the rows past it in
-                // the sequence's last page (attention loads whole pages; 0 * NaN = NaN). Not in a wrapped ring:
-                // those rows hold live older tokens. Decode tokens (q_len 1) never take this branch.
-                bool const wrapped =
-                    layout.cyclicLen > 0 && static_cast<int64_t>(kvLen) - layout.ringSinkTokens > layout.cyclicLen;
-                zeroTail = p.zeroVTail && valid && t == span.end - 1 && span.end - span.begin > 1 && !wrapped;
-            }
-
-            // cos/sin of the token's RoPE position, once for all my rows of it (every Q and K head). Dims that
-            // do not rotate have turns 0 (cos 1, sin 0, unused): no per-dim branch.
-            if (tokenRope) {
-                int32_t const ropePos = p.positionIds != nullptr ? __ldg(p.positionIds + t) : cachePos;
-                float const mscale = p.rope.mscale;
-                // LongRoPE: the whole sequence's new tokens take the long table once its kv length after this step
-                // passes the switch (Hugging Face: max(position_ids) + 1 > original_max_positions).
-                bool const longTable = longRope && kvLen > kp.ropeLongAboveKVLen;
-                bool const pairsShareFreq = kp.ropePartner == RopePartner::kInVector;  // GPT-J: (2i, 2i+1)
-#pragma unroll
-                for (int k = 0; k < kVecElems; ++k) {
-                    float s;
-                    float c;
-                    if (pairsShareFreq && (k & 1) != 0) {
-                        c = cosv[k - 1];
-                        s = -sinv[k - 1];  // undo the first element's sign, reapplied below
-                    } else {
-                        uint64_t turns = laneTurns[(k << 5) + vec];
-                        if (longTable) {  // by frequency index: a rare path, some bank conflicts are fine
-                            RopeElem const e = ropeElem(p.rope.style, p.rope.rotaryDim, dim0 + k);
-                            turns = e.rotates ? ropeTurnsStaged[e.freq] : 0;
-                        }
-                        __sincosf(ropeAngle(ropePos, turns), &s, &c);
-                        c *= mscale;
-                        s *= mscale;
-                    }
-                    cosv[k] = c;
-                    sinv[k] = ((firstMask >> k) & 1u) ? -s : s;
-                }
-            }
+        if (newToken) {
+            newToken = false;
+            enterToken<io_t>(tok, token, pass, range.end - g, range.passes, kp, heads, geo, rope, warpSpan[warp],
+                             pool.numBlocks);
         }
-
-        // One head row: bias, rotation (Q and K heads), store. Groups committed so far: kPrefetch + (passes
-        // processed); leaving kPrefetch - 1 pending completes pass g's. Its slot is read, then the load kPrefetch
-        // passes ahead goes out into the slot read one pass ago, before this row is processed.
-        int32_t const t = token;
-        int32_t const row = pass * plan.rowsPerPass + rowSlot;
-        waitAsyncCopies<kPrefetch - 1>();
-        uint4 const mine = ring[readSlot][threadIdx.x];
-        if (++readSlot == kRingSlots) readSlot = 0;
-        loadNext();
-        {
-            io_t const* const tokenRow = static_cast<io_t const*>(p.qkv) + static_cast<int64_t>(t) * rowStride;
-            bool const inRange = row < plan.numHeadRows;
-            bool const rotatesRow = tokenRope && row < vRowBegin;  // Q and K heads
-            // The bias row is small and stays in L1/L2: loaded per row rather than held in registers.
-            io_t const* const rowBias =
-                (bias != nullptr && inRange) ? bias + static_cast<int64_t>(row) * headDim : nullptr;
-            float x[kVecElems];
-            unpack8<io_t>(mine, x);
-            if (rowBias != nullptr) addBias8<io_t>(x, rowBias + dim0);
-            if (tokenRope) {
-                float partner[kVecElems];
-                if (kp.ropePartner == RopePartner::kShuffle) {
-                    // The partner lane holds the same row. Shuffle the packed input (4 words, not 8 floats);
-                    // every lane takes part, rows out of range included, as shuffles need the whole warp.
-                    uint4 theirs;
-                    theirs.x = __shfl_sync(kFullMask, mine.x, partnerLane);
-                    theirs.y = __shfl_sync(kFullMask, mine.y, partnerLane);
-                    theirs.z = __shfl_sync(kFullMask, mine.z, partnerLane);
-                    theirs.w = __shfl_sync(kFullMask, mine.w, partnerLane);
-                    unpack8<io_t>(theirs, partner);
-                    if (rowBias != nullptr && rotatesRow)
-                        addBias8<io_t>(partner, rowBias + dim0 + (partnerLane - lane) * kVecElems);
-                } else if (kp.ropePartner == RopePartner::kInVector) {
-#pragma unroll
-                    for (int e = 0; e < kVecElems; ++e) partner[e] = x[e ^ 1];
-                } else {
-                    // kGlobal: the pair distance R/2 is not a whole number of vectors, so partners straddle
-                    // two vectors. The warp stages its rows (bias included) in shared memory and each lane
-                    // reads its partners by dim. Rare configurations only; the common ones use a shuffle.
-                    float* const rowStage = stage[warp] + slot * headDim;
-                    __syncwarp();  // the previous row's reads are done
-#pragma unroll
-                    for (int e = 0; e < kVecElems; ++e) rowStage[dim0 + e] = x[e];
-                    __syncwarp();
-#pragma unroll
-                    for (int e = 0; e < kVecElems; ++e)
-                        partner[e] = rowStage[ropeElem(p.rope.style, p.rope.rotaryDim, dim0 + e).partnerDim];
-                }
-                if (rotatesRow) {
-#pragma unroll
-                    for (int e = 0; e < kVecElems; ++e)
-                        if ((rotateMask >> e) & 1u) x[e] = fmaf(x[e], cosv[e], partner[e] * sinv[e]);
-                }
-            }
-            if (!inRange) continue;
-
-            if (row < kRowBegin) {  // Q head -> qOut[t, row, :]
-                int64_t const at = static_cast<int64_t>(t) * qRowStride + static_cast<int64_t>(row) * headDim + dim0;
-                if (p.qOutFP8) {
-                    storeQuantized8<CacheDType::kFP8E4M3>(static_cast<__nv_fp8_storage_t*>(p.qOut) + at, x,
-                                                          kp.invQScale);
-                } else {
-                    storeActivation8<io_t>(static_cast<io_t*>(p.qOut) + at, x);
-                }
-            } else if (row < vRowBegin) {  // K head
-                int32_t const kvHead = row - kRowBegin;
-                // One reporter per token: the lane holding vector 0 of K head 0.
-                if (kvHead == 0 && vec == 0 && owned && block == kInvalidBlock)
-                    reportBadPage(p.status, warpSpan[warp], t, layout, meta, desc);
-                if (writeKV)
-                    storeQuantized8<C>(pool + layout.elemOffset(block, p.layer, 0, kvHead, offset) + dim0, x,
-                                       kp.invKScale);
-            } else {  // V head
-                int32_t const kvHead = row - vRowBegin;
-                if (writeKV)
-                    storeQuantized8<C>(pool + layout.elemOffset(block, p.layer, 1, kvHead, offset) + dim0, x,
-                                       kp.invVScale);
-                if (zeroTail) {
-                    // Exactly one writer per (row, head, vector): this lane of the last token's V head.
-                    for (int32_t off = offset + 1; off < layout.pageSize; ++off)
-                        storeZero8<C>(pool + layout.elemOffset(block, p.layer, 1, kvHead, off) + dim0);
-                }
-            }
-        }
+        // Take pass g's input, then send the load kPrefetch passes ahead into the slot read one pass ago.
+        int32_t const row = pass * plan.rowsPerPass + geo.rowSlot;
+        uint4 const mine = ring.take();
+        ring.issueNext(kp, heads, geo, range.passes);
+        bool const inRange = row < plan.numHeadRows;
+        float x[kVecElems];
+        computeRow<io_t>(x, mine, row, inRange, kp, heads, geo, rope, tok, stage[warp]);
+        if (!inRange) continue;  // no such head row (idle lane, last pass's tail): it only joined the shuffles
+        storeRow<io_t, C>(x, row, token, kp, heads, geo, tok, warpSpan[warp], pool);
     }
     waitAsyncCopies<0>();  // the zero-fill copies issued past the range: none outlives the thread
 }
