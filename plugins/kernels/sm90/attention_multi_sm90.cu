@@ -160,6 +160,26 @@ struct Sm90Consumer {
                                                                                     lane, m, l, alpha);
         });
     }
+    // S alone, or P V alone: issued, committed and waited for; `whileRunning` runs between the commit and the wait
+    // (the ping-pong turn handed to the other warpgroup while the tensor cores work).
+    template <typename WhileRunning>
+    __device__ __forceinline__ void runS(uint32_t sQ, uint32_t kTileAddr, WhileRunning&& whileRunning) {
+        wgmma::fence();
+        issueS(sQ, kTileAddr);
+        wgmma::commit();
+        whileRunning();
+        wgmma::wait<0>();
+        wgmma::pin(s);
+    }
+    template <typename WhileRunning>
+    __device__ __forceinline__ void runPV(uint32_t vTileAddr, WhileRunning&& whileRunning) {
+        wgmma::fence();
+        issuePV(vTileAddr);
+        wgmma::commit();
+        whileRunning();
+        wgmma::wait<0>();
+        wgmma::pin(o);
+    }
     // The intra-warpgroup overlap: S(j + 1) and PV(j) issued back to back (after the rescaled O and the packed P(j)
     // are fenced), then softmax(j + 1) once S(j + 1) is done, while PV(j) may still run, and PV(j) waited for.
     __device__ __forceinline__ void issueSAndPV(uint32_t sQ, uint32_t kNext, uint32_t vThis) {
@@ -307,11 +327,7 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD>::kThreads, 1)
     if (numTiles > 0) {
         landed(IntTag<1>{}, 0);  // tile 0 and Q
         bool const needMask = tileNeedsMaskAt<kTile>(p, sm.pos(0), qa, qb, lane);
-        wgmma::fence();
-        cons.issueS(sQ, sm.mmaK(0));
-        wgmma::commit();
-        wgmma::wait<0>();
-        wgmma::pin(cons.s);
+        cons.runS(sQ, sm.mmaK(0), [] {});
         cons.softmax(p, sm.pos(0), needMask);  // O is still 0: nothing to rescale
         cons.packP();
         for (int32_t i = 0; i + 1 < numTiles; ++i) {
@@ -324,11 +340,7 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD>::kThreads, 1)
             cons.rescale();
             cons.packP();
         }
-        wgmma::fence();
-        cons.issuePV(sm.mmaV(numTiles - 1));
-        wgmma::commit();
-        wgmma::wait<0>();
-        wgmma::pin(cons.o);
+        cons.runPV(sm.mmaV(numTiles - 1), [] {});
     }
     cpAsyncWait<0>();
     cons.store(p, w, kvHead, z);
@@ -484,33 +496,21 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads
                 waitFull(i);
                 bool const needMask = tileNeedsMaskAt<kTile>(p, sm.pos(i), qa, qb, lane);
                 wgmma::namedBarrierSync(myTurn, Cfg::kConsumerThreads);
-                wgmma::fence();
-                cons.issueS(sQ, sm.mmaK(i));
-                wgmma::commit();
-                // warpgroup 1's last turn has no turn of warpgroup 0 after it
-                if (group == 0 || i + 1 < numTiles) wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads);
-                wgmma::wait<0>();
-                wgmma::pin(cons.s);
+                cons.runS(sQ, sm.mmaK(i), [&] {
+                    // warpgroup 1's last turn has no turn of warpgroup 0 after it
+                    if (group == 0 || i + 1 < numTiles) wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads);
+                });
                 cons.softmax(p, sm.pos(i), needMask);
                 cons.rescale();
                 cons.packP();
-                wgmma::fence();
-                cons.issuePV(sm.mmaV(i));
-                wgmma::commit();
-                wgmma::wait<0>();
-                wgmma::pin(cons.o);
+                cons.runPV(sm.mmaV(i), [] {});
                 release(i);
             }
         } else {
             waitFull(0);
             bool const needMask = tileNeedsMaskAt<kTile>(p, sm.pos(0), qa, qb, lane);
             wgmma::namedBarrierSync(myTurn, Cfg::kConsumerThreads);
-            wgmma::fence();
-            cons.issueS(sQ, sm.mmaK(0));
-            wgmma::commit();
-            wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads);
-            wgmma::wait<0>();
-            wgmma::pin(cons.s);
+            cons.runS(sQ, sm.mmaK(0), [&] { wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads); });
             cons.softmax(p, sm.pos(0), needMask);
             cons.packP();
             for (int32_t i = 0; i + 1 < numTiles; ++i) {
@@ -525,13 +525,10 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads
                 cons.packP();
             }
             wgmma::namedBarrierSync(myTurn, Cfg::kConsumerThreads);
-            wgmma::fence();
-            cons.issuePV(sm.mmaV(numTiles - 1));
-            wgmma::commit();
-            // The last turn: warpgroup 1 has no turn after it, so only warpgroup 0 hands one over.
-            if (group == 0) wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads);
-            wgmma::wait<0>();
-            wgmma::pin(cons.o);
+            cons.runPV(sm.mmaV(numTiles - 1), [&] {
+                // The last turn: warpgroup 1 has no turn after it, so only warpgroup 0 hands one over.
+                if (group == 0) wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads);
+            });
         }
     }
     cons.store(p, w, kvHead, z);
