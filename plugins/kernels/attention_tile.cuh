@@ -659,5 +659,31 @@ __device__ __forceinline__ int64_t partialRow(AttentionKernelParams const& p, in
     return (int64_t(z) * p.params.meta.numTokens + token) * p.params.numQHeads + head;
 }
 
+// Row g + 8 h of an m16 accumulator tile (global row `row`; this lane's dims 8 dn + 2c, + 1) -> the output, or a
+// split chunk's normalized partial row and log2-sum-exp for the merge. The caller skips rows at or past
+// w.rowEnd; sum is the row's quad-reduced sum (0: nothing seen -> 0, never 0/0) and m its running max. The
+// multi-token kernels (mma.sync and Hopper) write their rows straight from the accumulators through this.
+template <typename CT, int kD>
+__device__ __forceinline__ void storeAccumulatorRow(AttentionKernelParams const& p, CtaWork const& w,
+                                                    float const (&o)[kD / 8][4], int h, float sum, float m,
+                                                    int32_t row, int32_t kvHead, int32_t z, int32_t c) {
+    int32_t const token = row / p.groupSize;
+    int32_t const head = kvHead * p.groupSize + row % p.groupSize;
+    float const scale = sum > 0.f ? p.outScale / sum : 0.f;
+    if (w.nChunks == 1) {
+        CT* const dst = static_cast<CT*>(p.params.out) + (int64_t(token) * p.params.numQHeads + head) * kD + 2 * c;
+#pragma unroll
+        for (int dn = 0; dn < kD / 8; ++dn)
+            *reinterpret_cast<uint32_t*>(dst + dn * 8) = Mma<CT>::pack(o[dn][2 * h] * scale, o[dn][2 * h + 1] * scale);
+    } else {
+        int64_t const prow = partialRow(p, z, token, head);
+        float* const dst = p.partialOut + prow * kD + 2 * c;
+#pragma unroll
+        for (int dn = 0; dn < kD / 8; ++dn)
+            *reinterpret_cast<float2*>(dst + dn * 8) = make_float2(o[dn][2 * h] * scale, o[dn][2 * h + 1] * scale);
+        if (c == 0) p.partialLse[prow] = sum > 0.f ? m + __log2f(sum) : negInf();
+    }
+}
+
 }  // namespace attn
 }  // namespace pagedkv

@@ -213,25 +213,7 @@ struct Sm90Consumer {
             float const sum = quadSum(l[h]);
             int32_t const row = w.rowBegin + warpRow0 + (lane >> 2) + 8 * h;
             if (row >= w.rowEnd) continue;
-            int32_t const token = row / p.groupSize;
-            int32_t const head = kvHead * p.groupSize + row % p.groupSize;
-            float const scale = sum > 0.f ? p.outScale / sum : 0.f;  // nothing seen -> 0, never 0/0
-            if (w.nChunks == 1) {
-                CT* const dst =
-                    static_cast<CT*>(p.params.out) + (int64_t(token) * p.params.numQHeads + head) * kD + 2 * c;
-#pragma unroll
-                for (int dn = 0; dn < kD / 8; ++dn)
-                    *reinterpret_cast<uint32_t*>(dst + dn * 8) =
-                        Mma<CT>::pack(o[dn][2 * h] * scale, o[dn][2 * h + 1] * scale);
-            } else {
-                int64_t const prow = partialRow(p, z, token, head);
-                float* const dst = p.partialOut + prow * kD + 2 * c;
-#pragma unroll
-                for (int dn = 0; dn < kD / 8; ++dn)
-                    *reinterpret_cast<float2*>(dst + dn * 8) =
-                        make_float2(o[dn][2 * h] * scale, o[dn][2 * h + 1] * scale);
-                if (c == 0) p.partialLse[prow] = sum > 0.f ? m[h] + __log2f(sum) : negInf();
-            }
+            storeAccumulatorRow<CT, kD>(p, w, o, h, sum, m[h], row, kvHead, z, c);
         }
     }
 };
