@@ -271,32 +271,6 @@ __device__ __forceinline__ void decodeTile16(AttentionKernelParams const& p, uin
     }
 }
 
-// The decode CTA's shared memory: the Q tile, then per warp: kStages x (K, V) raw tiles, [kConvert8: the
-// converted K, V], positions [kStages][kStep]. At the end the combine buffer aliases all of it.
-template <class Cfg>
-struct DecodeSmem {
-    unsigned char* sQ;
-    float* sWarpMax;          // loadQRowsK8's scratch (Frag8 path)
-    unsigned char* warpBase;  // this warp's stages
-    unsigned char* sConvK;
-    unsigned char* sConvV;
-    int32_t* sPos;
-
-    __device__ __forceinline__ DecodeSmem(unsigned char* smem, int32_t warp) {
-        sQ = smem;
-        sWarpMax = reinterpret_cast<float*>(smem + Cfg::kQBytes);
-        warpBase = smem + Cfg::kQBytes + Cfg::kScratchBytes + warp * Cfg::kWarpBytes;
-        sConvK = warpBase + Cfg::kStages * 2 * Cfg::kRawTileBytes;
-        sConvV = sConvK + Cfg::kConvTileBytes;
-        sPos = reinterpret_cast<int32_t*>(sConvV + Cfg::kConvTileBytes);
-    }
-    __device__ __forceinline__ unsigned char* rawK(int stage) const { return warpBase + stage * 2 * Cfg::kRawTileBytes; }
-    __device__ __forceinline__ unsigned char* rawV(int stage) const {
-        return warpBase + stage * 2 * Cfg::kRawTileBytes + Cfg::kRawTileBytes;
-    }
-    __device__ __forceinline__ int32_t* pos(int stage) const { return sPos + stage * Cfg::kStep; }
-};
-
 // The end-of-CTA combine buffer (aliases the pipeline): per warp and row, D partial outputs (kCombineStride
 // apart), the running max and the sum.
 template <class Cfg>
@@ -434,7 +408,11 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
     if (w.poison) poisonRows<CT, kD>(p, w, kvHead, tid, Cfg::kThreads);
     if (!w.active) return;
     KVSource const src = makeKVSourceFromPool(pool, p, w, kvHead, Cfg::kElemBytes);
-    DecodeSmem<Cfg> const sm(smem, warp);
+    // ---- shared memory: the Q tile, loadQRowsK8's scratch (Frag8 path), then this warp's staged KV tiles
+    unsigned char* const sQ = smem;
+    float* const sWarpMax = reinterpret_cast<float*>(smem + Cfg::kQBytes);
+    KVStageTiles<kStages, Cfg::kRawTileBytes, Cfg::kConvTileBytes, kStep> const sm(
+        smem + Cfg::kQBytes + Cfg::kScratchBytes + warp * Cfg::kWarpBytes);
 
     // ---- loader: this warp's steps are w, w + kWarps, ... of the CTA's tile list in steps of kStepTiles tiles.
     // Its tile n (PairedKVTileLoader's numbering) is tile n % kStepTiles of step n / kStepTiles: with 1-tile
@@ -472,12 +450,12 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
     // ---- queries: the Q tile (under the first copies), the lane's fragments and row positions
     float qUnscale = 1.f;  // Frag8 path: the logits' factor undoing loadQRowsK8's power-of-two Q scaling
     if constexpr (Cfg::kFrag8)
-        qUnscale = loadQRowsK8<CT, kD, Cfg::kRows, Cfg::kThreads>(p, sm.sQ, sm.sWarpMax, w.rowBegin, w.rowEnd, kvHead,
+        qUnscale = loadQRowsK8<CT, kD, Cfg::kRows, Cfg::kThreads>(p, sQ, sWarpMax, w.rowBegin, w.rowEnd, kvHead,
                                                                    tid);
     else
-        loadQRows<CT, kD, Cfg::kRows, Cfg::kThreads>(p, sm.sQ, w.rowBegin, w.rowEnd, kvHead, tid);
+        loadQRows<CT, kD, Cfg::kRows, Cfg::kThreads>(p, sQ, w.rowBegin, w.rowEnd, kvHead, tid);
     __syncthreads();
-    DecodeLane<kD, Cfg::kQInRegs> const q(p, w, sm.sQ, lane);
+    DecodeLane<kD, Cfg::kQInRegs> const q(p, w, sQ, lane);
     int32_t const qFirst = rowQueryPos(w.seq, w.rowBegin, p.groupSize);   // earliest query of the CTA's rows
     int32_t const qLast = rowQueryPos(w.seq, w.rowEnd - 1, p.groupSize);  // latest
 
@@ -493,12 +471,12 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
         if constexpr (Cfg::kConvert8) {
             // The step's 8-bit K and V -> the warp's 16-bit tiles of the compute type (exact). The barrier at the
             // top of this iteration ordered the previous step's reads of them before these writes.
-            convertTile8<CT, kD, kTile, 32>(sm.rawK(stage), sm.sConvK, p.cacheIsFp8 != 0, lane);
-            convertTile8<CT, kD, kTile, 32>(sm.rawV(stage), sm.sConvV, p.cacheIsFp8 != 0, lane);
+            convertTile8<CT, kD, kTile, 32>(sm.rawK(stage), sm.convK(), p.cacheIsFp8 != 0, lane);
+            convertTile8<CT, kD, kTile, 32>(sm.rawV(stage), sm.convV(), p.cacheIsFp8 != 0, lane);
             __syncwarp();
         }
-        uint32_t const kTileAddr = smemAddr(Cfg::kConvert8 ? sm.sConvK : sm.rawK(stage));
-        uint32_t const vTileAddr = smemAddr(Cfg::kConvert8 ? sm.sConvV : sm.rawV(stage));
+        uint32_t const kTileAddr = smemAddr(Cfg::kConvert8 ? sm.convK() : sm.rawK(stage));
+        uint32_t const vTileAddr = smemAddr(Cfg::kConvert8 ? sm.convV() : sm.rawV(stage));
         int32_t const* const tilePos = sm.pos(stage);
         // A step whose every row holds a position that all the CTA's queries see needs no per-element mask
         // (tileNeedsMask, the multi-token kernel's rule; positions ascend within a step: its tiles come in

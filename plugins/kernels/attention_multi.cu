@@ -59,30 +59,6 @@ struct MultiConfig {
     static_assert(kTile % (kWarps * 8) == 0, "each warp loads a multiple of 8 rows of a KV tile");
 };
 
-// The CTA's shared memory: the Q tile, kStages x (K, V) raw tiles, [8-bit: the converted K, V], positions
-// [kStages][kTile].
-template <class Cfg>
-struct MultiSmem {
-    unsigned char* sQ;
-    unsigned char* sRaw;
-    unsigned char* sConvK;
-    unsigned char* sConvV;
-    int32_t* sPos;
-
-    __device__ __forceinline__ explicit MultiSmem(unsigned char* smem) {
-        sQ = smem;
-        sRaw = smem + Cfg::kQBytes;
-        sConvK = sRaw + Cfg::kStages * 2 * Cfg::kRawTileBytes;
-        sConvV = sConvK + Cfg::kConvTileBytes;
-        sPos = reinterpret_cast<int32_t*>(sConvV + Cfg::kConvTileBytes);
-    }
-    __device__ __forceinline__ unsigned char* rawK(int stage) const { return sRaw + stage * 2 * Cfg::kRawTileBytes; }
-    __device__ __forceinline__ unsigned char* rawV(int stage) const {
-        return sRaw + stage * 2 * Cfg::kRawTileBytes + Cfg::kRawTileBytes;
-    }
-    __device__ __forceinline__ int32_t* pos(int stage) const { return sPos + stage * Cfg::kTile; }
-};
-
 // What a lane holds across the KV loop for Q K^T: its ldmatrix lane offsets (FragLane) and, when they are few
 // (kQInRegs), the Q fragments; otherwise they are re-read from the Q tile per k-step. (Its rows' query
 // positions stay a kernel local: as a member here they cost the 8-bit D = 128 instance 76 bytes of spills.)
@@ -227,7 +203,9 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
     KVSource const src = makeKVSource(p, w, kvHead, Cfg::kElemBytes);
     int32_t const qa = rowQueryPos(w.seq, w.rowBegin, p.groupSize);    // earliest query of the tile
     int32_t const qb = rowQueryPos(w.seq, w.rowEnd - 1, p.groupSize);  // latest
-    MultiSmem<Cfg> const sm(smem);
+    // ---- shared memory: the Q tile, then the staged KV tiles
+    unsigned char* const sQ = smem;
+    KVStageTiles<Cfg::kStages, Cfg::kRawTileBytes, Cfg::kConvTileBytes, kTile> const sm(smem + Cfg::kQBytes);
 
     // ---- loader: each warp loads its own kWarpRows rows of every KV tile (copyKVRows: one page lookup per row,
     // by one lane, two tiles per lookup pass: PairedKVTileLoader, their block-table entries requested a tile or
@@ -252,7 +230,7 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
     };
 #pragma unroll
     for (int32_t i = 0; i < Cfg::kAhead; ++i) issue(i);
-    loadQRows<CT, kD, Cfg::kRows, Cfg::kThreads>(p, sm.sQ, w.rowBegin, w.rowEnd, kvHead, tid);
+    loadQRows<CT, kD, Cfg::kRows, Cfg::kThreads>(p, sQ, w.rowBegin, w.rowEnd, kvHead, tid);
 
     // ---- this thread's rows and state
     int32_t const warpRow0 = warp * 16 * kMT;  // local row of the warp's first m-tile
@@ -266,7 +244,7 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
             qPos[mt][h] = row < w.rowEnd ? rowQueryPos(w.seq, row, p.groupSize) : -1;
         }
     }
-    MultiLane<Cfg, kD> q(sm.sQ, warp, lane);
+    MultiLane<Cfg, kD> q(sQ, warp, lane);
     SoftmaxRows<kD / 8> st[kMT];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) st[mt].init();
@@ -286,11 +264,11 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
         uint32_t kTileAddr = smemAddr(sm.rawK(stage));
         uint32_t vTileAddr = smemAddr(sm.rawV(stage));
         if constexpr (k8Bit) {
-            convertTile8<CT, kD, kTile, Cfg::kThreads>(sm.rawK(stage), sm.sConvK, p.cacheIsFp8 != 0, tid);
-            convertTile8<CT, kD, kTile, Cfg::kThreads>(sm.rawV(stage), sm.sConvV, p.cacheIsFp8 != 0, tid);
+            convertTile8<CT, kD, kTile, Cfg::kThreads>(sm.rawK(stage), sm.convK(), p.cacheIsFp8 != 0, tid);
+            convertTile8<CT, kD, kTile, Cfg::kThreads>(sm.rawV(stage), sm.convV(), p.cacheIsFp8 != 0, tid);
             __syncthreads();
-            kTileAddr = smemAddr(sm.sConvK);
-            vTileAddr = smemAddr(sm.sConvV);
+            kTileAddr = smemAddr(sm.convK());
+            vTileAddr = smemAddr(sm.convV());
         }
         if (i == 0) q.loadQFragments();
         int32_t const* const tilePos = sm.pos(stage);

@@ -254,6 +254,24 @@ __device__ __forceinline__ void copyKVRows(KVSource const& src, KVRowOffset cons
     }
 }
 
+// ---- the staged KV tiles of a pipeline in shared memory, from `base`: kStages x (K, V) raw tiles of kRawTileBytes
+// each, then (8-bit caches converted in shared memory: kConvTileBytes > 0) one converted K and one converted V
+// tile, then the tiles' positions, kPosPerStage per stage. The decode kernel has one such block per warp, the
+// multi-token kernel one per CTA.
+template <int kStages, int kRawTileBytes, int kConvTileBytes, int kPosPerStage>
+struct KVStageTiles {
+    unsigned char* base;
+
+    __device__ __forceinline__ explicit KVStageTiles(unsigned char* base_) : base(base_) {}
+    __device__ __forceinline__ unsigned char* rawK(int stage) const { return base + stage * 2 * kRawTileBytes; }
+    __device__ __forceinline__ unsigned char* rawV(int stage) const { return rawK(stage) + kRawTileBytes; }
+    __device__ __forceinline__ unsigned char* convK() const { return base + kStages * 2 * kRawTileBytes; }
+    __device__ __forceinline__ unsigned char* convV() const { return convK() + kConvTileBytes; }
+    __device__ __forceinline__ int32_t* pos(int stage) const {
+        return reinterpret_cast<int32_t*>(convV() + kConvTileBytes) + stage * kPosPerStage;
+    }
+};
+
 // ---- a warp's stream of KV tile copies through the three steps above, two tiles per lookup pass: the warp's
 // tiles 2q and 2q + 1 are located when tile 2q - 2 is copied and resolved when tile 2q is, so every block-table
 // entry has a tile or two of compute to arrive in. The tile numbering is the caller's (tileAt(n): the warp's
