@@ -356,13 +356,32 @@ __device__ __forceinline__ RopeLane setUpRope(QKVWriteKernelParams const& kp, in
 struct TokenState {
     bool owned = false;  // a sequence owns the token (false only for cuQLens[B] <= t: K/V not written)
     bool rope = false;   // this token's rows in my range include Q or K heads and RoPE is on
-    int64_t block = kInvalidBlock;
+    // The block-table entry of the token's page as loaded, unchecked (kInvalidBlock when not looked up). It is
+    // checked against the pool only by the token's first K/V row (kvTarget), so the load's round trip overlaps
+    // the token's Q passes instead of stalling the warp at the token's entry: under a prefill's load that round
+    // trip is a few microseconds, during which the warp issued no new copies.
+    int32_t blockEntry = kInvalidBlock;
     int32_t offset = 0;
-    bool writeKV = false;   // the page is usable and no later token of this step takes the slot
-    bool zeroTail = false;  // my V rows also zero the rest of the sequence's last page
+    bool kvAllowed = false;     // no later token of this step takes the slot (the page's check still applies)
+    bool lastOfChunk = false;   // my V rows also zero the rest of the page, if it is usable
     float cosv[kVecElems];
     float sinv[kVecElems];  // signed: -sin for the first of a pair, +sin for the second
 };
+
+// The token's page, checked against the pool, and which K/V writes the rules of the step allow.
+struct KVTarget {
+    int64_t block;  // kInvalidBlock: unusable (or not looked up)
+    bool writeKV;   // the page is usable and no later token of this step takes the slot
+    bool zeroTail;  // my V rows also zero the rest of the sequence's last page
+};
+__device__ __forceinline__ KVTarget kvTarget(TokenState const& tok, int64_t poolBlocks) {
+    KVTarget target;
+    target.block = BlockTableRow{nullptr, 0, poolBlocks}.checkEntry(tok.blockEntry);
+    bool const valid = target.block != kInvalidBlock;
+    target.writeKV = valid && tok.kvAllowed;
+    target.zeroTail = valid && tok.lastOfChunk;
+    return target;
+}
 
 // The sequence of token t through the warp's span cache `cached` (warpSpan in the kernel says why shared memory):
 // a hit costs no load; a miss runs findSequence with the whole warp and replaces the cached span.
@@ -378,8 +397,8 @@ __device__ __forceinline__ SeqSpan lookUpSequence(SeqSpan& cached, StepMetadata 
     return span;
 }
 
-// Where token t's K/V go: one block-table load through the contract's locateToken, and which writes the rules
-// of the step allow.
+// Where token t's K/V go: the block-table load through the contract's locateTokenEntry (checked later, by
+// kvTarget), and which writes the rules of the step allow.
 __device__ __forceinline__ void locateKV(TokenState& tok, SeqSpan const& span, int32_t t, int32_t cachePos,
                                          int32_t kvLen, QKVWriteKernelParams const& kp, int64_t poolBlocks) {
     QKVWriteParams const& p = kp.p;
@@ -387,21 +406,20 @@ __device__ __forceinline__ void locateKV(TokenState& tok, SeqSpan const& span, i
     StepMetadata const& meta = p.meta;
     BlockTableRow const blockRow{meta.blockTable + static_cast<int64_t>(span.seq) * meta.maxBlocks, meta.maxBlocks,
                                  poolBlocks};
-    KVLocation const loc = locateToken(layout, blockRow, cachePos);
-    tok.block = loc.block;
+    KVLocation const loc = locateTokenEntry(layout, blockRow, cachePos);
+    tok.blockEntry = loc.rawEntry;
     tok.offset = loc.offset;
-    bool const valid = tok.block != kInvalidBlock;
     // Cyclic ring: when a later token of this same step maps to the same slot, only that one writes (the result
     // of writing in token order, with exactly one writer per slot).
     bool const superseded = layout.cyclicLen > 0 && cachePos >= layout.ringSinkTokens &&
                             static_cast<int64_t>(cachePos) + layout.cyclicLen < kvLen;
-    tok.writeKV = valid && !superseded;
+    tok.kvAllowed = !superseded;
     // After a prefill chunk, the last token's writer of each V row also zeroes the rows past it in the sequence's
     // last page (attention loads whole pages; 0 * NaN = NaN). Not in a wrapped ring: those rows hold live older
     // tokens. Decode tokens (q_len 1) never take this branch.
     bool const wrapped =
         layout.cyclicLen > 0 && static_cast<int64_t>(kvLen) - layout.ringSinkTokens > layout.cyclicLen;
-    tok.zeroTail = p.zeroVTail && valid && t == span.end - 1 && span.end - span.begin > 1 && !wrapped;
+    tok.lastOfChunk = p.zeroVTail && t == span.end - 1 && span.end - span.begin > 1 && !wrapped;
 }
 
 // cos/sin of the token's RoPE position, once for all my rows of it (every Q and K head). Dims that do not rotate
@@ -466,10 +484,10 @@ __device__ __forceinline__ void enterToken(TokenState& tok, int32_t t, int32_t p
         kvLen = span.pastLen + (span.end - span.begin);
     }
 
-    tok.block = kInvalidBlock;
+    tok.blockEntry = kInvalidBlock;
     tok.offset = 0;
-    tok.writeKV = false;
-    tok.zeroTail = false;
+    tok.kvAllowed = false;
+    tok.lastOfChunk = false;
     if (needKV && tok.owned) locateKV(tok, span, t, cachePos, kvLen, kp, poolBlocks);
 
     if (tok.rope) tokenCosSin(tok, t, cachePos, kvLen, kp, geo, rope);
@@ -553,21 +571,23 @@ __device__ __forceinline__ void storeRow(float const (&x)[kVecElems], int32_t ro
         }
     } else if (row < heads.vBegin) {  // K head
         int32_t const kvHead = row - heads.kBegin;
+        KVTarget const target = kvTarget(tok, pool.numBlocks);
         // One reporter per token: the lane holding vector 0 of K head 0.
-        if (kvHead == 0 && geo.vec == 0 && tok.owned && tok.block == kInvalidBlock)
+        if (kvHead == 0 && geo.vec == 0 && tok.owned && target.block == kInvalidBlock)
             reportBadPage(p.status, warpSpan, t, layout, p.meta, pool.desc);
-        if (tok.writeKV)
-            storeQuantized8<C>(pool.base + layout.elemOffset(tok.block, p.layer, 0, kvHead, tok.offset) + geo.dim0, x,
-                               kp.invKScale);
+        if (target.writeKV)
+            storeQuantized8<C>(pool.base + layout.elemOffset(target.block, p.layer, 0, kvHead, tok.offset) + geo.dim0,
+                               x, kp.invKScale);
     } else {  // V head
         int32_t const kvHead = row - heads.vBegin;
-        if (tok.writeKV)
-            storeQuantized8<C>(pool.base + layout.elemOffset(tok.block, p.layer, 1, kvHead, tok.offset) + geo.dim0, x,
-                               kp.invVScale);
-        if (tok.zeroTail) {
+        KVTarget const target = kvTarget(tok, pool.numBlocks);
+        if (target.writeKV)
+            storeQuantized8<C>(pool.base + layout.elemOffset(target.block, p.layer, 1, kvHead, tok.offset) + geo.dim0,
+                               x, kp.invVScale);
+        if (target.zeroTail) {
             // Exactly one writer per (row, head, vector): this lane of the last token's V head.
             for (int32_t off = tok.offset + 1; off < layout.pageSize; ++off)
-                storeZero8<C>(pool.base + layout.elemOffset(tok.block, p.layer, 1, kvHead, off) + geo.dim0);
+                storeZero8<C>(pool.base + layout.elemOffset(target.block, p.layer, 1, kvHead, off) + geo.dim0);
         }
     }
 }
