@@ -220,8 +220,8 @@ struct LayerPool {
     }
 };
 
-// The warp's loads: they run kPrefetch passes ahead of the processing, across token boundaries: (aheadToken,
-// aheadPass) is the pair of the next pass to load. Each byte of qkv is read once, 16 bytes per lane, as an
+// The warp's loads: they run kPrefetch passes ahead of the processing, across token boundaries: aheadPass (with
+// my row and offset in it) is the pass of the next pair to load. Each byte of qkv is read once, 16 bytes per lane, as an
 // asynchronous copy into this thread's column of the shared-memory ring `slots` (vec.cuh: copyAsync16 says why
 // not registers). One commit group per pass: groups committed so far = kPrefetch + (passes taken), so leaving
 // kPrefetch - 1 pending completes the oldest. The caller takes a pass's slot, then issues the load kPrefetch
@@ -230,34 +230,42 @@ struct LayerPool {
 template <typename io_t>
 struct LoadRing {
     uint4 (&slots)[kRingSlots][kQKVWriteThreads];  // __shared__, [slot][thread]
-    int32_t aheadToken;
     int32_t aheadPass;
+    int32_t aheadRow;      // my head row in that pass (>= NHR: none)
+    int64_t aheadElem;     // where my 16 bytes of it start in qkv (elements); not read when the row is none
     int32_t aheadLeft;     // pairs left to load
     int32_t aheadSlot;     // the slot the next copy goes into
     int32_t readSlot = 0;  // the slot of the next pass to take
 
-    __device__ __forceinline__ LoadRing(uint4 (&slots_)[kRingSlots][kQKVWriteThreads], WarpRange const& range)
-        : slots(slots_),
-          aheadToken(range.begin / range.passes),
-          aheadPass(range.begin - aheadToken * range.passes),
-          aheadLeft(range.end - range.begin),
-          aheadSlot(0) {}
+    // The running row and offset advance by one pass per copy: an add instead of the token x stride + row x D
+    // products per pass (64-bit: ~10 issued instructions of the ~232 a pass cost).
+    __device__ __forceinline__ LoadRing(uint4 (&slots_)[kRingSlots][kQKVWriteThreads], WarpRange const& range,
+                                        HeadRows<io_t> const& heads, LaneGeometry const& geo, int32_t rowsPerPass)
+        : slots(slots_), aheadSlot(0) {
+        int32_t const token = range.begin / range.passes;
+        aheadPass = range.begin - token * range.passes;
+        aheadRow = aheadPass * rowsPerPass + geo.rowSlot;
+        aheadElem = static_cast<int64_t>(token) * heads.tokenStride + static_cast<int64_t>(aheadRow) * heads.headDim +
+                    geo.dim0;
+        aheadLeft = range.end - range.begin;
+    }
 
     // Copies my 16 bytes of the next pair's head row, or zero-fills them (row out of range, range exhausted).
     __device__ __forceinline__ void issueNext(QKVWriteKernelParams const& kp, HeadRows<io_t> const& heads,
                                               LaneGeometry const& geo, int32_t passes) {
-        int32_t const row = aheadPass * kp.plan.rowsPerPass + geo.rowSlot;
-        bool const valid = aheadLeft > 0 && row < kp.plan.numHeadRows;
+        int32_t const rowsPerPass = kp.plan.rowsPerPass;
+        bool const valid = aheadLeft > 0 && aheadRow < kp.plan.numHeadRows;
         io_t const* src = static_cast<io_t const*>(kp.p.qkv);  // not read when !valid
-        if (valid)
-            src += static_cast<int64_t>(aheadToken) * heads.tokenStride + static_cast<int64_t>(row) * heads.headDim +
-                   geo.dim0;
+        if (valid) src += aheadElem;
         copyAsync16(&slots[aheadSlot][threadIdx.x], src, valid);
         commitAsyncCopies();  // one group per pass, also for a zero-fill: take() counts groups
         --aheadLeft;
-        if (++aheadPass == passes) {
+        aheadRow += rowsPerPass;
+        aheadElem += static_cast<int64_t>(rowsPerPass) * heads.headDim;
+        if (++aheadPass == passes) {  // the next token's first pass: row rowSlot of the next packed row
             aheadPass = 0;
-            ++aheadToken;
+            aheadElem += heads.tokenStride - static_cast<int64_t>(aheadRow - geo.rowSlot) * heads.headDim;
+            aheadRow = geo.rowSlot;
         }
         if (++aheadSlot == kRingSlots) aheadSlot = 0;
     }
@@ -495,7 +503,7 @@ __device__ __forceinline__ void enterToken(TokenState& tok, int32_t t, int32_t p
 
 // The partner of each of my 8 elements (the element it rotates with) in the same head row. Every lane calls it,
 // rows out of range included: the shuffles and the kGlobal path's __syncwarp need the whole warp.
-template <typename io_t>
+template <typename io_t, bool kBias>
 __device__ __forceinline__ void fetchPartners(float (&partner)[kVecElems], uint4 mine, float const (&x)[kVecElems],
                                               io_t const* rowBias, bool rotatesRow, QKVWriteKernelParams const& kp,
                                               HeadRows<io_t> const& heads, LaneGeometry const& geo,
@@ -509,8 +517,10 @@ __device__ __forceinline__ void fetchPartners(float (&partner)[kVecElems], uint4
         theirs.z = __shfl_sync(kFullMask, mine.z, rope.partnerLane);
         theirs.w = __shfl_sync(kFullMask, mine.w, rope.partnerLane);
         unpack8<io_t>(theirs, partner);
-        if (rowBias != nullptr && rotatesRow)
-            addBias8<io_t>(partner, rowBias + geo.dim0 + (rope.partnerLane - geo.lane) * kVecElems);
+        if constexpr (kBias) {
+            if (rowBias != nullptr && rotatesRow)
+                addBias8<io_t>(partner, rowBias + geo.dim0 + (rope.partnerLane - geo.lane) * kVecElems);
+        }
     } else if (kp.ropePartner == RopePartner::kInVector) {
 #pragma unroll
         for (int e = 0; e < kVecElems; ++e) partner[e] = x[e ^ 1];
@@ -530,20 +540,27 @@ __device__ __forceinline__ void fetchPartners(float (&partner)[kVecElems], uint4
 }
 
 // My 8 values of head row `row` of the token (`mine`: its packed input): bias, then the rotation for Q and K heads.
-template <typename io_t>
+// kBias: the step has a bias (the launcher's choice). A run-time null check here would be if-converted by the
+// compiler into ~30 predicated-off instructions issued on every pass of a bias-free model (Nsight Compute, H200:
+// the pass is ~232 issued instructions, the scheduler 77 % busy), so the bias-free kernel leaves them out.
+template <typename io_t, bool kBias>
 __device__ __forceinline__ void computeRow(float (&x)[kVecElems], uint4 mine, int32_t row, bool inRange,
                                            QKVWriteKernelParams const& kp, HeadRows<io_t> const& heads,
                                            LaneGeometry const& geo, RopeLane const& rope, TokenState const& tok,
                                            float (&warpStage)[32 * kVecElems]) {
     bool const rotatesRow = tok.rope && row < heads.vBegin;  // Q and K heads
     // The bias row is small and stays in L1/L2: loaded per row rather than held in registers.
-    io_t const* const rowBias =
-        (heads.bias != nullptr && inRange) ? heads.bias + static_cast<int64_t>(row) * heads.headDim : nullptr;
+    io_t const* rowBias = nullptr;
+    if constexpr (kBias) {
+        if (heads.bias != nullptr && inRange) rowBias = heads.bias + static_cast<int64_t>(row) * heads.headDim;
+    }
     unpack8<io_t>(mine, x);
-    if (rowBias != nullptr) addBias8<io_t>(x, rowBias + geo.dim0);
+    if constexpr (kBias) {
+        if (rowBias != nullptr) addBias8<io_t>(x, rowBias + geo.dim0);
+    }
     if (tok.rope) {
         float partner[kVecElems];
-        fetchPartners<io_t>(partner, mine, x, rowBias, rotatesRow, kp, heads, geo, rope, warpStage);
+        fetchPartners<io_t, kBias>(partner, mine, x, rowBias, rotatesRow, kp, heads, geo, rope, warpStage);
         if (rotatesRow) {
 #pragma unroll
             for (int e = 0; e < kVecElems; ++e)
@@ -595,7 +612,7 @@ __device__ __forceinline__ void storeRow(float const (&x)[kVecElems], int32_t ro
 // 3 CTAs of 256 threads per SM (<= 80 registers, no spills; ~31 KB of static shared memory each) keep 24 warps
 // and, with kPrefetch = 4 copies in flight per thread, 24 x 32 x 4 x 16 B = 48 KB of reads in flight per SM:
 // Little's law at the read half of the copy ceiling (~16 B/ns per SM) covers ~3 us of loaded latency.
-template <IODType IO, CacheDType C>
+template <IODType IO, CacheDType C, bool kBias>
 __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
     qkvWriteKernel(__grid_constant__ QKVWriteKernelParams const kp) {
     using io_t = typename IOStorage<IO>::type;
@@ -623,7 +640,7 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
     WarpRange const range = warpRangeOf(static_cast<int32_t>(blockIdx.x) * kQKVWriteWarps + warp, plan);
     // Layout [slot][thread]: a warp's 16-byte accesses are consecutive, conflict-free.
     __shared__ uint4 ringSlots[kRingSlots][kQKVWriteThreads];
-    LoadRing<io_t> ring(ringSlots, range);
+    LoadRing<io_t> ring(ringSlots, range, heads, geo, plan.rowsPerPass);
     SeqSpan firstGuess{-1, 0, 0, 0};  // empty: no token matches
     if (range.active()) {
 #pragma unroll
@@ -669,7 +686,7 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
         ring.issueNext(kp, heads, geo, range.passes);
         bool const inRange = row < plan.numHeadRows;
         float x[kVecElems];
-        computeRow<io_t>(x, mine, row, inRange, kp, heads, geo, rope, tok, stage[warp]);
+        computeRow<io_t, kBias>(x, mine, row, inRange, kp, heads, geo, rope, tok, stage[warp]);
         if (!inRange) continue;  // no such head row (idle lane, last pass's tail): it only joined the shuffles
         storeRow<io_t, C>(x, row, token, kp, heads, geo, tok, warpSpan[warp], pool);
     }
@@ -677,7 +694,7 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
 }
 
 // CTAs per SM the kernel can keep resident (occupancy calculator), cached per device.
-template <IODType IO, CacheDType C>
+template <IODType IO, CacheDType C, bool kBias>
 int residentCTAsPerSM() {
     static std::mutex mutex;
     static std::vector<int> perDevice;
@@ -688,30 +705,36 @@ int residentCTAsPerSM() {
     if (perDevice[device] == 0) {
         // The load ring lives in shared memory: ask for a carveout that holds kQKVWriteMinCTAsPerSM CTAs (a
         // hint; the default may favour L1 and leave room for fewer). Half of the SM's unified memory is ample.
-        if (cudaFuncSetAttribute(qkvWriteKernel<IO, C>, cudaFuncAttributePreferredSharedMemoryCarveout, 50) !=
+        if (cudaFuncSetAttribute(qkvWriteKernel<IO, C, kBias>, cudaFuncAttributePreferredSharedMemoryCarveout, 50) !=
             cudaSuccess)
             (void)cudaGetLastError();  // only a hint: do not let its failure surface as the launch's error
         int n = 0;
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, qkvWriteKernel<IO, C>, kQKVWriteThreads, 0);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, qkvWriteKernel<IO, C, kBias>, kQKVWriteThreads, 0);
         perDevice[device] = n > 0 ? n : 1;
     }
     return perDevice[device];
 }
 
-}  // namespace qkvwrite
-
 // Grid: at most one wave of resident CTAs, whose warps split the (token, pass) pairs into balanced contiguous
 // ranges (qkvWriteWarps in qkv_write_params.cuh chooses how many warps).
-template <IODType IO, CacheDType C>
-cudaError_t runQKVWriteKernel(QKVWriteKernelParams const& kp, int32_t smCount, cudaStream_t stream) {
-    int64_t const residentWarps =
-        static_cast<int64_t>(qkvwrite::residentCTAsPerSM<IO, C>()) * smCount * kQKVWriteWarps;
+template <IODType IO, CacheDType C, bool kBias>
+cudaError_t launchWithBias(QKVWriteKernelParams const& kp, int32_t smCount, cudaStream_t stream) {
+    int64_t const residentWarps = static_cast<int64_t>(residentCTAsPerSM<IO, C, kBias>()) * smCount * kQKVWriteWarps;
     QKVWriteKernelParams launch = kp;
     launch.plan.numWarps = qkvWriteWarps(kp.plan.totalPasses, kp.p.meta.numTokens, residentWarps);
     unsigned const grid = static_cast<unsigned>((launch.plan.numWarps + kQKVWriteWarps - 1) / kQKVWriteWarps);
     if (grid == 0) return cudaSuccess;
-    qkvwrite::qkvWriteKernel<IO, C><<<grid, kQKVWriteThreads, 0, stream>>>(launch);
+    qkvWriteKernel<IO, C, kBias><<<grid, kQKVWriteThreads, 0, stream>>>(launch);
     return cudaGetLastError();
+}
+
+}  // namespace qkvwrite
+
+// The kernel with or without its bias stage (computeRow says why that is a compile-time choice).
+template <IODType IO, CacheDType C>
+cudaError_t runQKVWriteKernel(QKVWriteKernelParams const& kp, int32_t smCount, cudaStream_t stream) {
+    return kp.p.bias != nullptr ? qkvwrite::launchWithBias<IO, C, true>(kp, smCount, stream)
+                                : qkvwrite::launchWithBias<IO, C, false>(kp, smCount, stream);
 }
 
 }  // namespace pagedkv
