@@ -220,8 +220,8 @@ struct LayerPool {
     }
 };
 
-// The warp's loads: they run kPrefetch passes ahead of the processing, across token boundaries: aheadPass (with
-// my row and offset in it) is the pass of the next pair to load. Each byte of qkv is read once, 16 bytes per lane, as an
+// The warp's loads: they run kPrefetch passes ahead of the processing, across token boundaries: aheadPassRow
+// (and my offset in it) is the pass of the next pair to load. Each byte of qkv is read once, 16 bytes per lane, as an
 // asynchronous copy into this thread's column of the shared-memory ring `slots` (vec.cuh: copyAsync16 says why
 // not registers). One commit group per pass: groups committed so far = kPrefetch + (passes taken), so leaving
 // kPrefetch - 1 pending completes the oldest. The caller takes a pass's slot, then issues the load kPrefetch
@@ -230,42 +230,43 @@ struct LayerPool {
 template <typename io_t>
 struct LoadRing {
     uint4 (&slots)[kRingSlots][kQKVWriteThreads];  // __shared__, [slot][thread]
-    int32_t aheadPass;
-    int32_t aheadRow;      // my head row in that pass (>= NHR: none)
+    int32_t aheadPassRow;  // pass x RPP of the next pair to load (warp-uniform)
+    int32_t rowLimit;      // NHR - my row slot: my row of the pass is in range while aheadPassRow < rowLimit
     int64_t aheadElem;     // where my 16 bytes of it start in qkv (elements); not read when the row is none
     int32_t aheadLeft;     // pairs left to load
     int32_t aheadSlot;     // the slot the next copy goes into
     int32_t readSlot = 0;  // the slot of the next pass to take
 
-    // The running row and offset advance by one pass per copy: an add instead of the token x stride + row x D
-    // products per pass (64-bit: ~10 issued instructions of the ~232 a pass cost).
+    // The running offset advances by one pass per copy, and by a fixed step to the next token's first pass: adds
+    // instead of the token x stride + row x D products per pass (64-bit: ~10 issued instructions of the ~232 a
+    // pass cost), all but my row slot warp-uniform.
     __device__ __forceinline__ LoadRing(uint4 (&slots_)[kRingSlots][kQKVWriteThreads], WarpRange const& range,
-                                        HeadRows<io_t> const& heads, LaneGeometry const& geo, int32_t rowsPerPass)
+                                        HeadRows<io_t> const& heads, LaneGeometry const& geo, int32_t rowsPerPass,
+                                        int32_t numHeadRows)
         : slots(slots_), aheadSlot(0) {
         int32_t const token = range.begin / range.passes;
-        aheadPass = range.begin - token * range.passes;
-        aheadRow = aheadPass * rowsPerPass + geo.rowSlot;
-        aheadElem = static_cast<int64_t>(token) * heads.tokenStride + static_cast<int64_t>(aheadRow) * heads.headDim +
-                    geo.dim0;
+        aheadPassRow = (range.begin - token * range.passes) * rowsPerPass;
+        rowLimit = numHeadRows - geo.rowSlot;
+        aheadElem = static_cast<int64_t>(token) * heads.tokenStride +
+                    static_cast<int64_t>(aheadPassRow + geo.rowSlot) * heads.headDim + geo.dim0;
         aheadLeft = range.end - range.begin;
     }
 
     // Copies my 16 bytes of the next pair's head row, or zero-fills them (row out of range, range exhausted).
     __device__ __forceinline__ void issueNext(QKVWriteKernelParams const& kp, HeadRows<io_t> const& heads,
-                                              LaneGeometry const& geo, int32_t passes) {
+                                              int32_t passes) {
         int32_t const rowsPerPass = kp.plan.rowsPerPass;
-        bool const valid = aheadLeft > 0 && aheadRow < kp.plan.numHeadRows;
+        bool const valid = aheadLeft > 0 && aheadPassRow < rowLimit;
         io_t const* src = static_cast<io_t const*>(kp.p.qkv);  // not read when !valid
         if (valid) src += aheadElem;
         copyAsync16(&slots[aheadSlot][threadIdx.x], src, valid);
         commitAsyncCopies();  // one group per pass, also for a zero-fill: take() counts groups
         --aheadLeft;
-        aheadRow += rowsPerPass;
+        aheadPassRow += rowsPerPass;
         aheadElem += static_cast<int64_t>(rowsPerPass) * heads.headDim;
-        if (++aheadPass == passes) {  // the next token's first pass: row rowSlot of the next packed row
-            aheadPass = 0;
-            aheadElem += heads.tokenStride - static_cast<int64_t>(aheadRow - geo.rowSlot) * heads.headDim;
-            aheadRow = geo.rowSlot;
+        if (aheadPassRow == passes * rowsPerPass) {  // on to the next token's first pass (the same row slot)
+            aheadPassRow = 0;
+            aheadElem += heads.tokenStride - static_cast<int64_t>(passes * rowsPerPass) * heads.headDim;
         }
         if (++aheadSlot == kRingSlots) aheadSlot = 0;
     }
@@ -640,11 +641,11 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
     WarpRange const range = warpRangeOf(static_cast<int32_t>(blockIdx.x) * kQKVWriteWarps + warp, plan);
     // Layout [slot][thread]: a warp's 16-byte accesses are consecutive, conflict-free.
     __shared__ uint4 ringSlots[kRingSlots][kQKVWriteThreads];
-    LoadRing<io_t> ring(ringSlots, range, heads, geo, plan.rowsPerPass);
+    LoadRing<io_t> ring(ringSlots, range, heads, geo, plan.rowsPerPass, plan.numHeadRows);
     SeqSpan firstGuess{-1, 0, 0, 0};  // empty: no token matches
     if (range.active()) {
 #pragma unroll
-        for (int k = 0; k < kPrefetch; ++k) ring.issueNext(kp, heads, geo, range.passes);
+        for (int k = 0; k < kPrefetch; ++k) ring.issueNext(kp, heads, range.passes);
         pool.load();
         firstGuess = guessSequence(meta, kp.seqsPerToken, range.begin / range.passes);
     }
@@ -683,7 +684,7 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
         // Take pass g's input, then send the load kPrefetch passes ahead into the slot read one pass ago.
         int32_t const row = pass * plan.rowsPerPass + geo.rowSlot;
         uint4 const mine = ring.take();
-        ring.issueNext(kp, heads, geo, range.passes);
+        ring.issueNext(kp, heads, range.passes);
         bool const inRange = row < plan.numHeadRows;
         float x[kVecElems];
         computeRow<io_t, kBias>(x, mine, row, inRange, kp, heads, geo, rope, tok, stage[warp]);
