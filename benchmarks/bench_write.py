@@ -1,4 +1,4 @@
-"""Fused QKV-preprocess + paged KV write (pagedkv) against FlashInfer 0.6.0's unfused pipeline
+"""Fused QKV-preprocess + paged KV write (pagedkv) against FlashInfer 0.7.2's unfused pipeline
 (``flashinfer.rope.apply_rope_pos_ids`` + ``flashinfer.page.append_paged_kv_cache``), side by side in one process
 on the same activations, each with its own pool (ours HND and NHD, FlashInfer NHD), pages shuffled.
 
@@ -105,8 +105,10 @@ class Step:
         self.kv_len = kv_len
 
 
-def our_launcher(step: Step, torch, cache: str, layout: str):
-    """A zero-argument launch of our kernel on torch's current stream (graph-capturable), and its pool."""
+def our_launcher(step: Step, torch, cache: str, layout: str, rope=None, explicit_positions: bool = False):
+    """A zero-argument launch of our kernel on torch's current stream (graph-capturable), and its pool. ``rope``
+    (a RopeConfig; default NeoX at THETA) and ``explicit_positions`` (RoPE positions from step.positions) are the
+    knobs of benchmarks/write_experiments.py."""
     from pagedkv.config import PoolConfig, RopeConfig, WriteConfig
     from pagedkv.kernels import write
     from pagedkv.layout import CacheDType, PageLayout
@@ -114,7 +116,8 @@ def our_launcher(step: Step, torch, cache: str, layout: str):
     cache_dtype = {"bf16": CacheDType.BF16, "fp8": CacheDType.FP8_E4M3}[cache]
     page_layout = {"HND": PageLayout.HND, "NHD": PageLayout.NHD}[layout]
     shape = step.shape
-    cfg = WriteConfig(num_q_heads=H, rope=RopeConfig(theta=THETA),
+    cfg = WriteConfig(num_q_heads=H, rope=rope if rope is not None else RopeConfig(theta=THETA),
+                      explicit_positions=explicit_positions,
                       pool=PoolConfig(num_kv_heads=KVH, head_dim=shape.head_dim, page_size=shape.page_size, num_layers=1,
                                       layer_index=0, cache_dtype=cache_dtype, page_layout=page_layout,
                                       k_scale=0.05, v_scale=0.05))
@@ -123,7 +126,8 @@ def our_launcher(step: Step, torch, cache: str, layout: str):
     descs = torch.tensor([[pool.data_ptr(), step.num_blocks, 0, 0]], device="cuda", dtype=torch.int64)
     meta = write.StepPointers(descs.data_ptr(), step.block_table.data_ptr(), step.cu_q_lens.data_ptr(),
                               step.past_lens.data_ptr(), num_seqs=shape.num_seqs, num_tokens=shape.tokens,
-                              max_blocks=step.pages_per_seq)
+                              max_blocks=step.pages_per_seq,
+                              position_ids=step.positions.data_ptr() if explicit_positions else 0)
     args = write.write_params(cfg, write.IODType.BF16, qkv=step.qkv.data_ptr(), q_out=step.q_out.data_ptr(),
                               status=step.status.data_ptr(), meta=meta)
     lib = write._capi()
