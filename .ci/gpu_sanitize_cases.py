@@ -42,6 +42,9 @@ LONG_CASES = [
     # more CTAs than SMs, so that CTAs follow each other on an SM (a per-warp stage release was reported only here)
     ((32, 8, 128, 64, CacheDType.BF16, PageLayout.HND, 0, 0, 0), (1000,), (0,)),
     ((32, 8, 128, 16, CacheDType.FP8_E4M3, PageLayout.HND, 0, 0, 0), (700,), (0,)),
+    # over 4 x the resident write warps in tokens (132 SMs x 24 on an H200): the QKV write's grid of one warp per
+    # token over several waves, its CTAs following each other on an SM; short sequences keep the attention small
+    ((4, 2, 64, 16, CacheDType.FP16, PageLayout.NHD, 0, 0, 0), (100,) * 132 + (7,), (0,) * 132 + (50,)),
 ]
 
 

@@ -716,8 +716,8 @@ int residentCTAsPerSM() {
     return perDevice[device];
 }
 
-// Grid: at most one wave of resident CTAs, whose warps split the (token, pass) pairs into balanced contiguous
-// ranges (qkvWriteWarps in qkv_write_params.cuh chooses how many warps).
+// Grid: the CTAs of qkvWriteWarps(...) warps (qkv_write_params.cuh), whose balanced contiguous ranges split the
+// (token, pass) pairs: at most one wave of resident CTAs, or for a long prefill one warp per token over many waves.
 template <IODType IO, CacheDType C, bool kBias>
 cudaError_t launchWithBias(QKVWriteKernelParams const& kp, int32_t smCount, cudaStream_t stream) {
     int64_t const residentWarps = static_cast<int64_t>(residentCTAsPerSM<IO, C, kBias>()) * smCount * kQKVWriteWarps;

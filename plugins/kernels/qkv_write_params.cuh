@@ -14,8 +14,9 @@
 //              last row hold vectors past the end of it: they load and store nothing
 //   warp range each warp owns a balanced contiguous range of the T * P (token, pass) pairs and streams through
 //              it with a few loads in flight; sequence lookup, page lookup and cos/sin happen once per token
-//              it enters. Prefill: ranges of many passes (whole tokens); decode: one pass per warp, a token
-//              spread over many warps. Balanced ranges leave no tail wave.
+//              it enters. Decode: one pass per warp, a token spread over many warps; medium steps: every
+//              resident warp on a few passes, one wave; long prefills: one warp per token, a grid of many waves
+//              (qkvWriteWarps says when and why).
 #pragma once
 
 #include <cmath>
@@ -121,6 +122,11 @@ PKV_HD RopeElem ropeElem(RopeStyle style, int32_t rotaryDim, int32_t dim) {
     return e;
 }
 
+// Long prefills run one warp per token once their grid spans this many waves of resident warps: fewer waves leave
+// a partial last wave that costs more than one wave of longer ranges (H200, 1 x 4096 tokens = 1.3 waves: 43.0 us
+// as one-token warps, 35.7 us as one wave; 1 x 16384 = 5.2 waves: 110.6 against 116.5).
+constexpr int64_t kQKVWriteTokenWarpWaves = 4;
+
 // Host: how many warps share the T * P (token, pass) pairs (T >= 1), given the warps of one resident wave:
 //  - T * P <= resident: one warp per pair (decode: a token spread over P warps, all its head rows in parallel);
 //  - else, when whole warps per token, wpt = resident / T >= 4, still fill >= 3/4 of the wave: T * wpt warps.
@@ -128,11 +134,16 @@ PKV_HD RopeElem ropeElem(RopeStyle style, int32_t rotaryDim, int32_t dim) {
 //    w = t * wpt + j, [t*P + j*P/wpt, t*P + (j+1)*P/wpt) (floors): no range straddles two tokens, so no warp
 //    pays two tokens' chains of dependent loads (sequence, block table), which would set the kernel's latency
 //    in a decode batch of a few hundred tokens;
-//  - else (prefill): every resident warp, each with a range of many passes.
+//  - else, T >= kQKVWriteTokenWarpWaves x resident (a long prefill): one warp per token (ranges [t*P, (t+1)*P)),
+//    a grid of T / 8 CTAs over several waves. The same byte stream (benchmarks/NOTES-write.md, round 6) copies
+//    in 103.7 us on the H200 as a grid of short CTAs, in 107-109 us as one wave of long warp ranges whatever their
+//    ring depth, occupancy or order; the kernel: 110.6 against 116.5 us for 16K tokens;
+//  - else: every resident warp, one wave, each with a range of a few tokens' passes.
 inline int32_t qkvWriteWarps(int64_t totalPasses, int32_t numTokens, int64_t residentWarps) {
     if (totalPasses <= residentWarps) return static_cast<int32_t>(totalPasses);
     int64_t const warpsPerToken = residentWarps / numTokens;
     if (warpsPerToken >= 4) return static_cast<int32_t>(numTokens * warpsPerToken);
+    if (numTokens >= kQKVWriteTokenWarpWaves * residentWarps) return numTokens;
     return static_cast<int32_t>(residentWarps);
 }
 

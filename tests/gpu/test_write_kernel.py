@@ -380,17 +380,31 @@ def test_large_positions_keep_angle_accuracy():
         Run(cfg, num_blocks).step(qkv, bias, meta)
 
 
-def test_large_prefill_uses_the_grid_stride_loop():
-    # 20000 tokens x 6 head rows: far more warp items than the GPU keeps resident (132 SMs x 24 warps).
-    case = Case("prefill-20000", q_lens=(12000, 1, 7999), past_lens=(0, 4000, 0), heads=4, kv_heads=1,
-                page_size=64, rope=RopeConfig(theta=500000.0))
+# Long prefills: at least 4 x the resident warps in tokens (12672 on an H200: 132 SMs x 24 warps), so one warp per
+# token (qkvWriteWarps), a grid of T / 8 CTAs over several waves whose CTAs follow each other on an SM.
+LARGE_PREFILL_CASES = [
+    Case("prefill-20000", q_lens=(12000, 1, 7999), past_lens=(0, 4000, 0), heads=4, kv_heads=1, page_size=64,
+         rope=RopeConfig(theta=500000.0)),
+    Case("prefill-13300-fp8-nhd-D80-R24-bias", q_lens=(6500, 1, 6799), past_lens=(0, 70, 3), heads=4, kv_heads=2,
+         head_dim=80, cache=CacheDType.FP8_E4M3, page_layout=PageLayout.NHD, page_size=24, bias=True,
+         rope=RopeConfig(rotary_dim=24)),
+]
+
+
+@pytest.mark.parametrize("case", LARGE_PREFILL_CASES, ids=[c.name for c in LARGE_PREFILL_CASES])
+def test_large_prefill_runs_over_several_waves(case):
     run_case(case, seed=3)
 
 
-# Long warp ranges: ~10 (token, pass) pairs per warp on an H200 (132 SMs x 24 resident warps), so the kernel's
-# ring of asynchronous loads wraps many times, and ranges start and end mid-token and mid-sequence; one case per
-# RoPE partner path (shared-memory staging, in-vector, shuffle) and per 1-byte / 2-byte cache store.
+# Warp ranges that cross tokens and sequences, in one wave of every resident warp: the mid cases (between a quarter
+# of the resident warps and all of them in tokens: 792..3168 on an H200) give each warp a few passes, the long ones
+# (under 4 x the resident warps) a few tokens, so ranges start and end mid-token and mid-sequence and the ring of
+# asynchronous loads wraps many times. One case per RoPE partner path (shared-memory staging, in-vector, shuffle)
+# and per 1-byte / 2-byte cache store.
 LONG_RANGE_CASES = [
+    Case("mid-ranges-bf16-D128", q_lens=(1500, 1, 603, 37), past_lens=(0, 900, 13, 0)),
+    Case("mid-ranges-fp8-nhd-D80-R24-bias", q_lens=(1200, 1, 1, 977), past_lens=(0, 40, 7, 0), head_dim=80,
+         cache=CacheDType.FP8_E4M3, page_layout=PageLayout.NHD, bias=True, rope=RopeConfig(rotary_dim=24)),
     Case("long-ranges-fp8-D64-R24-bias", q_lens=(6000, 1, 4650, 37), past_lens=(0, 900, 13, 0), head_dim=64,
          cache=CacheDType.FP8_E4M3, bias=True, rope=RopeConfig(rotary_dim=24)),
     Case("long-ranges-int8-nhd-D256-gptj", q_lens=(3000, 1, 1, 2398), past_lens=(0, 40, 7, 0), heads=4,
