@@ -7,15 +7,21 @@
 - ``computeRopeParams`` (C++) gives the reference's inverse frequencies rounded once to float32.
 - The kernel's RoPE angle reduction (evaluated on the host through the C API, same code as on the device)
   stays accurate for every int32 position, where a float32 product ``pos * inv_freq`` does not.
+- The launcher's warp count (``qkvWriteWarps``, through the C API) and the kernel's balanced ranges it implies:
+  decode steps one pass per warp, no warp crossing two tokens where whole warps per token fit, one warp per token
+  for long prefills (property test over token counts, passes per token and wave sizes).
 """
 
 from __future__ import annotations
 
 import ctypes
 import math
+import re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pagedkv import _lib
 from pagedkv.config import PoolConfig, RopeConfig, RopeScaling, RopeStyle, WriteConfig
@@ -344,3 +350,49 @@ def test_rope_angle_reduction_is_accurate_for_every_int32_position():
     # What the reduction buys: a float32 product pos * inv_freq is already ~4e-3 rad off at position 131071.
     naive = (positions.astype(np.float32)[:, None] * inv_freq[None, :]).astype(np.float64)
     assert angle_error(naive[5:6], exact_angles(inv_freq, positions[5:6])).max() > 100 * ANGLE_BOUND
+
+
+# ---- the launcher's work decomposition -----------------------------------------------------------------------
+# 132 SMs x 3 CTAs x 8 warps (an H200) and other wave sizes; passes per token: NHR / RPP for real head counts.
+RESIDENT_WARPS = (1, 24, 3168, 2592, 4224)
+TOKEN_WARP_WAVES = 4  # kQKVWriteTokenWarpWaves
+
+
+def warp_ranges(total: int, warps: int) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel's balanced ranges (warpRangeOf): warp w takes pairs [w * total // N, (w + 1) * total // N)."""
+    w = np.arange(warps, dtype=np.int64)
+    return w * total // warps, (w + 1) * total // warps
+
+
+@settings(max_examples=300, deadline=None)
+@given(tokens=st.integers(1, 60000), passes=st.sampled_from((1, 2, 3, 6, 12, 16, 24, 40, 64)),
+       resident=st.sampled_from(RESIDENT_WARPS))
+def test_write_warps_split_the_pairs_as_the_policy_says(tokens, passes, resident):
+    total = tokens * passes
+    n = write.write_warps(tokens, passes, resident)
+    begin, end = warp_ranges(total, n)
+    assert begin[0] == 0 and end[-1] == total and np.array_equal(begin[1:], end[:-1])  # a partition
+    if total <= resident:  # decode: one pass per warp
+        assert n == total
+        return
+    assert np.all(end > begin)  # no idle warp
+    crossing = (begin // passes) != ((end - 1) // passes)
+    if resident // tokens >= 4:  # whole warps per token, >= 3/4 of the wave: no warp pays two tokens' chains
+        assert n == tokens * (resident // tokens) and 4 * n >= 3 * resident
+        assert not crossing.any()
+    elif tokens >= TOKEN_WARP_WAVES * resident:  # long prefill: one warp per token, over several waves
+        assert n == tokens
+        assert np.array_equal(begin, np.arange(tokens) * passes)
+    else:  # one wave of every resident warp
+        assert n == resident
+
+
+@pytest.mark.parametrize("args, message", [
+    ((0, 24, 3168), "num_tokens=0: expected >= 1"),
+    ((16, 0, 3168), "passes_per_token=0: expected >= 1"),
+    ((16, 24, 0), "resident_warps=0: expected in [1, 2^31)"),
+    ((16, 24, 2**31), "resident_warps=2147483648: expected in [1, 2^31)"),
+])
+def test_write_warps_rejects_bad_counts(args, message):
+    with pytest.raises(_lib.CapiError, match=re.escape(message)):
+        write.write_warps(*args)

@@ -1,7 +1,9 @@
 // C API of the fused QKV write: the launcher on the caller's QKVWriteParams (all validation is the launcher's,
-// qkv_write.cu), the RoPE table of a RopeConfig (computeRopeParams, as the plugin precomputes it) and the
-// kernel's angle reduction run on the host.
+// qkv_write.cu), the RoPE table of a RopeConfig (computeRopeParams, as the plugin precomputes it), the
+// kernel's angle reduction and the launcher's warp count run on the host.
 #include "capi_write.h"
+
+#include <cstdint>
 
 #include "../kernels/launch_common.h"
 #include "../kernels/qkv_write_params.cuh"
@@ -35,6 +37,16 @@ int32_t pagedkv_rope_angles(const float* inv_freq, int32_t num_freqs, const int3
         for (int32_t i = 0; i < n; ++i)
             out[static_cast<int64_t>(i) * num_freqs + j] = pagedkv::ropeAngle(positions[i], turns);
     }
+    return 0;
+}
+
+int32_t pagedkv_qkv_write_warps(int32_t num_tokens, int32_t passes_per_token, int64_t resident_warps, int32_t* out) {
+    pagedkv::clearLastError();
+    PKV_REQUIRE(num_tokens >= 1, "num_tokens", num_tokens, ">= 1");
+    PKV_REQUIRE(passes_per_token >= 1, "passes_per_token", passes_per_token, ">= 1");
+    PKV_REQUIRE(resident_warps >= 1 && resident_warps <= INT32_MAX, "resident_warps", resident_warps, "in [1, 2^31)");
+    PKV_REQUIRE(out != nullptr, "out", 0, "a pointer");
+    *out = pagedkv::qkvWriteWarps(static_cast<int64_t>(num_tokens) * passes_per_token, num_tokens, resident_warps);
     return 0;
 }
 

@@ -26,4 +26,9 @@ PAGEDKV_EXPORT int32_t pagedkv_rope_params(const pagedkv::RopeConfig* config, in
 PAGEDKV_EXPORT int32_t pagedkv_rope_angles(const float* inv_freq, int32_t num_freqs, const int32_t* positions,
                                            int32_t n, float* out);
 
+// The launcher's work decomposition (qkvWriteWarps) on the host: into *out, how many warps share the
+// num_tokens x passes_per_token (token, pass) pairs when `resident_warps` warps fit the GPU at once.
+PAGEDKV_EXPORT int32_t pagedkv_qkv_write_warps(int32_t num_tokens, int32_t passes_per_token, int64_t resident_warps,
+                                               int32_t* out);
+
 }  // extern "C"

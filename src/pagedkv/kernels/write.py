@@ -81,6 +81,7 @@ def _capi() -> ctypes.CDLL:
         "pagedkv_rope_params": ([ctypes.POINTER(_structs.struct("RopeConfig")), i32,
                                  ctypes.POINTER(_structs.struct("RopeParams"))], i32),
         "pagedkv_rope_angles": ([f32p, i32, ctypes.POINTER(i32), i32, f32p], i32),
+        "pagedkv_qkv_write_warps": ([i32, i32, ctypes.c_int64, ctypes.POINTER(i32)], i32),
     })
 
 
@@ -289,3 +290,13 @@ def rope_angles(inv_freq: np.ndarray, positions: np.ndarray) -> np.ndarray:
                                      out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)))
     _lib.check(rc, "pagedkv_rope_angles")
     return out
+
+
+def write_warps(num_tokens: int, passes_per_token: int, resident_warps: int) -> int:
+    """The launcher's warp count on the host (``qkvWriteWarps``): how many warps share the ``num_tokens x
+    passes_per_token`` (token, pass) pairs when ``resident_warps`` fit the GPU at once. Warp ``w`` then takes pairs
+    ``[w * TP // N, (w + 1) * TP // N)``."""
+    out = ctypes.c_int32()
+    _lib.check(_capi().pagedkv_qkv_write_warps(num_tokens, passes_per_token, resident_warps, ctypes.byref(out)),
+               "pagedkv_qkv_write_warps")
+    return out.value
