@@ -150,9 +150,9 @@ extern "C" __global__ void __launch_bounds__(128) flat_copy(const char* s, char*
         if (base + k * 2048 < n * 512) *reinterpret_cast<uint4*>(d + base + k * 2048) = v[k];
 }
 
-// The sm_90 kernel's BulkRowRing: the warp's range is one byte stream, brought in by lane 0 in bulk copies of
-// kStageBytes into a ring of kStages, each completing on its mbarrier; lanes wait for their stage, and a stage is
-// refilled once the pass after it begins.
+// The input ring of round 6's dropped sm_90 BulkRowRing: the warp's range is one byte stream, brought in by lane 0
+// in bulk copies of kStageBytes into a ring of kStages, each completing on its mbarrier; lanes wait for their stage,
+// and a stage is refilled once the pass after it begins.
 template <int kStages, int kStageBytes, bool kKernelDestinations>
 __device__ void walkBulk(const char* __restrict__ src, char* __restrict__ dst, char* __restrict__ pool,
                          const int* __restrict__ perm, long long chunks, int warps) {
@@ -161,9 +161,8 @@ __device__ void walkBulk(const char* __restrict__ src, char* __restrict__ dst, c
     __shared__ unsigned long long full[8][kStages];
     int const lane = threadIdx.x & 31;
     int const warp = threadIdx.x >> 5;
-    long long const w = (long long)blockIdx.x * 8 + warp;
-    long long first = 0, count = 0;
-    if (w < warps) { first = w * chunks / warps; count = (w + 1) * chunks / warps - first; }
+    long long first, count;
+    warpShare<false>((long long)blockIdx.x * 8 + warp, chunks, warps, first, count);
     if (count == 0) return;
     unsigned const ringAt = (unsigned)__cvta_generic_to_shared(&ring[warp][0]);
     unsigned const fullAt = (unsigned)__cvta_generic_to_shared(&full[warp][0]);

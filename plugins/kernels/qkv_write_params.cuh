@@ -137,7 +137,7 @@ constexpr int64_t kQKVWriteTokenWarpWaves = 4;
 //  - else, T >= kQKVWriteTokenWarpWaves x resident (a long prefill): one warp per token (ranges [t*P, (t+1)*P)),
 //    a grid of T / 8 CTAs over several waves. The same byte stream (benchmarks/NOTES-write.md, round 6) copies
 //    in 103.7 us on the H200 as a grid of short CTAs, in 107-109 us as one wave of long warp ranges whatever their
-//    ring depth, occupancy or order; the kernel: 110.6 against 116.5 us for 16K tokens;
+//    ring depth, occupancy or order;
 //  - else: every resident warp, one wave, each with a range of a few tokens' passes.
 inline int32_t qkvWriteWarps(int64_t totalPasses, int32_t numTokens, int64_t residentWarps) {
     if (totalPasses <= residentWarps) return static_cast<int32_t>(totalPasses);
