@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "cache_convert.cuh"
@@ -220,22 +221,42 @@ struct LayerPool {
     }
 };
 
-// The warp's loads: they run kPrefetch passes ahead of the processing, across token boundaries: aheadPassRow
-// (and my offset in it) is the pass of the next pair to load. Each byte of qkv is read once, 16 bytes per lane, as an
-// asynchronous copy into this thread's column of the shared-memory ring `slots` (vec.cuh: copyAsync16 says why
-// not registers). One commit group per pass: groups committed so far = kPrefetch + (passes taken), so leaving
-// kPrefetch - 1 pending completes the oldest. The caller takes a pass's slot, then issues the load kPrefetch
-// passes ahead into the slot read one pass ago (its value was consumed, so that read has landed: no write-after-
-// read hazard), before processing the row; a thread only reads what its own copies wrote, so no barrier.
+// The shared-memory ring of a warp's asynchronous 16-byte loads, kPrefetch passes ahead of the processing: one
+// commit group per pass, so that with kPrefetch + (passes taken) groups committed, leaving kPrefetch - 1 pending
+// completes the oldest. The caller takes a pass's slot, then issues the load kPrefetch passes ahead into the slot
+// read one pass ago (its value was consumed, so that read has landed: no write-after-read hazard), before
+// processing the row; a thread only reads what its own copies wrote, so no barrier. (vec.cuh: copyAsync16 says
+// why shared memory, not registers.)
+struct AsyncRing {
+    uint4 (&slots)[kRingSlots][kQKVWriteThreads];  // __shared__, [slot][thread]
+    int32_t aheadSlot = 0;  // the slot the next copy goes into
+    int32_t readSlot = 0;   // the slot of the next pass to take
+
+    // Copies my 16 bytes at `src`, or zero-fills them (!valid: src is not read).
+    __device__ __forceinline__ void push(void const* src, bool valid) {
+        copyAsync16(&slots[aheadSlot][threadIdx.x], src, valid);
+        commitAsyncCopies();  // one group per pass, also for a zero-fill: take() counts groups
+        if (++aheadSlot == kRingSlots) aheadSlot = 0;
+    }
+
+    // The oldest pass's 16 bytes, once its copy has landed.
+    __device__ __forceinline__ uint4 take() {
+        waitAsyncCopies<kPrefetch - 1>();
+        uint4 const mine = slots[readSlot][threadIdx.x];
+        if (++readSlot == kRingSlots) readSlot = 0;
+        return mine;
+    }
+};
+
+// The loads of a warp range (any range of (token, pass) pairs): they run across token boundaries, aheadPassRow
+// (and my offset in it) being the pass of the next pair to load.
 template <typename io_t>
 struct LoadRing {
-    uint4 (&slots)[kRingSlots][kQKVWriteThreads];  // __shared__, [slot][thread]
+    AsyncRing ring;
     int32_t aheadPassRow;  // pass x RPP of the next pair to load (warp-uniform)
     int32_t rowLimit;      // NHR - my row slot: my row of the pass is in range while aheadPassRow < rowLimit
     int64_t aheadElem;     // where my 16 bytes of it start in qkv (elements); not read when the row is none
     int32_t aheadLeft;     // pairs left to load
-    int32_t aheadSlot;     // the slot the next copy goes into
-    int32_t readSlot = 0;  // the slot of the next pass to take
 
     // The running offset advances by one pass per copy, and by a fixed step to the next token's first pass: adds
     // instead of the token x stride + row x D products per pass (64-bit: ~10 issued instructions of the ~232 a
@@ -243,7 +264,7 @@ struct LoadRing {
     __device__ __forceinline__ LoadRing(uint4 (&slots_)[kRingSlots][kQKVWriteThreads], WarpRange const& range,
                                         HeadRows<io_t> const& heads, LaneGeometry const& geo, int32_t rowsPerPass,
                                         int32_t numHeadRows)
-        : slots(slots_), aheadSlot(0) {
+        : ring{slots_} {
         int32_t const token = range.begin / range.passes;
         aheadPassRow = (range.begin - token * range.passes) * rowsPerPass;
         rowLimit = numHeadRows - geo.rowSlot;
@@ -259,8 +280,7 @@ struct LoadRing {
         bool const valid = aheadLeft > 0 && aheadPassRow < rowLimit;
         io_t const* src = static_cast<io_t const*>(kp.p.qkv);  // not read when !valid
         if (valid) src += aheadElem;
-        copyAsync16(&slots[aheadSlot][threadIdx.x], src, valid);
-        commitAsyncCopies();  // one group per pass, also for a zero-fill: take() counts groups
+        ring.push(src, valid);
         --aheadLeft;
         aheadPassRow += rowsPerPass;
         aheadElem += static_cast<int64_t>(rowsPerPass) * heads.headDim;
@@ -268,16 +288,43 @@ struct LoadRing {
             aheadPassRow = 0;
             aheadElem += heads.tokenStride - static_cast<int64_t>(passes * rowsPerPass) * heads.headDim;
         }
-        if (++aheadSlot == kRingSlots) aheadSlot = 0;
     }
 
-    // The oldest pass's 16 bytes, once its copy has landed.
-    __device__ __forceinline__ uint4 take() {
-        waitAsyncCopies<kPrefetch - 1>();
-        uint4 const mine = slots[readSlot][threadIdx.x];
-        if (++readSlot == kRingSlots) readSlot = 0;
-        return mine;
+    __device__ __forceinline__ uint4 take() { return ring.take(); }
+};
+
+// The loads of a warp that owns one whole token (the kTokenWarp kernel): my row of pass p sits p x RPP x D
+// elements after my row of pass 0, so one pointer walks them, with no token wrap and no pair count. Nsight Compute
+// (benchmarks/NOTES-write.md, rounds 5-7): the range ring's bookkeeping, re-derived by ptxas from the parameter
+// bank every pass, was ~50 of a pass's ~176 issued instructions.
+template <typename io_t>
+struct TokenLoads {
+    AsyncRing ring;
+    io_t const* next;    // my 16 bytes of the next pass's head row
+    io_t const* qkv;     // what a zero-fill copy is given as its (unread) source
+    int32_t step;        // RPP x D: from my row of one pass to my row of the next
+    int32_t rowsLeft;    // passes left that hold a row of mine: ceil((NHR - my row slot) / RPP), 0 for idle lanes
+
+    __device__ __forceinline__ TokenLoads(uint4 (&slots_)[kRingSlots][kQKVWriteThreads], int32_t token,
+                                          QKVWriteKernelParams const& kp, HeadRows<io_t> const& heads,
+                                          LaneGeometry const& geo)
+        : ring{slots_}, qkv(static_cast<io_t const*>(kp.p.qkv)) {
+        int32_t const rowsPerPass = kp.plan.rowsPerPass;
+        next = qkv + static_cast<int64_t>(token) * heads.tokenStride +
+               static_cast<int64_t>(geo.rowSlot) * heads.headDim + geo.dim0;
+        step = rowsPerPass * heads.headDim;
+        rowsLeft = (kp.plan.numHeadRows - geo.rowSlot + rowsPerPass - 1) / rowsPerPass;
     }
+
+    // Copies my 16 bytes of the next pass's head row, or zero-fills them (past my last row of the token).
+    __device__ __forceinline__ void issueNext() {
+        bool const valid = rowsLeft > 0;
+        ring.push(valid ? next : qkv, valid);
+        --rowsLeft;
+        next += step;
+    }
+
+    __device__ __forceinline__ uint4 take() { return ring.take(); }
 };
 
 // My lane's RoPE constants (they depend on its vector index only, so they are set up once per CTA; per token only
@@ -553,7 +600,7 @@ __device__ __forceinline__ void computeRow(float (&x)[kVecElems], uint4 mine, in
     // The bias row is small and stays in L1/L2: loaded per row rather than held in registers.
     io_t const* rowBias = nullptr;
     if constexpr (kBias) {
-        if (heads.bias != nullptr && inRange) rowBias = heads.bias + static_cast<int64_t>(row) * heads.headDim;
+        if (inRange) rowBias = heads.bias + static_cast<int64_t>(row) * heads.headDim;  // kBias: bias is non-null
     }
     unpack8<io_t>(mine, x);
     if constexpr (kBias) {
@@ -570,18 +617,24 @@ __device__ __forceinline__ void computeRow(float (&x)[kVecElems], uint4 mine, in
     }
 }
 
-// Stores my 8 values of head row `row` (in range) of token t: a Q head to q, a K head to the pool (or the token's
-// bad-page report), a V head to the pool (and, for the last token of a prefill chunk, the rest of its page zeroed).
+// Where my vector of head row `row` of token t goes in q (elements): qOut[t, row, dim0].
+template <typename io_t>
+__device__ __forceinline__ int64_t qElem(int32_t t, int32_t row, HeadRows<io_t> const& heads, LaneGeometry const& geo) {
+    return static_cast<int64_t>(t) * heads.qTokenStride + static_cast<int64_t>(row) * heads.headDim + geo.dim0;
+}
+
+// Stores my 8 values of head row `row` (in range) of token t: a Q head to q at element qAt (= qElem(t, row); the
+// caller's, as a one-token warp walks it with an add), a K head to the pool (or the token's bad-page report), a V
+// head to the pool (and, for the last token of a prefill chunk, the rest of its page zeroed).
 template <typename io_t, CacheDType C>
-__device__ __forceinline__ void storeRow(float const (&x)[kVecElems], int32_t row, int32_t t,
+__device__ __forceinline__ void storeRow(float const (&x)[kVecElems], int32_t row, int32_t t, int64_t qAt,
                                          QKVWriteKernelParams const& kp, HeadRows<io_t> const& heads,
                                          LaneGeometry const& geo, TokenState const& tok, SeqSpan const& warpSpan,
                                          LayerPool<cache_t<C>> const& pool) {
     QKVWriteParams const& p = kp.p;
     KVLayout const& layout = p.layout;
     if (row < heads.kBegin) {  // Q head -> qOut[t, row, :]
-        int64_t const at =
-            static_cast<int64_t>(t) * heads.qTokenStride + static_cast<int64_t>(row) * heads.headDim + geo.dim0;
+        int64_t const at = qAt;
         if (p.qOutFP8) {
             storeQuantized8<CacheDType::kFP8E4M3>(static_cast<__nv_fp8_storage_t*>(p.qOut) + at, x, kp.invQScale);
         } else {
@@ -610,14 +663,80 @@ __device__ __forceinline__ void storeRow(float const (&x)[kVecElems], int32_t ro
     }
 }
 
+// The rows of my warp range, any (token, pass) pairs: g walks the range, (token, pass) its pair; a token's
+// sequence, page and cos/sin are set up as the range enters it.
+template <typename io_t, CacheDType C, bool kBias>
+__device__ __forceinline__ void writeRange(WarpRange const& range, LoadRing<io_t>& loads,
+                                           QKVWriteKernelParams const& kp, HeadRows<io_t> const& heads,
+                                           LaneGeometry const& geo, RopeLane const& rope, SeqSpan& warpSpan,
+                                           LayerPool<cache_t<C>> const& pool, float (&warpStage)[32 * kVecElems]) {
+    QKVWritePlan const& plan = kp.plan;
+    int32_t token = range.begin / range.passes;
+    int32_t pass = range.begin - token * range.passes;
+    bool newToken = true;
+    TokenState tok;
+#pragma unroll 1
+    for (int32_t g = range.begin; g < range.end; ++g, ++pass) {
+        if (pass == range.passes) {
+            ++token;
+            pass = 0;
+            newToken = true;
+        }
+        if (newToken) {
+            newToken = false;
+            enterToken<io_t>(tok, token, pass, range.end - g, range.passes, kp, heads, geo, rope, warpSpan,
+                             pool.numBlocks);
+        }
+        // Take pass g's input, then send the load kPrefetch passes ahead into the slot read one pass ago.
+        int32_t const row = pass * plan.rowsPerPass + geo.rowSlot;
+        uint4 const mine = loads.take();
+        loads.issueNext(kp, heads, range.passes);
+        bool const inRange = row < plan.numHeadRows;
+        float x[kVecElems];
+        computeRow<io_t, kBias>(x, mine, row, inRange, kp, heads, geo, rope, tok, warpStage);
+        if (!inRange) continue;  // no such head row (idle lane, last pass's tail): it only joined the shuffles
+        storeRow<io_t, C>(x, row, token, qElem(token, row, heads, geo), kp, heads, geo, tok, warpSpan, pool);
+    }
+}
+
+// The rows of my one token (the kTokenWarp kernel): its P passes in order, my row and its place in q advancing
+// by a pass each.
+template <typename io_t, CacheDType C, bool kBias>
+__device__ __forceinline__ void writeToken(int32_t token, TokenLoads<io_t>& loads, QKVWriteKernelParams const& kp,
+                                           HeadRows<io_t> const& heads, LaneGeometry const& geo,
+                                           RopeLane const& rope, SeqSpan& warpSpan, LayerPool<cache_t<C>> const& pool,
+                                           float (&warpStage)[32 * kVecElems]) {
+    QKVWritePlan const& plan = kp.plan;
+    int32_t const passes = plan.passesPerToken;
+    TokenState tok;
+    enterToken<io_t>(tok, token, 0, passes, passes, kp, heads, geo, rope, warpSpan, pool.numBlocks);
+    int32_t const rowStep = plan.rowsPerPass;
+    int32_t const qStep = rowStep * heads.headDim;
+    int32_t row = geo.rowSlot;
+    int64_t qAt = qElem(token, row, heads, geo);  // past q's row for K/V rows: only read for Q rows
+#pragma unroll 1
+    for (int32_t pass = 0; pass < passes; ++pass, row += rowStep, qAt += qStep) {
+        uint4 const mine = loads.take();
+        loads.issueNext();
+        bool const inRange = row < plan.numHeadRows;
+        float x[kVecElems];
+        computeRow<io_t, kBias>(x, mine, row, inRange, kp, heads, geo, rope, tok, warpStage);
+        if (!inRange) continue;  // idle lane, last pass's tail: it only joined the shuffles
+        storeRow<io_t, C>(x, row, token, qAt, kp, heads, geo, tok, warpSpan, pool);
+    }
+}
+
 // 3 CTAs of 256 threads per SM (<= 80 registers, no spills; ~31 KB of static shared memory each) keep 24 warps
 // and, with kPrefetch = 4 copies in flight per thread, 24 x 32 x 4 x 16 B = 48 KB of reads in flight per SM:
 // Little's law at the read half of the copy ceiling (~16 B/ns per SM) covers ~3 us of loaded latency.
-template <IODType IO, CacheDType C, bool kBias>
+// kTokenWarp: the launcher gave every warp exactly one token (plan.numWarps = T; warpRangeOf's ranges are then
+// [w P, (w + 1) P)), so the warp walks that token's passes (writeToken) instead of a general range.
+template <IODType IO, CacheDType C, bool kBias, bool kTokenWarp>
 __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
     qkvWriteKernel(__grid_constant__ QKVWriteKernelParams const kp) {
     using io_t = typename IOStorage<IO>::type;
     using kv_t = cache_t<C>;
+    using Loads = std::conditional_t<kTokenWarp, TokenLoads<io_t>, LoadRing<io_t>>;
     QKVWritePlan const& plan = kp.plan;
     StepMetadata const& meta = kp.p.meta;
 
@@ -639,15 +758,28 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
     // RoPE table (decode: the kernel is a chain of round trips, and this takes one link off it). And the sequence
     // guess of my first token (exact for decode batches), seeded into the warp's span cache below.
     WarpRange const range = warpRangeOf(static_cast<int32_t>(blockIdx.x) * kQKVWriteWarps + warp, plan);
+    int32_t const firstToken = range.begin / range.passes;
     // Layout [slot][thread]: a warp's 16-byte accesses are consecutive, conflict-free.
     __shared__ uint4 ringSlots[kRingSlots][kQKVWriteThreads];
-    LoadRing<io_t> ring(ringSlots, range, heads, geo, plan.rowsPerPass, plan.numHeadRows);
+    Loads loads = [&] {
+        if constexpr (kTokenWarp) {
+            return Loads(ringSlots, firstToken, kp, heads, geo);
+        } else {
+            return Loads(ringSlots, range, heads, geo, plan.rowsPerPass, plan.numHeadRows);
+        }
+    }();
     SeqSpan firstGuess{-1, 0, 0, 0};  // empty: no token matches
     if (range.active()) {
 #pragma unroll
-        for (int k = 0; k < kPrefetch; ++k) ring.issueNext(kp, heads, range.passes);
+        for (int k = 0; k < kPrefetch; ++k) {
+            if constexpr (kTokenWarp) {
+                loads.issueNext();
+            } else {
+                loads.issueNext(kp, heads, range.passes);
+            }
+        }
         pool.load();
-        firstGuess = guessSequence(meta, kp.seqsPerToken, range.begin / range.passes);
+        firstGuess = guessSequence(meta, kp.seqsPerToken, firstToken);
     }
 
     // Set-up: the CTA's RoPE table, then the warp's span cache.
@@ -664,38 +796,17 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
 
     if (!range.active()) return;  // after the CTA barriers above; an inactive warp issued no copies
 
-    // The rows: g walks my range, (token, pass) its pair.
-    int32_t token = range.begin / range.passes;
-    int32_t pass = range.begin - token * range.passes;
-    bool newToken = true;
-    TokenState tok;
-#pragma unroll 1
-    for (int32_t g = range.begin; g < range.end; ++g, ++pass) {
-        if (pass == range.passes) {
-            ++token;
-            pass = 0;
-            newToken = true;
-        }
-        if (newToken) {
-            newToken = false;
-            enterToken<io_t>(tok, token, pass, range.end - g, range.passes, kp, heads, geo, rope, warpSpan[warp],
-                             pool.numBlocks);
-        }
-        // Take pass g's input, then send the load kPrefetch passes ahead into the slot read one pass ago.
-        int32_t const row = pass * plan.rowsPerPass + geo.rowSlot;
-        uint4 const mine = ring.take();
-        ring.issueNext(kp, heads, range.passes);
-        bool const inRange = row < plan.numHeadRows;
-        float x[kVecElems];
-        computeRow<io_t, kBias>(x, mine, row, inRange, kp, heads, geo, rope, tok, stage[warp]);
-        if (!inRange) continue;  // no such head row (idle lane, last pass's tail): it only joined the shuffles
-        storeRow<io_t, C>(x, row, token, kp, heads, geo, tok, warpSpan[warp], pool);
+    // The rows.
+    if constexpr (kTokenWarp) {
+        writeToken<io_t, C, kBias>(firstToken, loads, kp, heads, geo, rope, warpSpan[warp], pool, stage[warp]);
+    } else {
+        writeRange<io_t, C, kBias>(range, loads, kp, heads, geo, rope, warpSpan[warp], pool, stage[warp]);
     }
     waitAsyncCopies<0>();  // the zero-fill copies issued past the range: none outlives the thread
 }
 
-// CTAs per SM the kernel can keep resident (occupancy calculator), cached per device.
-template <IODType IO, CacheDType C, bool kBias>
+// CTAs per SM an instance can keep resident (occupancy calculator), cached per device.
+template <IODType IO, CacheDType C, bool kBias, bool kTokenWarp>
 int residentCTAsPerSM() {
     static std::mutex mutex;
     static std::vector<int> perDevice;
@@ -704,28 +815,35 @@ int residentCTAsPerSM() {
     std::lock_guard<std::mutex> lock(mutex);
     if (device >= static_cast<int>(perDevice.size())) perDevice.resize(device + 1, 0);
     if (perDevice[device] == 0) {
+        auto const kernel = qkvWriteKernel<IO, C, kBias, kTokenWarp>;
         // The load ring lives in shared memory: ask for a carveout that holds kQKVWriteMinCTAsPerSM CTAs (a
         // hint; the default may favour L1 and leave room for fewer). Half of the SM's unified memory is ample.
-        if (cudaFuncSetAttribute(qkvWriteKernel<IO, C, kBias>, cudaFuncAttributePreferredSharedMemoryCarveout, 50) !=
-            cudaSuccess)
+        if (cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 50) != cudaSuccess)
             (void)cudaGetLastError();  // only a hint: do not let its failure surface as the launch's error
         int n = 0;
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, qkvWriteKernel<IO, C, kBias>, kQKVWriteThreads, 0);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kQKVWriteThreads, 0);
         perDevice[device] = n > 0 ? n : 1;
     }
     return perDevice[device];
 }
 
 // Grid: the CTAs of qkvWriteWarps(...) warps (qkv_write_params.cuh), whose balanced contiguous ranges split the
-// (token, pass) pairs: at most one wave of resident CTAs, or for a long prefill one warp per token over many waves.
+// (token, pass) pairs: at most one wave of resident CTAs, or for a long prefill one warp per token over many waves
+// (the kTokenWarp instance, which also takes any step whose warp count comes out at one per token).
 template <IODType IO, CacheDType C, bool kBias>
 cudaError_t launchWithBias(QKVWriteKernelParams const& kp, int32_t smCount, cudaStream_t stream) {
-    int64_t const residentWarps = static_cast<int64_t>(residentCTAsPerSM<IO, C, kBias>()) * smCount * kQKVWriteWarps;
+    int64_t const residentWarps =
+        static_cast<int64_t>(residentCTAsPerSM<IO, C, kBias, false>()) * smCount * kQKVWriteWarps;
     QKVWriteKernelParams launch = kp;
     launch.plan.numWarps = qkvWriteWarps(kp.plan.totalPasses, kp.p.meta.numTokens, residentWarps);
     unsigned const grid = static_cast<unsigned>((launch.plan.numWarps + kQKVWriteWarps - 1) / kQKVWriteWarps);
     if (grid == 0) return cudaSuccess;
-    qkvWriteKernel<IO, C, kBias><<<grid, kQKVWriteThreads, 0, stream>>>(launch);
+    if (launch.plan.numWarps == kp.p.meta.numTokens) {
+        (void)residentCTAsPerSM<IO, C, kBias, true>();  // its carveout hint, once
+        qkvWriteKernel<IO, C, kBias, true><<<grid, kQKVWriteThreads, 0, stream>>>(launch);
+    } else {
+        qkvWriteKernel<IO, C, kBias, false><<<grid, kQKVWriteThreads, 0, stream>>>(launch);
+    }
     return cudaGetLastError();
 }
 

@@ -107,13 +107,25 @@ __device__ __forceinline__ void addBias8(float (&x)[kVecElems], T const* bias) {
     for (int k = 0; k < kVecElems; ++k) x[k] += b[k];
 }
 
+// One 16- or 8-byte store to global memory (`dst` aligned to its size), written in PTX: as a C++ assignment it
+// came out as four 4-byte stores in the one-token write kernel, whose q / K / V stores the compiler merges into one
+// site and then no longer proves aligned. No "memory" clobber: nothing the kernels read aliases what they store
+// through it (q and the pool's new rows), so loads and stores may still be moved across it.
+__device__ __forceinline__ void storeGlobal(void* dst, uint4 bits) {
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(__cvta_generic_to_global(dst)), "r"(bits.x),
+                 "r"(bits.y), "r"(bits.z), "r"(bits.w));
+}
+__device__ __forceinline__ void storeGlobal(void* dst, uint2 bits) {
+    asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" ::"l"(__cvta_generic_to_global(dst)), "r"(bits.x), "r"(bits.y));
+}
+
 // Stores 8 already-converted elements with one access (16 B or 8 B). `dst` must be aligned to that size.
 template <typename T>
 __device__ __forceinline__ void storeVec8(T* dst, T const (&elems)[kVecElems]) {
     vec_bits_t<T> bits;
     static_assert(sizeof(bits) == sizeof(elems), "vector bits hold exactly 8 elements");
     __builtin_memcpy(&bits, elems, sizeof(bits));
-    *reinterpret_cast<vec_bits_t<T>*>(dst) = bits;
+    storeGlobal(dst, bits);
 }
 
 // 8 floats -> 8 activation elements (round to nearest even, cache_convert.cuh's fromFloat), one store.
@@ -137,7 +149,7 @@ __device__ __forceinline__ void storeQuantized8(cache_t<D>* dst, float const (&x
 // 8 zero elements of dtype D (all-zero bits is +0 in every supported cache dtype).
 template <CacheDType D>
 __device__ __forceinline__ void storeZero8(cache_t<D>* dst) {
-    *reinterpret_cast<vec_bits_t<cache_t<D>>*>(dst) = vec_bits_t<cache_t<D>>{};
+    storeGlobal(dst, vec_bits_t<cache_t<D>>{});
 }
 
 }  // namespace pagedkv

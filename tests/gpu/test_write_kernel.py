@@ -388,6 +388,16 @@ LARGE_PREFILL_CASES = [
     Case("prefill-13300-fp8-nhd-D80-R24-bias", q_lens=(6500, 1, 6799), past_lens=(0, 70, 3), heads=4, kv_heads=2,
          head_dim=80, cache=CacheDType.FP8_E4M3, page_layout=PageLayout.NHD, page_size=24, bias=True,
          rope=RopeConfig(rotary_dim=24)),
+    # the other partner paths, the 1-byte and fp16 stores, a cyclic ring with sinks, explicit positions, fp8 q
+    Case("prefill-12700-int8-nhd-D256-gptj", q_lens=(12700,), past_lens=(5,), heads=2, kv_heads=1, head_dim=256,
+         cache=CacheDType.INT8, page_layout=PageLayout.NHD, page_size=32, rope=RopeConfig(style=RopeStyle.GPTJ)),
+    # 360 chunks of 30-48 tokens (a step writes at most a ring's worth per sequence) after 0-199 cached: rings wrap
+    Case("prefill-14000-fp16-D96-cyclic-sinks-explicit",
+         q_lens=tuple(int(x) for x in np.random.default_rng(11).integers(30, 49, 360)),
+         past_lens=tuple(int(x) for x in np.random.default_rng(12).integers(0, 200, 360)), heads=2, kv_heads=1,
+         head_dim=96, page_size=24, io="fp16", cache=CacheDType.FP16, sinks=7, cyclic=48, explicit_positions=True),
+    Case("prefill-12900-bf16-D64-R24-bias-fp8q", q_lens=(1, 12898, 1), past_lens=(30, 0, 9), heads=4, kv_heads=2,
+         head_dim=64, bias=True, q_out_fp8=True, rope=RopeConfig(rotary_dim=24)),
 ]
 
 
@@ -525,8 +535,30 @@ BAD_ENTRIES = [
 def test_bad_block_entry_raises_and_writes_nothing_outside_valid_slots(name, seq, page, entry, flag, cache):
     """The token's K/V are skipped and the status names (seq, page, entry); q is still written; the pool
     equals what the reference writes with the bad pages redirected to scratch blocks outside the pool."""
+    check_bad_block_entry(Case(name, q_lens=(40, 1, 9), past_lens=(0, 60, 0), cache=cache), seq, page, entry, flag)
+
+
+# The same in a long prefill, whose warps each own one token (qkvWriteWarps: >= 4 waves of resident warps): bad
+# pages early in, deep in and at the end of its first sequence (12800 tokens: 800 pages of 16), and in the decode
+# and the short sequence after it.
+LONG_PREFILL_BAD_ENTRIES = [
+    ("invalid-sentinel-page-1", 0, 1, INVALID_BLOCK, STATUS_INVALID_BLOCK),
+    ("out-of-range-page-517", 0, 517, "NB+5", STATUS_BLOCK_OUT_OF_RANGE),
+    ("invalid-sentinel-last-page", 0, 799, INVALID_BLOCK, STATUS_INVALID_BLOCK),
+    ("out-of-range-decode", 1, 3, "NB+5", STATUS_BLOCK_OUT_OF_RANGE),
+    ("negative-entry", 2, 0, -7, STATUS_BLOCK_OUT_OF_RANGE),
+]
+
+
+@pytest.mark.parametrize("name,seq,page,entry,flag", LONG_PREFILL_BAD_ENTRIES,
+                         ids=[b[0] for b in LONG_PREFILL_BAD_ENTRIES])
+def test_bad_block_entry_in_a_long_prefill(name, seq, page, entry, flag):
+    check_bad_block_entry(Case(name, q_lens=(12800, 1, 9), past_lens=(0, 60, 0), heads=4, kv_heads=1,
+                               cache=CacheDType.FP8_E4M3), seq, page, entry, flag)
+
+
+def check_bad_block_entry(case, seq, page, entry, flag):
     rng = np.random.default_rng(4)
-    case = Case(name, q_lens=(40, 1, 9), past_lens=(0, 60, 0), cache=cache)
     cfg = case.cfg()
     final = [p + q for p, q in zip(case.past_lens, case.q_lens, strict=True)]
     table, num_blocks = block_table_for(cfg, final, rng, case.spare_blocks)
