@@ -432,7 +432,7 @@ struct KVTarget {
 };
 __device__ __forceinline__ KVTarget kvTarget(TokenState const& tok, int64_t poolBlocks) {
     KVTarget target;
-    target.block = BlockTableRow{nullptr, 0, poolBlocks}.checkEntry(tok.blockEntry);
+    target.block = checkBlockEntry(tok.blockEntry, poolBlocks);
     bool const valid = target.block != kInvalidBlock;
     target.writeKV = valid && tok.kvAllowed;
     target.zeroTail = valid && tok.lastOfChunk;

@@ -16,7 +16,8 @@
 //              it with a few loads in flight; sequence lookup, page lookup and cos/sin happen once per token
 //              it enters. Decode: one pass per warp, a token spread over many warps; medium steps: every
 //              resident warp on a few passes, one wave; long prefills: one warp per token, a grid of many waves
-//              (qkvWriteWarps says when and why).
+//              (qkvWriteWarps says when and why), run by the kernel's one-token instance (kTokenWarp: its loads
+//              and q offsets walk the token by adds, with none of a general range's token-wrap bookkeeping).
 #pragma once
 
 #include <cmath>

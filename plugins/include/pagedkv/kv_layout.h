@@ -157,6 +157,11 @@ inline bool makeKVLayout(int32_t numLayers, int32_t numKVHeads, int32_t pageSize
     return true;
 }
 
+// A block-table entry checked against the pool's NB blocks: the block, or kInvalidBlock for -1 and out-of-range ids.
+PKV_HD int64_t checkBlockEntry(int32_t b, int64_t numBlocks) {
+    return (b < 0 || b >= numBlocks) ? int64_t(kInvalidBlock) : int64_t(b);
+}
+
 // One sequence's row of the block table, with the pool capacity for the range check.
 struct BlockTableRow {
     int32_t const* blocks;  // [MB]
@@ -170,9 +175,7 @@ struct BlockTableRow {
     PKV_HD int32_t entry(int32_t pageInSeq) const {
         return (pageInSeq >= 0 && pageInSeq < maxBlocks) ? blocks[pageInSeq] : int32_t(kInvalidBlock);
     }
-    PKV_HD int64_t checkEntry(int32_t b) const {
-        return (b < 0 || b >= numBlocks) ? int64_t(kInvalidBlock) : int64_t(b);
-    }
+    PKV_HD int64_t checkEntry(int32_t b) const { return checkBlockEntry(b, numBlocks); }
 };
 
 // Where cache position `pos` of a sequence lives. Both the write and the read side call this.
