@@ -191,10 +191,15 @@ def test_concurrent_clients_share_steps(server, expected):
 def test_kv_blocks_in_use_mid_stream_and_freed_on_disconnect(server):
     url, worker = server
     prompt = CONCURRENT[3]  # 23 tokens: 2 pages, a third one from the first decode on
+    # As long a completion as the context allows (up to 1000 tokens): the server does not wait for the client to read
+    # the stream, and on a loaded 2-core CI machine the reference backend once finished all of a 200-token completion
+    # before the watcher's /metrics scrape (blocks in use 0 mid-"stream").
+    max_tokens = min(1000, worker.engine.max_model_len - len(prompt))
     with httpx.Client(base_url=url, timeout=30) as client, httpx.Client(base_url=url, timeout=30) as watcher:
         aborted = _metrics(watcher).get('pagedkv_requests_finished_total{finish_reason="abort"}', 0.0)
-        with client.stream("POST", "/v1/completions", json={"prompt": prompt, "max_tokens": 200, "temperature": 0,
-                                                            "ignore_eos": True, "stream": True}) as r:
+        with client.stream("POST", "/v1/completions", json={"prompt": prompt, "max_tokens": max_tokens,
+                                                            "temperature": 0, "ignore_eos": True,
+                                                            "stream": True}) as r:
             assert next(line for line in r.iter_lines() if line.startswith("data: "))
             during = _metrics(watcher)
         # leaving the block closed the connection mid-stream: the server aborts the request
