@@ -7,6 +7,7 @@ runs clean but wrong still fails. Small shapes: the sanitizers slow kernels down
 
 from __future__ import annotations
 
+import os
 import sys
 
 import ml_dtypes
@@ -45,6 +46,17 @@ LONG_CASES = [
     # over 4 x the resident write warps in tokens (132 SMs x 24 on an H200): the QKV write's grid of one warp per
     # token over several waves, its CTAs following each other on an SM; short sequences keep the attention small
     ((4, 2, 64, 16, CacheDType.FP16, PageLayout.NHD, 0, 0, 0), (100,) * 132 + (7,), (0,) * 132 + (50,)),
+]
+
+# The decode kernel at its 2- and 8-warp CTA widths (PAGEDKV_DECODE_WARPS; the plan picks 4 for these small steps):
+# decode rows only, spans of several steps per warp, one split over many chunks (+ the merge). (warps, case, q_lens,
+# past_lens)
+WIDTH_CASES = [
+    (warps, (8, 2, 128, 16, CacheDType.BF16, PageLayout.HND, 0, 0, 0), (1, 1, 1, 2), (700, 1000, 40, 300))
+    for warps in (2, 8)
+] + [
+    (8, (4, 4, 64, 24, CacheDType.FP16, PageLayout.NHD, 0, 0, 0), (1, 1), (9000, 77)),
+    (2, (6, 2, 96, 16, CacheDType.BF16, PageLayout.HND, 48, 4, 96), (1, 3, 1), (500, 90, 33)),
 ]
 
 
@@ -102,6 +114,11 @@ def main() -> int:
     rng = np.random.default_rng(7)
     results = [run_case(rng, *case) for case in CASES]
     results += [run_case(rng, *case, q_lens, past) for case, q_lens, past in LONG_CASES]
+    for warps, case, q_lens, past in WIDTH_CASES:
+        os.environ["PAGEDKV_DECODE_WARPS"] = str(warps)  # read at every launch
+        print(f"decode CTA width {warps} warps:", end=" ")
+        results.append(run_case(rng, *case, q_lens, past))
+        del os.environ["PAGEDKV_DECODE_WARPS"]
     print(f"{sum(results)} passed, {len(results) - sum(results)} failed")
     return 0 if all(results) else 1
 

@@ -14,6 +14,8 @@ other multi-token kernels on the same tensors (the Hopper kernel's cooperative v
 ``PAGEDKV_MULTI_KERNEL``), and P16 an fp8 e4m3 cache on all three.
 Llama-3 shapes (``llama``, in the default cases): decode P16 64x4K and both prefills (P16) at 64 query heads over 8
 KV heads (70B-like) and at the default 32 / 8 (8B-like), D = 128, against the same peers.
+Decode widths (``--cases widths``): P16 batches around the plan's CTA-width switch points, ours as planned and at
+each width forced through ``PAGEDKV_DECODE_WARPS`` (the note has each width's time, split and ratio), no peers.
 Head dims (``--cases headdim``): decode P16 64x4K and prefill P16 4x2048 over 8192 at D = 80 (Phi-2) and 96
 (Phi-3-mini), same H and KVH, each row's note with its time relative to ours at D = 128 (the decode / prefill row
 of the same run, or timed for the purpose when those cases did not run); the peers are tried at those head dims
@@ -48,6 +50,9 @@ COPY_CEILING_TBS = 4.28
 H, KVH, D = 32, 8, 128
 HEAD_DIMS = (80, 96)  # --cases headdim: the 64x4K decode and the 4x2048-over-8192 prefill (P16) at these D
 DECODE_SHAPES = [(1, 32768), (1, 131072), (16, 8192), (64, 4096), (128, 2048), (256, 1024)]
+# --cases widths: batches around the decode plan's CTA-width switch points (attention_plan.cpp, chooseDecodeWidth)
+WIDTH_SWEEP_SHAPES = [(1, 32768), (4, 16384), (8, 8192), (12, 8192), (16, 8192), (24, 8192), (32, 4096), (48, 4096),
+                      (64, 4096), (80, 4096), (96, 2048), (128, 2048), (192, 2048), (256, 1024), (512, 512)]
 PREFILLS = [dict(num_seqs=4, chunk=2048, cached=8192), dict(num_seqs=1, chunk=8192, cached=0)]
 LLAMA_HEADS = ((64, 8), (32, 8))  # --cases llama: (query heads, KV heads) of Llama-3-70B and -8B
 DEFAULT_PEERS = ("tc_fa2", "xqa", "fa3")
@@ -132,7 +137,7 @@ class Step:
             cu_q_lens=self.cu_q_lens.data_ptr(), past_lens=self.past_lens.data_ptr(), workspace=ws.data_ptr(),
             workspace_bytes=ws_bytes)
         lib = A._capi()
-        plan = A.attention_plan(args, sm_count=torch.cuda.get_device_properties(0).multi_processor_count)
+        plan = A.device_plan(args)  # what the launches below run (the decode width, the split) on this GPU
 
         def launch():
             rc = lib.pagedkv_attention(ctypes.byref(args), ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
@@ -213,19 +218,33 @@ def time_us(fn, torch, triton) -> float:
 
 
 @contextlib.contextmanager
-def multi_kernel(choice: str):
-    """Launches inside run on the multi-token kernel `choice` (PAGEDKV_MULTI_KERNEL, read at every launch: "mma"
-    -- the sm_80 / sm_89 kernel, and the H200's before the wgmma one -- "sm90-cooperative" or "sm90-ws"); the
-    variable's previous value is restored."""
-    before = os.environ.get("PAGEDKV_MULTI_KERNEL")
-    os.environ["PAGEDKV_MULTI_KERNEL"] = choice
+def launch_setting(name: str, value: str):
+    """Launches inside run with the environment variable `name` (read by the launcher at every launch) set to
+    `value`; its previous value is restored."""
+    before = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if before is None:
-            del os.environ["PAGEDKV_MULTI_KERNEL"]
+            del os.environ[name]
         else:
-            os.environ["PAGEDKV_MULTI_KERNEL"] = before
+            os.environ[name] = before
+
+
+def multi_kernel(choice: str):
+    """The multi-token kernel `choice` (PAGEDKV_MULTI_KERNEL: "mma" -- the sm_80 / sm_89 kernel, and the H200's
+    before the wgmma one -- "sm90-cooperative" or "sm90-ws")."""
+    return launch_setting("PAGEDKV_MULTI_KERNEL", choice)
+
+
+def decode_warps(warps: int):
+    """The decode kernel's CTA width (PAGEDKV_DECODE_WARPS: 2, 4 or 8 warps) instead of the plan's choice."""
+    return launch_setting("PAGEDKV_DECODE_WARPS", str(warps))
+
+
+def plan_note(plan: dict) -> str:
+    return f"[split {plan['decode_grid'][2]}, {plan['decode_warps']} warps]"
 
 
 def max_diff(ours_out, theirs_out) -> float:
@@ -282,8 +301,7 @@ def run(which: set[str], peers: tuple[str, ...]) -> list[Result]:
                 us = ours.us = time_us(ours, torch, triton)
                 times, notes = time_peers(step, ours, "decode", decode_peers)
                 tbs = step.kv_bytes / (us * 1e-6) / 1e12
-                row(name, "pagedkv bf16", step, ours, us, times, notes, tbs=tbs,
-                    extra=f"[split {ours.plan['decode_grid'][2]}]")
+                row(name, "pagedkv bf16", step, ours, us, times, notes, tbs=tbs, extra=plan_note(ours.plan))
                 bf16_us = us
                 if "plugin" in which and (batch, length) in ((64, 4096), (256, 1024)) and page == 16:
                     loose = step.our_launcher(plugin_bounds=True)
@@ -301,6 +319,28 @@ def run(which: set[str], peers: tuple[str, ...]) -> list[Result]:
                         tbs=step.kv_bytes / (us * 1e-6) / 1e12, extra=f"{bf16_us / us:.2f}x faster than our bf16")
                     del step
                 torch.cuda.empty_cache()
+
+    if "widths" in which:
+        # The decode CTA widths on batches around the plan's switch points (P16, bf16): ours as planned and at each
+        # width forced (PAGEDKV_DECODE_WARPS), no peers (the decode rows have them).
+        for batch, length in WIDTH_SWEEP_SHAPES:
+            step = Step(torch, num_seqs=batch, q_len=1, past_len=length - 1, page_size=16, seed=batch + 1)
+            ours = step.our_launcher()
+            us = ours.us = time_us(ours, torch, triton)
+            forced = []
+            for warps in (2, 4, 8):
+                with decode_warps(warps):
+                    try:
+                        other = step.our_launcher()
+                        other_us = time_us(other, torch, triton)
+                    except Exception as exc:  # noqa: BLE001 - a width this GPU cannot host is a note, not a stop
+                        forced.append(f"{warps} warps: {type(exc).__name__}: {str(exc)[:80]}")
+                        continue
+                forced.append(f"{warps} warps {other_us:.1f} us (x{other_us / us:.3f}) {plan_note(other.plan)}")
+            row(f"decode widths P16 {batch}x{length}", "pagedkv bf16, planned width", step, ours, us, {}, forced,
+                tbs=step.kv_bytes / (us * 1e-6) / 1e12, extra=plan_note(ours.plan))
+            del step
+            torch.cuda.empty_cache()
 
     prefill_peers = [p for p in peers if p in ("fa2_prefill", "fa3")]
     if "prefill" in which:
@@ -369,7 +409,7 @@ def run(which: set[str], peers: tuple[str, ...]) -> list[Result]:
             times, notes = time_peers(step, ours, "decode", decode_peers)
             row(f"decode P16 64x4096 D{d}", "pagedkv bf16", step, ours, us, times, notes,
                 tbs=step.kv_bytes / (us * 1e-6) / 1e12,
-                extra=f"[split {ours.plan['decode_grid'][2]}] {us / base_decode:.2f}x the D = 128 time")
+                extra=f"{plan_note(ours.plan)} {us / base_decode:.2f}x the D = 128 time")
             del step
             step = prefill_step(d)
             flops = step.flops
@@ -391,7 +431,7 @@ def run(which: set[str], peers: tuple[str, ...]) -> list[Result]:
             us = ours.us = time_us(ours, torch, triton)
             times, notes = time_peers(step, ours, "decode", decode_peers)
             row(f"decode P16 64x4096 {tag}", "pagedkv bf16", step, ours, us, times, notes,
-                tbs=step.kv_bytes / (us * 1e-6) / 1e12, extra=f"[split {ours.plan['decode_grid'][2]}]")
+                tbs=step.kv_bytes / (us * 1e-6) / 1e12, extra=plan_note(ours.plan))
             del step
             for shape in PREFILLS:
                 step = Step(torch, num_seqs=shape["num_seqs"], q_len=shape["chunk"], past_len=shape["cached"],
@@ -425,12 +465,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", help="write the results to this file")
     ap.add_argument("--cases", default="decode,fp8,plugin,prefill,llama",
-                    help="comma-separated subset of: decode, fp8, plugin, prefill, headdim, llama")
+                    help="comma-separated subset of: decode, fp8, plugin, prefill, headdim, llama, widths")
     ap.add_argument("--peers", default=",".join(DEFAULT_PEERS),
                     help=f"comma-separated FlashInfer paths to time, of: {', '.join(PEERS)} (default %(default)s)")
     args = ap.parse_args()
     which = set(args.cases.split(","))
-    unknown = which - {"decode", "fp8", "plugin", "prefill", "headdim", "llama"}
+    unknown = which - {"decode", "fp8", "plugin", "prefill", "headdim", "llama", "widths"}
     if unknown:
         ap.error(f"--cases: unknown {sorted(unknown)}")
     peers = tuple(p for p in args.peers.split(",") if p)

@@ -174,29 +174,42 @@ def _docs_smem_table() -> dict[int, list[str]]:
     return {int(r[0]): [c.strip() for c in r[1:]] for r in rows}
 
 
+def _smem_cell(smem: int) -> str:
+    return f"{smem} ({smem / 1024:.1f})"
+
+
 def test_docs_shared_memory_table_matches_the_kernels():
     # docs/plugin_io.md tabulates each kernel's shared memory per CTA for every head dim of the capability table
-    # and which GPUs cannot host it; the library's compiled numbers must say the same, for both I/O dtypes and
-    # both 8-bit dtypes (they share the kernels).
+    # (the decode kernel at its default width, and its other widths where compiled) and which GPUs cannot host it:
+    # a GPU hosts the decode kernel when some compiled width fits it. The library's compiled numbers must say the
+    # same, for both I/O dtypes and both 8-bit dtypes (they share the kernels).
     table = _docs_smem_table()
     assert sorted(table) == list(capabilities().head_dims)
     for d, cells in table.items():
         refused = []
         for (kernel, cache), cell in zip(SMEM_COLUMNS, cells, strict=False):
-            shapes = {A.kernel_shapes(io, c, d)[f"{kernel}_smem_bytes"] for io in A.IODType
-                      for c in ((CacheDType.FP8_E4M3, CacheDType.INT8) if cache == CacheDType.FP8_E4M3 else
-                                (CacheDType.FP16, CacheDType.BF16))}
-            assert len(shapes) == 1, (d, kernel, cache, shapes)
-            smem = shapes.pop()
-            assert cell == f"{smem} ({smem / 1024:.1f})", (d, kernel, cache, cell, smem)
+            caches = ((CacheDType.FP8_E4M3, CacheDType.INT8) if cache == CacheDType.FP8_E4M3 else
+                      (CacheDType.FP16, CacheDType.BF16))
+            shapes = {A.kernel_shapes(io, c, d)[f"{kernel}_smem_bytes"] for io in A.IODType for c in caches}
+            widths = {tuple(A.kernel_shapes(io, c, d)["decode_width_smem_bytes"]) for io in A.IODType for c in caches}
+            assert len(shapes) == 1 and len(widths) == 1, (d, kernel, cache, shapes, widths)
+            smem, width_smem = shapes.pop(), widths.pop()
+            assert cell == _smem_cell(smem), (d, kernel, cache, cell, smem)
             assert smem <= SMEM_LIMITS["sm_90"], "sm_90 hosts every kernel (the launcher's message says so)"
+            # what a GPU must host: the smallest compiled decode width, the multi-token kernel as it is
+            need = min(s for s in width_smem if s > 0) if kernel == "decode" else smem
+            if kernel == "decode":
+                assert smem in width_smem, (d, cache, smem, width_smem)  # the default width is one of them
             bits = "16-bit" if cache == CacheDType.BF16 else "8-bit"
-            refused += [(arch, f"{kernel} {bits}") for arch, limit in SMEM_LIMITS.items() if smem > limit]
+            refused += [(arch, f"{kernel} {bits}") for arch, limit in SMEM_LIMITS.items() if need > limit]
+        others = [s for i, s in enumerate(A.kernel_shapes(A.IODType.BF16, CacheDType.BF16, d)["decode_width_smem_bytes"])
+                  if s > 0 and A.DECODE_WIDTHS[i] != 4]
+        assert cells[4] == (" / ".join(_smem_cell(s) for s in others) or "—"), (d, cells[4], others)
         by_arch = {}
         for arch, what in refused:
             by_arch.setdefault(arch, []).append(what.replace("multi", "multi-token"))
         expected = "; ".join(f"{arch}: {', '.join(w)}" for arch, w in sorted(by_arch.items())) or "—"
-        assert cells[4] == expected, (d, cells[4], expected)
+        assert cells[5] == expected, (d, cells[5], expected)
 
 
 def test_kernel_shapes_of_the_new_head_dims_reuse_the_tiles_of_the_next_width():
@@ -273,6 +286,70 @@ def test_decode_split_fills_whole_waves(B, L, ctas_per_sm, chunks):
     assert ctas / (-(-ctas // slots) * slots) > 0.95, "whole waves"
     if chunks > 1:
         assert plan["decode_chunk_len"] * (chunks - 1) < L <= plan["decode_chunk_len"] * chunks
+
+
+# The decode kernel's occupancy per CTA width (2, 4, 8 warps) on an H200 for a 16-bit cache at D = 128 (53632,
+# 103168 and 202240 bytes of shared memory per CTA), and on an sm_89 GPU (99 KB per block: only the 2-warp CTA fits).
+H200_DECODE_16BIT_D128 = (4, 2, 1)
+SM89_DECODE_16BIT_D128 = (4, 0, 0)
+
+
+@pytest.mark.parametrize("B, L, warps, chunks", [
+    (16, 8192, 8, 1),    # 128 units: 4 warps would split in 2 (+ the merge); 8 warps run one unsplit wave of 132
+    (48, 4096, 8, 1),    # 384 units: 4 warps would split; 8 warps unsplit, 2.9 waves of 132
+    (64, 4096, 4, 1),    # 512 units: 1.94 waves of 264 4-warp CTAs, unsplit (measured: 4 warps the fastest)
+    (32, 4096, 4, 1),    # one unsplit wave of 4-warp CTAs
+    (128, 2048, 2, 1),   # 3.88 waves of 4-warp CTAs, > 2: 2 warps, still unsplit (1.94 waves of 528)
+    (256, 1024, 2, 1),
+    (96, 2048, 4, 1),    # 2.9 waves, but 2 warps would split (5.8 waves of 528 unsplit)
+    (1, 32768, 4, 32),   # 8 warps would split too: the default width
+    (8, 8192, 4, 4),
+])
+def test_decode_width_follows_the_batch(B, L, warps, chunks):
+    cfg = _cfg()
+    plan, _ = _plan(cfg, T=B, B=B, MB=L // 16, max_q=1, max_kv=L, dec=H200_DECODE_16BIT_D128)
+    assert (plan["decode_warps"], plan["decode_grid"]) == (warps, [B, 8, chunks])
+    assert plan["run_merge"] == (chunks > 1)
+    # the chunk count is the chosen width's own: the same as a plan offered that width alone
+    alone = [n if w == warps else 0 for w, n in zip(A.DECODE_WIDTHS, H200_DECODE_16BIT_D128, strict=True)]
+    assert _plan(cfg, T=B, B=B, MB=L // 16, max_q=1, max_kv=L, dec=alone)[0]["decode_grid"] == [B, 8, chunks]
+
+
+def test_decode_width_without_the_default():
+    cfg = _cfg()
+    # sm_89 hosts only the 2-warp 16-bit CTA at D = 128: every batch runs it
+    for B, L in ((1, 32768), (16, 8192), (64, 4096), (256, 1024)):
+        plan, _ = _plan(cfg, T=B, B=B, MB=L // 16, max_q=1, max_kv=L, dec=SM89_DECODE_16BIT_D128)
+        assert plan["decode_warps"] == 2, (B, L)
+    # an 8-bit cache at D = 128 is compiled at 2 warps only: a single occupancy stands for that width
+    fp8 = _cfg(cache_dtype=CacheDType.FP8_E4M3)
+    assert A.kernel_shapes(A.IODType.BF16, CacheDType.FP8_E4M3, 128)["decode_threads"] == 64
+    plan, _ = _plan(fp8, T=64, B=64, MB=256, max_q=1, max_kv=4096, dec=4)
+    assert plan["decode_warps"] == 2 and plan["decode_grid"] == [64, 8, 1]
+    # a single occupancy of a 16-bit cache is the 4-warp CTA's: the pre-width plans, unchanged
+    plan, _ = _plan(cfg, T=16, B=16, MB=512, max_q=1, max_kv=8192, dec=2)
+    assert plan["decode_warps"] == 4 and plan["decode_grid"] == [16, 8, 2]
+    # no decode kernel: no width
+    mqa = dataclasses.replace(cfg, pool=dataclasses.replace(cfg.pool, num_kv_heads=1))
+    assert _plan(mqa, T=4, B=4, MB=64, max_q=1, max_kv=1024, dec=H200_DECODE_16BIT_D128)[0]["decode_warps"] == 0
+
+
+@pytest.mark.parametrize("dec, needle", [
+    ((0, 0, 0), "decode_ctas_per_sm=0: expected > 0 at some width"),
+    ((2, -1, 1), r"decode_ctas_per_sm=-1: expected >= 0 \(at 4 warps\)"),
+])
+def test_decode_occupancies_are_checked(dec, needle):
+    cfg = _cfg()
+    with pytest.raises(_lib.CapiError, match=needle):
+        _plan(cfg, T=1, B=1, MB=64, max_q=1, max_kv=1024, dec=dec)
+    with pytest.raises(ValueError, match=r"decode_ctas_per_sm=\[2, 2\]: expected one occupancy per width"):
+        _plan(cfg, T=1, B=1, MB=64, max_q=1, max_kv=1024, dec=(2, 2))
+    params = A.attention_params(cfg, io_dtype=A.IODType.BF16, num_tokens=1, num_seqs=1, max_blocks=64, max_q_len=1,
+                                max_kv_len=1024)
+    info = _structs.struct("PagedKVAttentionPlanInfo")()
+    rc = A._capi().pagedkv_attention_plan(ctypes.byref(params), 132, None, 2, ctypes.byref(info))
+    with pytest.raises(_lib.CapiError, match="decode_ctas_per_sm=NULL: expected 3 occupancies"):
+        _lib.check(rc, "pagedkv_attention_plan")
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -405,11 +482,13 @@ def _cases() -> list[Case]:
 CASES = _cases()
 
 
+@pytest.mark.parametrize("decode_ctas_per_sm", [2, H200_DECODE_16BIT_D128], ids=["one-width", "three-widths"])
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_schedule_counts_every_visible_pair_once_and_writes_every_row_once(case):
+def test_schedule_counts_every_visible_pair_once_and_writes_every_row_once(case, decode_ctas_per_sm):
     cfg, meta, num_blocks = _build(case)
     max_pos = int(meta.kv_lens.max())
-    res = A.schedule_check(cfg, meta, num_blocks, io_dtype=A.IODType.FP16, sm_count=case.sm_count, max_pos=max_pos)
+    res = A.schedule_check(cfg, meta, num_blocks, io_dtype=A.IODType.FP16, sm_count=case.sm_count, max_pos=max_pos,
+                           decode_ctas_per_sm=decode_ctas_per_sm)
     expected = _expected_coverage(cfg, meta, num_blocks, max_pos)
     mismatch = np.argwhere(res["coverage"] != expected)
     assert mismatch.size == 0, (f"{len(mismatch)} (token, head, pos) mismatches, first {mismatch[:5].tolist()}: "

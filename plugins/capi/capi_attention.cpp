@@ -35,6 +35,46 @@ cudaError_t hostParams(AttentionParams const* params, AttentionParams& p) {
     return cudaSuccess;
 }
 
+// The C API's record of a plan.
+void fillPlanInfo(attn::AttentionPlan const& plan, PagedKVAttentionPlanInfo* out) {
+    *out = PagedKVAttentionPlanInfo{};
+    out->run_decode = plan.runDecode;
+    out->run_multi = plan.runMulti;
+    out->run_merge = plan.runMerge;
+    out->decode_grid[0] = int32_t(plan.decodeGrid.x), out->decode_grid[1] = int32_t(plan.decodeGrid.y);
+    out->decode_grid[2] = int32_t(plan.decodeGrid.z);
+    out->multi_grid[0] = int32_t(plan.multiGrid.x), out->multi_grid[1] = int32_t(plan.multiGrid.y);
+    out->multi_grid[2] = int32_t(plan.multiGrid.z);
+    out->merge_grid = int32_t(plan.mergeGrid.x);
+    out->decode_chunk_len = plan.split.decodeChunkLen;
+    out->multi_chunk_len = plan.split.multiChunkLen;
+    out->partial_chunks = plan.partialChunks;
+    out->max_span = plan.maxSpan;
+    out->workspace_bytes = int64_t(plan.workspaceBytes);
+    out->decode_warps = plan.runDecode ? plan.decodeWarps : 0;
+}
+
+static_assert(PAGEDKV_DECODE_WIDTHS == attn::kNumDecodeWidths, "the C API's decode widths are the schedule's");
+
+// The device facts of a what-if plan: the caller's occupancies, checked.
+cudaError_t hostFacts(int32_t smCount, int32_t const* decodeCtasPerSm, int32_t multiCtasPerSm,
+                      attn::DeviceFacts& facts) {
+    PKV_REQUIRE(smCount > 0, "sm_count", smCount, "> 0");
+    if (decodeCtasPerSm == nullptr) return invalidArgument("decode_ctas_per_sm=NULL: expected 3 occupancies");
+    bool any = false;
+    for (int32_t i = 0; i < attn::kNumDecodeWidths; ++i) {
+        PKV_REQUIRE(decodeCtasPerSm[i] >= 0, "decode_ctas_per_sm", decodeCtasPerSm[i],
+                    ">= 0 (at " + std::to_string(attn::kDecodeWidthWarps[i]) + " warps)");
+        facts.decodeCtasPerSm[i] = decodeCtasPerSm[i];
+        any = any || decodeCtasPerSm[i] > 0;
+    }
+    PKV_REQUIRE(any, "decode_ctas_per_sm", 0, "> 0 at some width");
+    PKV_REQUIRE(multiCtasPerSm > 0, "multi_ctas_per_sm", multiCtasPerSm, "> 0");
+    facts.smCount = smCount;
+    facts.multiCtasPerSm = multiCtasPerSm;
+    return cudaSuccess;
+}
+
 }  // namespace
 
 extern "C" {
@@ -64,35 +104,33 @@ int64_t pagedkv_attention_workspace_bytes(int32_t num_tokens, int32_t num_seqs, 
     return int64_t(attentionWorkspaceBytes(num_tokens, num_seqs, num_q_heads, head_dim, max_kv_len, page_size));
 }
 
-int32_t pagedkv_attention_plan(const AttentionParams* params, int32_t sm_count, int32_t decode_ctas_per_sm,
+int32_t pagedkv_attention_plan(const AttentionParams* params, int32_t sm_count, const int32_t* decode_ctas_per_sm,
                                int32_t multi_ctas_per_sm, PagedKVAttentionPlanInfo* out) {
     clearLastError();
     if (out == nullptr) return invalidArgument("out=NULL: expected a PagedKVAttentionPlanInfo");
-    PKV_REQUIRE(sm_count > 0, "sm_count", sm_count, "> 0");
-    PKV_REQUIRE(decode_ctas_per_sm > 0, "decode_ctas_per_sm", decode_ctas_per_sm, "> 0");
-    PKV_REQUIRE(multi_ctas_per_sm > 0, "multi_ctas_per_sm", multi_ctas_per_sm, "> 0");
+    attn::DeviceFacts facts{};
+    cudaError_t err = hostFacts(sm_count, decode_ctas_per_sm, multi_ctas_per_sm, facts);
+    AttentionParams p;
+    if (err == cudaSuccess) err = hostParams(params, p);
+    if (err == cudaSuccess) err = attn::validateAttentionParams(p);
+    if (err != cudaSuccess) return err;
+    fillPlanInfo(attn::planAttention(p, facts), out);
+    return 0;
+}
+
+int32_t pagedkv_attention_device_plan(const AttentionParams* params, PagedKVAttentionPlanInfo* out) {
+    clearLastError();
+    if (out == nullptr) return invalidArgument("out=NULL: expected a PagedKVAttentionPlanInfo");
     AttentionParams p;
     cudaError_t err = hostParams(params, p);
     if (err == cudaSuccess) err = attn::validateAttentionParams(p);
-    if (err != cudaSuccess) return err;
-    attn::DeviceFacts const facts{sm_count, decode_ctas_per_sm, multi_ctas_per_sm};
-    attn::AttentionPlan const plan = attn::planAttention(p, facts);
-    *out = PagedKVAttentionPlanInfo{};
-    out->run_decode = plan.runDecode;
-    out->run_multi = plan.runMulti;
-    out->run_merge = plan.runMerge;
-    out->decode_grid[0] = int32_t(plan.decodeGrid.x), out->decode_grid[1] = int32_t(plan.decodeGrid.y);
-    out->decode_grid[2] = int32_t(plan.decodeGrid.z);
-    out->multi_grid[0] = int32_t(plan.multiGrid.x), out->multi_grid[1] = int32_t(plan.multiGrid.y);
-    out->multi_grid[2] = int32_t(plan.multiGrid.z);
-    out->merge_grid = int32_t(plan.mergeGrid.x);
-    out->decode_chunk_len = plan.split.decodeChunkLen;
-    out->multi_chunk_len = plan.split.multiChunkLen;
-    out->partial_chunks = plan.partialChunks;
-    out->max_span = plan.maxSpan;
-    out->workspace_bytes = int64_t(plan.workspaceBytes);
+    attn::AttentionPlan plan{};
+    if (err == cudaSuccess && p.meta.numTokens > 0) err = attn::planOnCurrentDevice(p, plan);
+    if (err != cudaSuccess) return recordCudaError(err, "pagedkv_attention_device_plan");
+    fillPlanInfo(plan, out);
     return 0;
 }
+
 
 int32_t pagedkv_attention_kernel_shapes(int32_t io_dtype, int32_t cache_dtype, int32_t head_dim,
                                         PagedKVAttentionKernelShapes* out) {
@@ -102,22 +140,26 @@ int32_t pagedkv_attention_kernel_shapes(int32_t io_dtype, int32_t cache_dtype, i
     CacheDType const cache = static_cast<CacheDType>(cache_dtype);
     PKV_REQUIRE(isSupportedIODType(io), "io_dtype", io_dtype, supportedIODTypesText());
     PKV_REQUIRE(isSupportedCacheDType(cache), "cache_dtype", cache_dtype, supportedCacheDTypesText());
-    attn::KernelShape decode{}, multi{};
-    cudaError_t err = attn::decodeKernelShape(io, cache, head_dim, decode);  // names an unsupported head_dim
+    attn::KernelShape decode{}, multi{}, widths[attn::kNumDecodeWidths]{};
+    int32_t const defaultWarps = attn::decodeDefaultWidth(cacheDTypeBytes(cache) == 1, head_dim);
+    cudaError_t err = attn::decodeKernelShape(io, cache, head_dim, defaultWarps, decode);  // names a bad head_dim
+    for (int32_t i = 0; i < attn::kNumDecodeWidths && err == cudaSuccess; ++i)
+        err = attn::decodeKernelShape(io, cache, head_dim, attn::kDecodeWidthWarps[i], widths[i]);
     if (err == cudaSuccess) err = attn::multiKernelShape(io, cache, head_dim, multi);
     if (err != cudaSuccess) return err;
-    *out = PagedKVAttentionKernelShapes{decode.threads, decode.smemBytes, multi.threads, multi.smemBytes};
+    *out = PagedKVAttentionKernelShapes{decode.threads, decode.smemBytes, multi.threads, multi.smemBytes, {}};
+    for (int32_t i = 0; i < attn::kNumDecodeWidths; ++i) out->decode_width_smem_bytes[i] = widths[i].smemBytes;
     return 0;
 }
 
 int32_t pagedkv_attention_schedule_check(const AttentionParams* params, int64_t num_blocks, int32_t sm_count,
-                                         int32_t decode_ctas_per_sm, int32_t multi_ctas_per_sm, int32_t max_pos,
+                                         const int32_t* decode_ctas_per_sm, int32_t multi_ctas_per_sm, int32_t max_pos,
                                          int32_t* coverage, int32_t* direct_writes, int32_t* partial_writes,
                                          int32_t* merged_chunks, int32_t* poisoned) {
     clearLastError();
-    PKV_REQUIRE(sm_count > 0, "sm_count", sm_count, "> 0");
-    PKV_REQUIRE(decode_ctas_per_sm > 0, "decode_ctas_per_sm", decode_ctas_per_sm, "> 0");
-    PKV_REQUIRE(multi_ctas_per_sm > 0, "multi_ctas_per_sm", multi_ctas_per_sm, "> 0");
+    attn::DeviceFacts facts{};
+    cudaError_t const bad = hostFacts(sm_count, decode_ctas_per_sm, multi_ctas_per_sm, facts);
+    if (bad != cudaSuccess) return bad;
     PKV_REQUIRE(num_blocks >= 0, "num_blocks", num_blocks, ">= 0");
     PKV_REQUIRE(coverage && direct_writes && partial_writes && merged_chunks && poisoned, "outputs", 0,
                 "five host arrays");
@@ -125,8 +167,7 @@ int32_t pagedkv_attention_schedule_check(const AttentionParams* params, int64_t 
     cudaError_t const err = hostParams(params, p);  // the replay validates p as the launcher does
     if (err != cudaSuccess) return err;
     attn::ScheduleReplay const replay{max_pos, coverage, direct_writes, partial_writes, merged_chunks, poisoned};
-    return attn::replayAttentionSchedule(p, num_blocks,
-                                         attn::DeviceFacts{sm_count, decode_ctas_per_sm, multi_ctas_per_sm}, replay);
+    return attn::replayAttentionSchedule(p, num_blocks, facts, replay);
 }
 
 }  // extern "C"

@@ -35,20 +35,30 @@ struct PagedKVAttentionPlanInfo {
     int32_t partial_chunks;
     int32_t max_span;
     int64_t workspace_bytes;  // bytes this launch uses
+    int32_t decode_warps;     // the decode CTA width (2, 4, 8; 0 when no decode kernel runs)
 };
 
+// decode_ctas_per_sm: PAGEDKV_DECODE_WIDTHS entries, the decode kernel's resident CTAs per SM at 2, 4 and 8 warps per
+// CTA; 0 for a width the device does not host (pagedkv_attention_kernel_shapes says which widths are compiled).
+#define PAGEDKV_DECODE_WIDTHS 3
 PAGEDKV_EXPORT int32_t pagedkv_attention_plan(const pagedkv::AttentionParams* params, int32_t sm_count,
-                                              int32_t decode_ctas_per_sm, int32_t multi_ctas_per_sm,
+                                              const int32_t* decode_ctas_per_sm, int32_t multi_ctas_per_sm,
                                               PagedKVAttentionPlanInfo* out);
+
+// The plan a launch of `params` makes on the current device (its SM count and the kernels' occupancy, as the
+// launcher gathers them: PAGEDKV_DECODE_WARPS included). Queries the device, launches nothing. For benchmark reports.
+PAGEDKV_EXPORT int32_t pagedkv_attention_device_plan(const pagedkv::AttentionParams* params,
+                                                     PagedKVAttentionPlanInfo* out);
 
 // Threads and dynamic shared memory per CTA of the decode and multi-token kernels that serve (io_dtype,
 // cache_dtype, head_dim), as compiled (host constants, no GPU needed): what the device's per-block shared-memory
 // limit is checked against at the first launch (docs/plugin_io.md tabulates them per head dim and architecture).
 struct PagedKVAttentionKernelShapes {
-    int32_t decode_threads;
+    int32_t decode_threads;     // the decode kernel at its default width (4 warps; 2 for 8-bit caches at D = 64, 128)
     int32_t decode_smem_bytes;
     int32_t multi_threads;
     int32_t multi_smem_bytes;
+    int32_t decode_width_smem_bytes[PAGEDKV_DECODE_WIDTHS];  // at 2, 4, 8 warps per CTA; 0: width not compiled
 };
 
 PAGEDKV_EXPORT int32_t pagedkv_attention_kernel_shapes(int32_t io_dtype, int32_t cache_dtype, int32_t head_dim,
@@ -64,7 +74,7 @@ PAGEDKV_EXPORT int32_t pagedkv_attention_kernel_shapes(int32_t io_dtype, int32_t
 //   poisoned [T, H]: rows filled with NaN because max_q_len was not a bound
 // Returns 0, or cudaErrorInvalidValue with the reason (also for a position >= max_pos).
 PAGEDKV_EXPORT int32_t pagedkv_attention_schedule_check(const pagedkv::AttentionParams* params, int64_t num_blocks,
-                                                        int32_t sm_count, int32_t decode_ctas_per_sm,
+                                                        int32_t sm_count, const int32_t* decode_ctas_per_sm,
                                                         int32_t multi_ctas_per_sm, int32_t max_pos,
                                                         int32_t* coverage, int32_t* direct_writes,
                                                         int32_t* partial_writes, int32_t* merged_chunks,

@@ -77,11 +77,12 @@ constexpr FieldDesc kPlanInfo[] = {
     PKV_FIELD(PagedKVAttentionPlanInfo, multi_grid),       PKV_FIELD(PagedKVAttentionPlanInfo, merge_grid),
     PKV_FIELD(PagedKVAttentionPlanInfo, decode_chunk_len), PKV_FIELD(PagedKVAttentionPlanInfo, multi_chunk_len),
     PKV_FIELD(PagedKVAttentionPlanInfo, partial_chunks),   PKV_FIELD(PagedKVAttentionPlanInfo, max_span),
-    PKV_FIELD(PagedKVAttentionPlanInfo, workspace_bytes),
+    PKV_FIELD(PagedKVAttentionPlanInfo, workspace_bytes),  PKV_FIELD(PagedKVAttentionPlanInfo, decode_warps),
 };
 constexpr FieldDesc kKernelShapes[] = {
     PKV_FIELD(PagedKVAttentionKernelShapes, decode_threads), PKV_FIELD(PagedKVAttentionKernelShapes, decode_smem_bytes),
     PKV_FIELD(PagedKVAttentionKernelShapes, multi_threads),  PKV_FIELD(PagedKVAttentionKernelShapes, multi_smem_bytes),
+    PKV_FIELD(PagedKVAttentionKernelShapes, decode_width_smem_bytes),
 };
 
 }  // namespace

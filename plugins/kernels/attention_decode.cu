@@ -2,9 +2,9 @@
 // tile -- decode tokens and short speculative drafts. Memory-bound: every K/V byte of the sequence's span is
 // read once per KV head, for all the GQA heads of that KV head at once (they are the rows of the tile).
 //
-// Grid (B, KVH, Z): one CTA per (sequence, KV head, split-K chunk). The warps of a CTA (4; 2 for 8-bit caches
-// at D = 64, 128) stream disjoint KV steps of 16 tokens (32 for 8-bit caches at D = 64, 128; warp w takes steps
-// w, w + kWarps, ...), each through its own 3-stage cp.async pipeline (16-byte copies, pages resolved through
+// Grid (B, KVH, Z): one CTA per (sequence, KV head, split-K chunk). The warps of a CTA (2, 4 or 8: the plan's
+// width, attention_schedule.h) stream disjoint KV steps of 16 tokens (32 for 8-bit caches at D = 64, 128; warp w
+// takes steps w, w + kWarps, ...), each through its own 3-stage cp.async pipeline (16-byte copies, pages resolved through
 // the block table), with only warp-level barriers in the loop; at the end the warps' online-softmax states are
 // combined in shared memory. A sequence cut into several chunks writes normalized partial outputs and
 // log2-sum-exps for the merge kernel; otherwise the CTA writes the final output directly.
@@ -15,6 +15,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <string>
+#include <type_traits>
+
 #include "attention_decode_tile.cuh"
 #include "attention_dispatch.cuh"
 #include "attention_kernels.h"
@@ -24,17 +27,18 @@ namespace pagedkv {
 namespace attn {
 namespace {
 
-template <typename CT, bool k8Bit, int kD>
+template <typename CT, bool k8Bit, int kD, int kWarps_>
 struct DecodeConfig {
     static_assert(kD % 16 == 0 && kD <= 256, "head dims are whole MMA k-steps and 16-byte chunks");
     // 8-bit caches: MMA fragments straight from the staging tiles (Frag8's lane permutations need D / 64 whole
     // 64-dim blocks), or, at the other head dims, a per-warp conversion to the compute type and the 16-bit step.
     static constexpr bool kFrag8 = k8Bit && kD % 64 == 0;
     static constexpr bool kConvert8 = k8Bit && !kFrag8;
-    // 8-bit caches at D <= 128 run 2 warps per CTA (with their 32-token steps, below): ~52 KB of shared memory,
-    // so 4 CTAs share an SM (a 64 x 4K batch, 512 CTAs, runs as one wave instead of two) and the kernel fits
-    // sm_89's 99 KB. Measured on the H200 against 4 warps and 2 CTAs/SM: fp8 64 x 4K 164.4 -> 162.1 us.
-    static constexpr int kWarps = kFrag8 && kD <= 128 ? 2 : kDecodeWarps;
+    // The CTA width, one of those compiled for the instance (attention_schedule.h). 8-bit caches at D <= 128 run 2
+    // warps (with their 32-token steps, below): ~52 KB of shared memory, so 4 CTAs share an SM and the kernel fits
+    // sm_89's 99 KB (measured on the H200 against 4 warps and 2 CTAs/SM: fp8 64 x 4K 164.4 -> 162.1 us).
+    static_assert(decodeWidthCompiled(k8Bit, kD, kWarps_), "a decode width the schedule lists for this instance");
+    static constexpr int kWarps = kWarps_;
     static constexpr int kThreads = kWarps * 32;
     static constexpr int kRows = kDecodeRows;
     static constexpr int kTile = kDecodeTileTokens;
@@ -379,9 +383,9 @@ __device__ __forceinline__ void writeCombinedRows(AttentionKernelParams const& p
 
 // The decode CTA: prologue (work, pool, KV source), the warp's loader primed, Q loaded, the step loop
 // (wait, refill, [convert], mask decision, step), the epilogue (stash, combine, write).
-template <typename CT, bool k8Bit, int kD, bool kFp8>
+template <typename CT, bool k8Bit, int kD, int kWarps, bool kFp8>
 __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
-    using Cfg = DecodeConfig<CT, k8Bit, kD>;
+    using Cfg = DecodeConfig<CT, k8Bit, kD, kWarps>;
     constexpr int kTile = Cfg::kTile;
     constexpr int kStep = Cfg::kStep;
     constexpr int kStages = Cfg::kStages;
@@ -501,39 +505,105 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
     writeCombinedRows<CT, Cfg, kD>(p, w, cb, kvHead, z, tid);
 }
 
-template <typename CT, bool k8Bit, int kD>
-__global__ void __launch_bounds__(DecodeConfig<CT, k8Bit, kD>::kThreads)
+template <typename CT, bool k8Bit, int kD, int kWarps>
+__global__ void __launch_bounds__(DecodeConfig<CT, k8Bit, kD, kWarps>::kThreads)
     attentionDecodeKernel(__grid_constant__ AttentionKernelParams const p) {
-    if constexpr (DecodeConfig<CT, k8Bit, kD>::kFrag8) {  // the Frag8 conversions are compiled per 8-bit dtype
+    if constexpr (DecodeConfig<CT, k8Bit, kD, kWarps>::kFrag8) {  // the Frag8 conversions are compiled per 8-bit dtype
         if (p.cacheIsFp8)
-            decodeBody<CT, true, kD, true>(p);
+            decodeBody<CT, true, kD, kWarps, true>(p);
         else
-            decodeBody<CT, true, kD, false>(p);
+            decodeBody<CT, true, kD, kWarps, false>(p);
     } else {  // 16-bit caches, and 8-bit ones converted per step (fp8 vs int8: a uniform branch of convertTile8)
-        decodeBody<CT, k8Bit, kD, false>(p);
+        decodeBody<CT, k8Bit, kD, kWarps, false>(p);
     }
 }
 
-template <typename CT, bool k8Bit, int kD>
-struct DecodeFamily : DecodeConfig<CT, k8Bit, kD> {
+template <typename CT, bool k8Bit, int kD, int kWarps>
+struct DecodeFamily : DecodeConfig<CT, k8Bit, kD, kWarps> {
     static constexpr char const* kName = "decode attention kernel";
-    static auto kernel() { return attentionDecodeKernel<CT, k8Bit, kD>; }
+    static auto kernel() { return attentionDecodeKernel<CT, k8Bit, kD, kWarps>; }
 };
+
+// f(DecodeFamily<...>{}) for the instance serving (io, cache, headDim) at `warps` per CTA; a width the schedule
+// does not compile for it (decodeWidthCompiled) fails with the field and the value.
+template <typename F>
+cudaError_t dispatchDecode(IODType io, CacheDType cache, int32_t headDim, int32_t warps, F&& f) {
+    return dispatchAttention(io, isCache8Bit(cache), headDim, [&](auto ct, auto k8, auto d) -> cudaError_t {
+        auto at = [&](auto width) -> cudaError_t {
+            using CT = typename std::decay_t<decltype(ct)>::type;
+            constexpr bool k8Bit = std::decay_t<decltype(k8)>::value;
+            constexpr int kD = std::decay_t<decltype(d)>::value;
+            constexpr int kWarps = std::decay_t<decltype(width)>::value;
+            if constexpr (decodeWidthCompiled(k8Bit, kD, kWarps)) {
+                return f(DecodeFamily<CT, k8Bit, kD, kWarps>{});
+            } else {
+                return invalidArgument("decode warps=" + std::to_string(warps) + ": not compiled for cache_dtype=" +
+                                       std::to_string(static_cast<int32_t>(cache)) + " head_dim=" +
+                                       std::to_string(headDim) + " (attention_schedule.h lists the widths)");
+            }
+        };
+        switch (warps) {
+            case 2: return at(IntTag<2>{});
+            case 4: return at(IntTag<4>{});
+            case 8: return at(IntTag<8>{});
+        }
+        return invalidArgument("decode warps=" + std::to_string(warps) + ": expected 2, 4 or 8");
+    });
+}
 
 }  // namespace
 
-cudaError_t decodeKernelShape(IODType io, CacheDType cache, int32_t headDim, KernelShape& shape) {
-    return familyShape<DecodeFamily>(io, cache, headDim, shape);
+cudaError_t decodeKernelShape(IODType io, CacheDType cache, int32_t headDim, int32_t warps, KernelShape& shape) {
+    shape = KernelShape{0, 0};  // stays so for a width not compiled for the instance
+    bool const listed = warps == 2 || warps == 4 || warps == 8;
+    if (listed && isSupportedHeadDim(headDim) && !decodeWidthCompiled(isCache8Bit(cache), headDim, warps))
+        return cudaSuccess;
+    return dispatchDecode(io, cache, headDim, warps, [&](auto family) -> cudaError_t {
+        using F = decltype(family);
+        shape = KernelShape{F::kThreads, F::kSmemBytes};
+        return cudaSuccess;
+    });
 }
 
-cudaError_t decodeKernelOccupancy(IODType io, CacheDType cache, int32_t headDim, int32_t& ctasPerSm) {
-    return prepareOrLaunch<DecodeFamily>(io, cache, headDim, ctasPerSm, nullptr, dim3(), nullptr);
+cudaError_t decodeKernelOccupancies(IODType io, CacheDType cache, int32_t headDim,
+                                    int32_t (&ctasPerSm)[kNumDecodeWidths]) {
+    int32_t const optin = deviceSharedMemoryOptin();
+    bool any = false;
+    for (int32_t i = 0; i < kNumDecodeWidths; ++i) {
+        ctasPerSm[i] = 0;
+        int32_t const warps = kDecodeWidthWarps[i];
+        if (!decodeWidthCompiled(isCache8Bit(cache), headDim, warps)) continue;
+        KernelShape shape{};
+        cudaError_t err = decodeKernelShape(io, cache, headDim, warps, shape);
+        if (err != cudaSuccess) return err;
+        if (optin > 0 && shape.smemBytes > optin) continue;  // this width does not fit the device; another may
+        err = dispatchDecode(io, cache, headDim, warps, [&](auto family) -> cudaError_t {
+            using F = decltype(family);
+            return kernelSetup<F>.prepare(F::kernel(), F::kSmemBytes, F::kThreads, ctasPerSm[i], F::kName, headDim);
+        });
+        if (err != cudaSuccess) return err;
+        any = true;
+    }
+    if (any) return cudaSuccess;
+    // No width fits: the default width's refusal names the sizes and the GPU.
+    int32_t unused = 0;
+    return dispatchDecode(io, cache, headDim, decodeDefaultWidth(isCache8Bit(cache), headDim), [&](auto family) {
+        using F = decltype(family);
+        return kernelSetup<F>.prepare(F::kernel(), F::kSmemBytes, F::kThreads, unused, F::kName, headDim);
+    });
 }
 
 cudaError_t launchDecodeKernel(AttentionKernelParams const& kp, IODType io, CacheDType cache, int32_t headDim,
-                              dim3 grid, cudaStream_t stream) {
-    int32_t ctasPerSm = 0;
-    return prepareOrLaunch<DecodeFamily>(io, cache, headDim, ctasPerSm, &kp, grid, stream);
+                               int32_t warps, dim3 grid, cudaStream_t stream) {
+    return dispatchDecode(io, cache, headDim, warps, [&](auto family) -> cudaError_t {
+        using F = decltype(family);
+        int32_t ctasPerSm = 0;
+        cudaError_t const err = kernelSetup<F>.prepare(F::kernel(), F::kSmemBytes, F::kThreads, ctasPerSm, F::kName,
+                                                       headDim);
+        if (err != cudaSuccess) return err;
+        F::kernel()<<<grid, F::kThreads, F::kSmemBytes, stream>>>(kp);
+        return cudaGetLastError();
+    });
 }
 
 }  // namespace attn

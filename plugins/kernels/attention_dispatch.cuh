@@ -68,6 +68,14 @@ cudaError_t dispatchAttention(IODType io, bool cache8Bit, int32_t headDim, F&& f
                            supportedIODTypesText());
 }
 
+// Dynamic shared memory per CTA the current device allows (the opt-in limit); 0 when it cannot be queried.
+inline int32_t deviceSharedMemoryOptin() {
+    int device = 0, optin = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return 0;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) return 0;
+    return optin;
+}
+
 // Per kernel instantiation (one static object each): raises the dynamic shared-memory limit once per device
 // and caches the occupancy. Host-side queries only; nothing here waits on the GPU.
 class KernelSetup {

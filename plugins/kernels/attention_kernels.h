@@ -46,16 +46,21 @@ struct KernelShape {
     int32_t threads;
     int32_t smemBytes;
 };
-cudaError_t decodeKernelShape(IODType io, CacheDType cache, int32_t headDim, KernelShape& shape);
+// The decode kernel's shape at a CTA width of `warps` (2, 4, 8): {0, 0} when that width is not compiled for the
+// instance (decodeWidthCompiled).
+cudaError_t decodeKernelShape(IODType io, CacheDType cache, int32_t headDim, int32_t warps, KernelShape& shape);
 cudaError_t multiKernelShape(IODType io, CacheDType cache, int32_t headDim, KernelShape& shape);
 
 // Resident CTAs per SM of the instantiation serving (ioDType, cacheDType, headDim); sets its dynamic
-// shared-memory limit on first use. Errors name the unsupported value.
-cudaError_t decodeKernelOccupancy(IODType io, CacheDType cache, int32_t headDim, int32_t& ctasPerSm);
+// shared-memory limit on first use. Errors name the unsupported value. The decode kernel's at each width of
+// kDecodeWidthWarps: 0 for a width not compiled for the instance or needing more shared memory than the device
+// has (an error naming the sizes only when no width fits).
+cudaError_t decodeKernelOccupancies(IODType io, CacheDType cache, int32_t headDim,
+                                    int32_t (&ctasPerSm)[kNumDecodeWidths]);
 cudaError_t multiKernelOccupancy(IODType io, CacheDType cache, int32_t headDim, int32_t& ctasPerSm);
 
 cudaError_t launchDecodeKernel(AttentionKernelParams const& kp, IODType io, CacheDType cache, int32_t headDim,
-                               dim3 grid, cudaStream_t stream);
+                               int32_t warps, dim3 grid, cudaStream_t stream);
 cudaError_t launchMultiKernel(AttentionKernelParams const& kp, IODType io, CacheDType cache, int32_t headDim,
                               dim3 grid, cudaStream_t stream);
 // Which multi-token kernel runs: PAGEDKV_MULTI_KERNEL, read at every launch (A/B benchmarks; the tests that run

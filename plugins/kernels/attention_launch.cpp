@@ -2,7 +2,9 @@
 // fold the scales, launch the decode / multi-token kernels and the split-K merge on `stream`. Never syncs.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string>
 
 #include "attention_kernels.h"
 #include "attention_plan.h"
@@ -42,14 +44,40 @@ AttentionKernelParams makeKernelParams(AttentionParams const& p, AttentionPlan c
     return k;
 }
 
-cudaError_t launchAll(AttentionParams const& params, cudaStream_t stream) {
+// PAGEDKV_DECODE_WARPS, read at every launch (A/B benchmarks; the tests that run each width on one GPU): unset or
+// empty, the plan picks the decode CTA width; "2", "4" or "8" leaves it only that width, which must be compiled for
+// the instance and fit the device.
+cudaError_t restrictDecodeWidth(AttentionParams const& p, int32_t (&ctasPerSm)[kNumDecodeWidths]) {
+    char const* const value = std::getenv("PAGEDKV_DECODE_WARPS");
+    std::string const v = value != nullptr ? value : "";
+    if (v.empty()) return cudaSuccess;
+    std::string offered;
+    int32_t keep = -1;
+    for (int32_t i = 0; i < kNumDecodeWidths; ++i) {
+        if (ctasPerSm[i] > 0) offered += (offered.empty() ? "" : ", ") + std::to_string(kDecodeWidthWarps[i]);
+        if (v == std::to_string(kDecodeWidthWarps[i]) && ctasPerSm[i] > 0) keep = i;
+    }
+    if (keep < 0)
+        return invalidArgument("PAGEDKV_DECODE_WARPS=" + v + ": expected one of the decode widths compiled for io_dtype=" +
+                               std::to_string(static_cast<int32_t>(p.ioDType)) + " cache_dtype=" +
+                               std::to_string(static_cast<int32_t>(p.cacheDType)) + " head_dim=" +
+                               std::to_string(p.headDim) + " that fit this GPU: " + offered);
+    for (int32_t i = 0; i < kNumDecodeWidths; ++i)
+        if (i != keep) ctasPerSm[i] = 0;
+    return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t planOnCurrentDevice(AttentionParams const& params, AttentionPlan& plan) {
+    // Which kernels run does not depend on the device; how much to split (and the decode width) does. Plan once
+    // to know which kernels' occupancy to ask for, then plan with the facts.
+    DeviceFacts facts{smCountOfCurrentDevice(), {0, 0, 0}, 1};
+    plan = planAttention(params, facts);
     cudaError_t err = cudaSuccess;
-    // Which kernels run does not depend on the device; how much to split does. Plan once to know which
-    // kernels' occupancy to ask for, then plan with the facts.
-    DeviceFacts facts{smCountOfCurrentDevice(), 1, 1};
-    AttentionPlan plan = planAttention(params, facts);
     if (plan.runDecode) {
-        err = decodeKernelOccupancy(params.ioDType, params.cacheDType, params.headDim, facts.decodeCtasPerSm);
+        err = decodeKernelOccupancies(params.ioDType, params.cacheDType, params.headDim, facts.decodeCtasPerSm);
+        if (err == cudaSuccess) err = restrictDecodeWidth(params, facts.decodeCtasPerSm);
         if (err != cudaSuccess) return err;
     }
     if (plan.runMulti) {
@@ -57,10 +85,20 @@ cudaError_t launchAll(AttentionParams const& params, cudaStream_t stream) {
         if (err != cudaSuccess) return err;
     }
     plan = planAttention(params, facts);
+    return cudaSuccess;
+}
+
+namespace {
+
+cudaError_t launchAll(AttentionParams const& params, cudaStream_t stream) {
+    AttentionPlan plan{};
+    cudaError_t err = planOnCurrentDevice(params, plan);
+    if (err != cudaSuccess) return err;
     AttentionKernelParams const kp = makeKernelParams(params, plan);
 
     if (plan.runDecode) {
-        err = launchDecodeKernel(kp, params.ioDType, params.cacheDType, params.headDim, plan.decodeGrid, stream);
+        err = launchDecodeKernel(kp, params.ioDType, params.cacheDType, params.headDim, plan.decodeWarps,
+                                 plan.decodeGrid, stream);
         if (err != cudaSuccess) return err;
     }
     if (plan.runMulti) {

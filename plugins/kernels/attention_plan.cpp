@@ -23,6 +23,10 @@ int64_t roundUp64(int64_t a, int64_t b) { return ceilDiv64(a, b) * b; }
 // chunks and merge work).
 constexpr int64_t kDecodeCtaCostTokens = 64;
 constexpr int64_t kDecodeMaxWaves = 4;
+// Decode CTA width (planAttention): 2-warp CTAs take over from the default 4-warp ones when the unsplit 4-warp grid
+// runs more than this many waves. Measured on the H200 (D = 128, 8 KV heads; NOTES-attention.md): at 1.94 waves
+// (64 x 4K) 4 warps were 0.7 % faster, at 3.88 and 7.76 waves (128 x 2K, 256 x 1K) 2 warps 1.2-1.8 %.
+constexpr int64_t kDecodeNarrowAfterWaves = 2;
 
 cudaError_t validate(AttentionParams const& p) {
     PKV_REQUIRE(p.numQHeads > 0, "num_q_heads", p.numQHeads, "> 0");
@@ -140,9 +144,35 @@ AttentionPlan planAttention(AttentionParams const& p, DeviceFacts const& facts) 
         }
         return best;
     };
+    // The CTA width (warps), among those the facts offer (compiled for the instance, fitting the device). Every
+    // width keeps ~8 decode warps on an SM; what differs is how the work is cut (measured on the H200,
+    // NOTES-attention.md): the default 4 warps, unless
+    //   - 8 warps run the batch unsplit where 4 would split it: no merge, no partial rows (16 x 8K: 2-3 % faster);
+    //   - the unsplit 4-warp grid runs more than kDecodeNarrowAfterWaves waves and 2 warps need no split either:
+    //     2 warps (128 x 2K, 256 x 1K: 1-2 % faster).
+    // Without the default width (sm_89 hosts the 16-bit D = 128 kernel only at 2 warps), the narrowest offered.
+    // Returns the width's index in kDecodeWidthWarps.
+    auto chooseDecodeWidth = [&](int64_t units) -> int32_t {
+        static_assert(kDecodeWidthWarps[0] == 2 && kDecodeWidthWarps[1] == kDecodeWarps && kDecodeWidthWarps[2] == 8,
+                      "the widths in the order the rule reads them");
+        int32_t const narrow = facts.decodeCtasPerSm[0], standard = facts.decodeCtasPerSm[1],
+                      wide = facts.decodeCtasPerSm[2];
+        if (standard <= 0 && narrow > 0) return 0;
+        if (standard <= 0 && wide > 0) return 2;
+        if (standard <= 0) return 1;  // a plan before the facts
+        bool const standardSplits = chooseDecodeChunks(units, standard) > 1;
+        if (wide > 0 && standardSplits && chooseDecodeChunks(units, wide) == 1) return 2;
+        if (narrow > 0 && !standardSplits && units > kDecodeNarrowAfterWaves * smCount * standard &&
+            chooseDecodeChunks(units, narrow) == 1)
+            return 0;
+        return 1;
+    };
     plan.runDecode = G <= kDecodeRows;
     if (plan.runDecode) {
-        int32_t n = chooseDecodeChunks(int64_t(B) * KVH, facts.decodeCtasPerSm);
+        int64_t const units = int64_t(B) * KVH;
+        int32_t const width = chooseDecodeWidth(units);
+        int32_t const n = chooseDecodeChunks(units, facts.decodeCtasPerSm[width]);
+        plan.decodeWarps = kDecodeWidthWarps[width];
         plan.split.decodeChunkLen = chunkLenFor(n);
         plan.split.decodeGridChunks = gridChunksFor(n, plan.split.decodeChunkLen);
         plan.decodeGrid = dim3(uint32_t(B), uint32_t(KVH), uint32_t(plan.split.decodeGridChunks));

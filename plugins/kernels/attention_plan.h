@@ -1,7 +1,7 @@
 // Host side of paged attention: parameter validation and THE scheduling decision (which kernels run, their
 // grids, the split-K factor and the workspace layout). launchAttention, attentionWorkspaceBytes and the
 // schedule emulator (attention_schedule_check.cpp) all go through planAttention, so what the tests check is
-// what runs. Nothing here touches the GPU: the device facts the plan needs come in as DeviceFacts.
+// what runs. planAttention does not touch the GPU: the device facts the plan needs come in as DeviceFacts.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -22,7 +22,9 @@ cudaError_t validateAttentionParams(AttentionParams const& p);
 // What the plan needs to know about the device and the kernels' occupancy.
 struct DeviceFacts {
     int32_t smCount;
-    int32_t decodeCtasPerSm;  // resident CTAs per SM of the decode kernel instantiation in use
+    // Resident CTAs per SM of the decode instance at each CTA width of kDecodeWidthWarps (2, 4, 8 warps); 0: that
+    // width is not compiled for the instance or does not fit the device. The plan picks among the others.
+    int32_t decodeCtasPerSm[kNumDecodeWidths];
     int32_t multiCtasPerSm;
 };
 
@@ -31,6 +33,7 @@ struct AttentionPlan {
     int32_t maxSpan;       // host bound on any sequence's KV span (virtual indices)
     SplitPlan split;       // what the kernels and the merge read
     bool runDecode;
+    int32_t decodeWarps;   // the decode CTA width (one of kDecodeWidthWarps)
     dim3 decodeGrid;       // (B, KVH, decodeGridChunks)
     bool runMulti;
     dim3 multiGrid;        // (bodyTiles + B, KVH, multiGridChunks)
@@ -43,6 +46,11 @@ struct AttentionPlan {
 
 // The one scheduling decision. `p` must be valid (validateAttentionParams).
 AttentionPlan planAttention(AttentionParams const& p, DeviceFacts const& facts);
+
+// The plan a launch of `p` makes on the current device: its facts gathered as the launcher gathers them (SM count,
+// the kernels' occupancy; PAGEDKV_DECODE_WARPS). The one function of this header that asks the device (no launch,
+// no sync); defined with the launcher (attention_launch.cpp). `p` must be valid.
+cudaError_t planOnCurrentDevice(AttentionParams const& p, AttentionPlan& plan);
 
 // Host replay of the kernels' work decomposition for the CPU tests (attention_schedule_check.cpp). `p`'s
 // step metadata pointers are HOST pointers here; numBlocks is the pool's NB. Arrays are [T][H] (coverage

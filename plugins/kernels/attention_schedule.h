@@ -30,7 +30,7 @@ namespace pagedkv {
 namespace attn {
 
 // ---- static shapes of the two kernels (host plan and device code read the same constants)
-constexpr int32_t kDecodeWarps = 4;
+constexpr int32_t kDecodeWarps = 4;          // the decode CTA width every instance has unless listed below
 constexpr int32_t kDecodeRows = 16;         // rows one decode CTA serves: a single m16 MMA tile
 constexpr int32_t kDecodeTileTokens = 16;   // KV tokens per warp step (one k16 step of P*V)
 constexpr int32_t kDecodeStages = 3;        // cp.async pipeline depth per warp
@@ -40,6 +40,24 @@ constexpr int32_t kChunkAlign = 64;         // split-K chunk lengths are multipl
 constexpr int32_t kMinChunkTokens = 256;    // a split chunk is never shorter (per-CTA setup must amortize)
 constexpr int32_t kMaxGridChunks = 1024;
 constexpr int64_t kMaxPartialRows = 32768;  // workspace budget in (chunk x token x head) rows
+
+// Decode CTA widths (warps per CTA). Every warp streams its own steps through its own pipeline, so the width only
+// trades CTAs per SM against warps per CTA (the SM holds ~8 decode warps either way); which one runs best depends
+// on the batch (measured on the H200: 16 x 8K wants 8 warps, one unsplit wave; 128 x 2K and 256 x 1K 2; 64 x 4K
+// 4), so the plan picks one per launch among the widths compiled for the instance and fitting the device:
+//   16-bit caches, D <= 128: 2, 4 and 8 warps;
+//   8-bit caches, D = 64 and 128 (Frag8 path, 32-token steps): 2 (their 4-warp CTAs were slower: NOTES-attention.md);
+//   the rest (8-bit at D = 32, 80, 96, 256; 16-bit at D = 256, whose register budget is spent): 4.
+constexpr int32_t kNumDecodeWidths = 3;
+constexpr int32_t kDecodeWidthWarps[kNumDecodeWidths] = {2, 4, 8};
+PKV_HD constexpr bool decodeWidthCompiled(bool cache8Bit, int32_t headDim, int32_t warps) {
+    if (cache8Bit) return warps == ((headDim == 64 || headDim == 128) ? 2 : kDecodeWarps);
+    return headDim <= 128 ? (warps == 2 || warps == 4 || warps == 8) : warps == kDecodeWarps;
+}
+// The width an instance has in any case (the others are alternatives the plan may take).
+PKV_HD constexpr int32_t decodeDefaultWidth(bool cache8Bit, int32_t headDim) {
+    return decodeWidthCompiled(cache8Bit, headDim, kDecodeWarps) ? kDecodeWarps : 2;
+}
 
 // m16 tiles per warp in the multi-token kernel: two for D <= 128 (each K/V fragment feeds two MMAs),
 // one for D = 256 (register budget).

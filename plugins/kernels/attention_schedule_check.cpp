@@ -71,8 +71,9 @@ cudaError_t replayAttentionSchedule(AttentionParams const& p, int64_t numBlocks,
                     PKV_REQUIRE(w.rowEnd - w.rowBegin <= kDecodeRows, "decode CTA rows", w.rowEnd - w.rowBegin,
                                 "<= 16");
                     BlockTableRow const table = tableOf(w.seqIndex);
-                    for (int32_t warp = 0; warp < kDecodeWarps; ++warp)  // warp w streams tiles w, w + 4, ...
-                        for (int32_t k = warp; k < w.tiles.count(); k += kDecodeWarps)
+                    int32_t const warps = plan.decodeWarps;  // warp w streams tiles w, w + warps, ...
+                    for (int32_t warp = 0; warp < warps; ++warp)
+                        for (int32_t k = warp; k < w.tiles.count(); k += warps)
                             for (int32_t r = 0; r < kDecodeTileTokens; ++r) {
                                 int32_t const v = w.tiles.tile(k) * kDecodeTileTokens + r;
                                 KVRow const kv = kvRowAt(p.layout, table, w.span, w.chunk, v);

@@ -348,6 +348,51 @@ def test_other_multi_token_kernels_match_reference(case, kernel, monkeypatch):
     check(case)
 
 
+def _runs_decode_kernel_16bit_d128(case: Case) -> bool:
+    # decode-class sequences (isDecodeClass) on a 16-bit cache at D <= 128: the instances compiled at 2, 4 and 8 warps
+    group = case.num_q_heads // case.num_kv_heads
+    return (case.cache in (CacheDType.FP16, CacheDType.BF16) and case.head_dim <= 128 and group <= 16
+            and any(0 < q and q * group <= 16 for _, q in case.seqs))
+
+
+# The decode kernel's CTA widths: the plan picks one per batch (attention_plan.cpp, chooseDecodeWidth), so each width
+# runs every decode case that has it, forced through PAGEDKV_DECODE_WARPS (read at every launch); long sequences
+# (split-K + merge at every width) and a large ragged batch included.
+DECODE_WIDTH_CASES = [c for c in CASES if _runs_decode_kernel_16bit_d128(c)] + [
+    Case(((32767, 1),), seed=130),
+    Case(((12000, 1), (7, 1), (3000, 1)), num_q_heads=4, num_kv_heads=1, head_dim=64, cache=CacheDType.FP16,
+         io="float16", seed=131),
+    Case(((32767, 1),), head_dim=80, seed=132),
+    Case(tuple((int(n), 1) for n in np.random.default_rng(133).integers(0, 900, size=200)), num_q_heads=16,
+         num_kv_heads=4, head_dim=96, page_size=24, seed=133),
+]
+
+
+@pytest.mark.parametrize("warps", ["2", "4", "8"])
+@pytest.mark.parametrize("case", DECODE_WIDTH_CASES, ids=[c.id for c in DECODE_WIDTH_CASES])
+def test_decode_widths_match_reference(case, warps, monkeypatch):
+    monkeypatch.setenv("PAGEDKV_DECODE_WARPS", warps)
+    check(case)
+
+
+@pytest.mark.parametrize("cache, io, head_dim, warps, offered", [
+    (CacheDType.FP8_E4M3, "bfloat16", 128, "4", "2"),   # 8-bit D = 128: compiled at 2 warps only
+    (CacheDType.BF16, "bfloat16", 256, "2", "4"),       # 16-bit D = 256: 4 warps only
+    (CacheDType.BF16, "bfloat16", 128, "3", "2, 4, 8"),
+])
+def test_decode_width_choice_is_checked(cache, io, head_dim, warps, offered, monkeypatch):
+    from pagedkv import _lib
+    from pagedkv.kernels.attention import paged_attention_numpy
+
+    case = Case(((300, 1),), cache=cache, io=io, head_dim=head_dim, seed=111)
+    cfg, meta, pool, q = build(case)
+    monkeypatch.setenv("PAGEDKV_DECODE_WARPS", warps)
+    expected = (f"PAGEDKV_DECODE_WARPS={warps}: expected one of the decode widths compiled for io_dtype=\\d "
+                f"cache_dtype=\\d head_dim={head_dim} that fit this GPU: {offered}$")
+    with pytest.raises(_lib.CapiError, match=expected):
+        paged_attention_numpy(q, meta, pool, cfg)
+
+
 def test_unknown_multi_kernel_choice_is_refused(monkeypatch):
     from pagedkv import _lib
     from pagedkv.kernels.attention import paged_attention_numpy

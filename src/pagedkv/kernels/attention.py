@@ -27,15 +27,16 @@ Example::
                     workspace=ws.ptr, workspace_bytes=ws_bytes, stream=stream.handle)
 
 Also: ``attention_workspace_bytes`` (sizes the workspace from bounds), ``attention_plan`` (the launcher's
-scheduling decision for a given device, without a GPU), ``kernel_shapes`` (threads and shared memory per CTA of
-the kernels serving a head dim and dtypes, as compiled) and ``schedule_check`` (host replay of the kernels' work
-decomposition, for the CPU tests).
+scheduling decision for a given device, without a GPU), ``device_plan`` (the decision on the current GPU),
+``kernel_shapes`` (threads and shared memory per CTA of the kernels serving a head dim and dtypes, as compiled)
+and ``schedule_check`` (host replay of the kernels' work decomposition, for the CPU tests).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -46,8 +47,8 @@ from pagedkv.kernels.write import IODType, StepPointers, step_metadata
 from pagedkv.layout import CacheDType
 from pagedkv.step import POOL_DESC_ADDRESS, POOL_DESC_FIELDS, POOL_DESC_NUM_BLOCKS, StepMetadata
 
-__all__ = ["IODType", "StepPointers", "attention_params", "attention_plan", "attention_workspace_bytes",
-           "kernel_shapes", "launch_attention", "paged_attention", "paged_attention_numpy", "schedule_check"]
+__all__ = ["DECODE_WIDTHS", "IODType", "StepPointers", "attention_params", "attention_plan", "attention_workspace_bytes",
+           "device_plan", "kernel_shapes", "launch_attention", "paged_attention", "paged_attention_numpy", "schedule_check"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -57,9 +58,10 @@ def _capi() -> ctypes.CDLL:
     return _lib.declare(_lib.capi(), {
         "pagedkv_attention": ([params, ctypes.c_void_p], i32),
         "pagedkv_attention_workspace_bytes": ([i32] * 6, ctypes.c_int64),
-        "pagedkv_attention_plan": ([params, i32, i32, i32, p(_structs.struct("PagedKVAttentionPlanInfo"))], i32),
+        "pagedkv_attention_plan": ([params, i32, i32p, i32, p(_structs.struct("PagedKVAttentionPlanInfo"))], i32),
+        "pagedkv_attention_device_plan": ([params, p(_structs.struct("PagedKVAttentionPlanInfo"))], i32),
         "pagedkv_attention_kernel_shapes": ([i32] * 3 + [p(_structs.struct("PagedKVAttentionKernelShapes"))], i32),
-        "pagedkv_attention_schedule_check": ([params, ctypes.c_int64] + [i32] * 4 + [i32p] * 5, i32),
+        "pagedkv_attention_schedule_check": ([params, ctypes.c_int64, i32, i32p, i32, i32] + [i32p] * 5, i32),
     })
 
 
@@ -121,27 +123,62 @@ def attention_workspace_bytes(num_tokens: int, num_seqs: int, num_q_heads: int, 
     return int(n)
 
 
+# The decode kernel's CTA widths (warps per CTA), in the order of the C API's per-width arrays.
+DECODE_WIDTHS = (2, 4, 8)
+
+
 def kernel_shapes(io_dtype: IODType, cache_dtype: CacheDType, head_dim: int) -> dict:
     """Threads and dynamic shared memory per CTA of the decode and multi-token kernels serving these dtypes and
     head dim, as compiled (no GPU needed): ``{"decode_threads", "decode_smem_bytes", "multi_threads",
-    "multi_smem_bytes"}``. A launch on a GPU whose per-block limit is below one it runs fails, naming the sizes."""
+    "multi_smem_bytes", "decode_width_smem_bytes"}``; the decode kernel's at its default width, and at each width
+    of DECODE_WIDTHS in the last (0: not compiled for these dtypes and head dim). A launch on a GPU whose per-block
+    limit is below every width it could run fails, naming the sizes."""
     info_type = _structs.struct("PagedKVAttentionKernelShapes")
     info = info_type()
     _lib.check(_capi().pagedkv_attention_kernel_shapes(int(io_dtype), int(cache_dtype), head_dim, ctypes.byref(info)),
                "pagedkv_attention_kernel_shapes")
-    return {name: getattr(info, name) for name, _ in info_type._fields_}
+    return {name: (list(getattr(info, name)) if name == "decode_width_smem_bytes" else getattr(info, name))
+            for name, _ in info_type._fields_}
 
 
-def attention_plan(params: ctypes.Structure, *, sm_count: int = 132, decode_ctas_per_sm: int = 2,
+def _decode_occupancies(params: ctypes.Structure, decode_ctas_per_sm: int | Sequence[int]) -> ctypes.Array:
+    """The C API's per-width decode occupancies: a sequence gives one per DECODE_WIDTHS entry; a single number is
+    the occupancy of the instance's default width alone (the others taken as not hosted)."""
+    if isinstance(decode_ctas_per_sm, int):
+        shapes = kernel_shapes(IODType(params.ioDType), CacheDType(params.cacheDType), params.headDim)
+        per_width = [decode_ctas_per_sm if w * 32 == shapes["decode_threads"] else 0 for w in DECODE_WIDTHS]
+    else:
+        per_width = [int(n) for n in decode_ctas_per_sm]
+        if len(per_width) != len(DECODE_WIDTHS):
+            raise ValueError(f"decode_ctas_per_sm={list(per_width)}: expected one occupancy per width {DECODE_WIDTHS}")
+    return (ctypes.c_int32 * len(DECODE_WIDTHS))(*per_width)
+
+
+def attention_plan(params: ctypes.Structure, *, sm_count: int = 132, decode_ctas_per_sm: int | Sequence[int] = 2,
                    multi_ctas_per_sm: int = 2) -> dict:
-    """The launcher's scheduling decision for ``params`` on a device with ``sm_count`` SMs (no GPU needed)."""
+    """The launcher's scheduling decision for ``params`` on a device with ``sm_count`` SMs (no GPU needed).
+    ``decode_ctas_per_sm``: the decode kernel's occupancy per width of DECODE_WIDTHS (0: not hosted), or one number
+    for the default width alone."""
     info_type = _structs.struct("PagedKVAttentionPlanInfo")
     info = info_type()
-    rc = _capi().pagedkv_attention_plan(ctypes.byref(params), sm_count, decode_ctas_per_sm, multi_ctas_per_sm,
-                                        ctypes.byref(info))
+    rc = _capi().pagedkv_attention_plan(ctypes.byref(params), sm_count, _decode_occupancies(params, decode_ctas_per_sm),
+                                        multi_ctas_per_sm, ctypes.byref(info))
     _lib.check(rc, "pagedkv_attention_plan")
+    return _plan_dict(info)
+
+
+def device_plan(params: ctypes.Structure) -> dict:
+    """The plan a launch of ``params`` makes on the current CUDA device (its occupancy queries; launches nothing):
+    what attention_plan returns for that device's facts, PAGEDKV_DECODE_WARPS included."""
+    info = _structs.struct("PagedKVAttentionPlanInfo")()
+    _lib.check(_capi().pagedkv_attention_device_plan(ctypes.byref(params), ctypes.byref(info)),
+               "pagedkv_attention_device_plan")
+    return _plan_dict(info)
+
+
+def _plan_dict(info: ctypes.Structure) -> dict:
     return {name: (list(getattr(info, name)) if name.endswith("grid") and name != "merge_grid"
-                   else getattr(info, name)) for name, _ in info_type._fields_}
+                   else getattr(info, name)) for name, _ in type(info)._fields_}
 
 
 def _host_ptr(a: np.ndarray) -> int:
@@ -150,7 +187,8 @@ def _host_ptr(a: np.ndarray) -> int:
 
 def schedule_check(cfg: AttentionConfig, meta: StepMetadata, num_blocks: int, *, io_dtype: IODType = IODType.FP16,
                    max_q_len: int | None = None, max_kv_len: int | None = None, sm_count: int = 132,
-                   decode_ctas_per_sm: int = 2, multi_ctas_per_sm: int = 2, workspace_bytes: int | None = None,
+                   decode_ctas_per_sm: int | Sequence[int] = 2, multi_ctas_per_sm: int = 2,
+                   workspace_bytes: int | None = None,
                    max_pos: int | None = None) -> dict[str, np.ndarray]:
     """Host replay of the kernels' work decomposition on ``meta`` (see capi_attention.h). Returns
     ``coverage`` [T, H, max_pos] and ``direct_writes`` / ``partial_writes`` / ``merged_chunks`` / ``poisoned`` [T, H]."""
@@ -173,7 +211,8 @@ def schedule_check(cfg: AttentionConfig, meta: StepMetadata, num_blocks: int, *,
     i32p = ctypes.POINTER(ctypes.c_int32)
     ptr = {k: v.ctypes.data_as(i32p) for k, v in out.items()}
     rc = _capi().pagedkv_attention_schedule_check(
-        ctypes.byref(params), int(num_blocks), sm_count, decode_ctas_per_sm, multi_ctas_per_sm, max_pos,
+        ctypes.byref(params), int(num_blocks), sm_count, _decode_occupancies(params, decode_ctas_per_sm),
+        multi_ctas_per_sm, max_pos,
         ptr["coverage"], ptr["direct_writes"], ptr["partial_writes"], ptr["merged_chunks"], ptr["poisoned"])
     _lib.check(rc, "pagedkv_attention_schedule_check")
     return out
