@@ -18,7 +18,7 @@
 #include <string>
 #include <type_traits>
 
-#include "attention_decode_tile.cuh"
+#include "pdl.cuh"
 #include "attention_dispatch.cuh"
 #include "attention_kernels.h"
 #include "attention_tile.cuh"
@@ -399,6 +399,9 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
     int32_t const lane = tid & 31;
 
     // ---- prologue
+    // Launched as a programmatic dependent (pdl.cuh): the kernel before this one on the stream (the QKV write of
+    // the step's Q and K/V, in a model) may still be running; nothing global is read before it has completed.
+    gridDependencyWait();
     // The split-K merge (launched as a programmatic dependent, attention_merge.cu) may be scheduled once every
     // CTA of this grid has started: it waits for this grid's completion before reading any partial, so the
     // trigger only hides its launch latency behind this kernel's run.
@@ -601,8 +604,7 @@ cudaError_t launchDecodeKernel(AttentionKernelParams const& kp, IODType io, Cach
         cudaError_t const err = kernelSetup<F>.prepare(F::kernel(), F::kSmemBytes, F::kThreads, ctasPerSm, F::kName,
                                                        headDim);
         if (err != cudaSuccess) return err;
-        F::kernel()<<<grid, F::kThreads, F::kSmemBytes, stream>>>(kp);
-        return cudaGetLastError();
+        return launchProgrammaticDependent(F::kernel(), grid, dim3(F::kThreads), F::kSmemBytes, stream, kp);
     });
 }
 

@@ -19,6 +19,7 @@
 #include "launch_common.h"
 #include "pagedkv/attention.h"
 #include "pagedkv/capabilities.h"
+#include "pdl.cuh"
 
 namespace pagedkv {
 namespace attn {
@@ -136,7 +137,9 @@ cudaError_t familyShape(IODType io, CacheDType cache, int32_t headDim, KernelSha
 }
 
 // The occupancy query (kp == nullptr) or the launch of one attention kernel family, through dispatchAttention:
-// Family<CT, k8Bit, kD> provides kThreads, kSmemBytes, kName and kernel() (the __global__ function).
+// Family<CT, k8Bit, kD> provides kThreads, kSmemBytes, kName and kernel() (the __global__ function), which is
+// launched as a programmatic dependent of the work before it (pdl.cuh: it must call gridDependencyWait() before
+// any global read).
 template <template <typename, bool, int> class Family>
 cudaError_t prepareOrLaunch(IODType io, CacheDType cache, int32_t headDim, int32_t& ctasPerSm,
                             AttentionKernelParams const* kp, dim3 grid, cudaStream_t stream) {
@@ -145,8 +148,7 @@ cudaError_t prepareOrLaunch(IODType io, CacheDType cache, int32_t headDim, int32
         cudaError_t const err =
             kernelSetup<F>.prepare(F::kernel(), F::kSmemBytes, F::kThreads, ctasPerSm, F::kName, decltype(d)::value);
         if (err != cudaSuccess || kp == nullptr) return err;
-        F::kernel()<<<grid, F::kThreads, F::kSmemBytes, stream>>>(*kp);
-        return cudaGetLastError();
+        return launchProgrammaticDependent(F::kernel(), grid, dim3(F::kThreads), F::kSmemBytes, stream, *kp);
     });
 }
 

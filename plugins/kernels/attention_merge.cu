@@ -12,13 +12,14 @@
 // the dependency wait, not one for the LSE max plus one per 8 chunks. The 4 warps' states are combined in
 // shared memory.
 //
-// Programmatic dependent launch (sm_90+): the launcher may start this kernel while the attention kernel before
-// it is still running (attention_launch.cpp); everything before gridDependencyWait() reads only the step
-// metadata, which the kernels before the attention kernel produced (they completed before it started).
+// Programmatic dependent launch (sm_90+, pdl.cuh): the launcher may start this kernel while the attention kernel
+// before it is still running (attention_launch.cpp); everything before gridDependencyWait() reads only the step
+// metadata, which the kernels before the attention kernels produced: an attention kernel lets this one start only
+// after every one of its CTAs has passed its own gridDependencyWait(), so those kernels have completed.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "attention_decode_tile.cuh"
+#include "pdl.cuh"
 #include "attention_dispatch.cuh"
 #include "attention_kernels.h"
 #include "attention_tile.cuh"
@@ -156,7 +157,7 @@ cudaError_t launchMergeKernel(AttentionKernelParams const& kp, IODType io, int32
     return dispatchAttention(io, false, headDim, [&](auto ct, auto, auto d) -> cudaError_t {
         using CT = typename decltype(ct)::type;
         constexpr int kD = decltype(d)::value;
-        return launchProgrammaticDependent(attentionMergeKernel<CT, kD>, grid, dim3(kMergeWarps * 32), stream, kp);
+        return launchProgrammaticDependent(attentionMergeKernel<CT, kD>, grid, dim3(kMergeWarps * 32), 0, stream, kp);
     });
 }
 

@@ -17,6 +17,7 @@
 #include "attention_dispatch.cuh"
 #include "attention_kernels.h"
 #include "attention_tile.cuh"
+#include "pdl.cuh"
 
 namespace pagedkv {
 namespace attn {
@@ -198,6 +199,7 @@ __global__ void __launch_bounds__(MultiConfig<CT, k8Bit, kD>::kThreads)
     int32_t const lane = tid & 31;
 
     // ---- prologue
+    gridDependencyWait();  // launched as a programmatic dependent (pdl.cuh): earlier kernels' writes visible from here
     CtaWork const w = multiCtaWork(p.split, p.stepView(), Cfg::kRows, kTile, slot, z);
     if (!w.active) return;
     KVSource const src = makeKVSource(p, w, kvHead, Cfg::kElemBytes);

@@ -19,6 +19,7 @@
 #include "cache_convert.cuh"
 #include "pagedkv/kv_layout.h"
 #include "pagedkv/step_metadata.h"
+#include "pdl.cuh"
 #include "qkv_write_params.cuh"
 #include "vec.cuh"
 
@@ -740,6 +741,10 @@ __global__ void __launch_bounds__(kQKVWriteThreads, kQKVWriteMinCTAsPerSM)
     QKVWritePlan const& plan = kp.plan;
     StepMetadata const& meta = kp.p.meta;
 
+    // The step's attention kernels are launched as programmatic dependents (pdl.cuh) and read nothing before this
+    // grid has completed: letting them start as soon as every CTA of this grid is resident hides their launch
+    // behind this kernel's last wave.
+    gridDependencyLaunchDependents();
     // Prologue: the parameter lines, my lane's place in a warp pass, the shape of a token's rows.
     int32_t const warp = threadIdx.x >> 5;
     int32_t const lane = threadIdx.x & 31;

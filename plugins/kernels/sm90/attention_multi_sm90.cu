@@ -23,6 +23,7 @@
 #include "attention_dispatch.cuh"
 #include "attention_kernels.h"
 #include "attention_tile.cuh"
+#include "pdl.cuh"
 #include "wgmma.cuh"
 #include "wgmma_ops.cuh"
 
@@ -246,6 +247,7 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD>::kThreads, 1)
     extern __shared__ __align__(16) unsigned char smemRaw[];
 
     // ---- prologue: this CTA's rows, chunk and KV tiles (the same decisions as the mma.sync kernel's)
+    gridDependencyWait();  // launched as a programmatic dependent (pdl.cuh): earlier kernels' writes visible from here
     int32_t const slot = int32_t(gridDim.x) - 1 - int32_t(blockIdx.x);
     int32_t const kvHead = blockIdx.y;
     int32_t const z = blockIdx.z;
@@ -369,6 +371,7 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads
     extern __shared__ __align__(16) unsigned char smemRaw[];
 
     // ---- prologue (every warp)
+    gridDependencyWait();  // launched as a programmatic dependent (pdl.cuh): earlier kernels' writes visible from here
     int32_t const slot = int32_t(gridDim.x) - 1 - int32_t(blockIdx.x);
     int32_t const kvHead = blockIdx.y;
     int32_t const z = blockIdx.z;
@@ -528,8 +531,7 @@ cudaError_t prepareOrLaunchSm90(int32_t& ctasPerSm, AttentionKernelParams const*
     cudaError_t const err =
         setup.prepare(kernel, Cfg::kSmemBytes, Cfg::kThreads, ctasPerSm, "Hopper multi-token attention kernel", kD);
     if (err != cudaSuccess || kp == nullptr) return err;
-    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(*kp);
-    return cudaGetLastError();
+    return launchProgrammaticDependent(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, *kp);
 }
 
 // The variant: warp-specialized (the default; 1.35x the cooperative one at 4x2048 over 8192, bf16) unless the

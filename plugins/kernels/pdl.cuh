@@ -1,17 +1,17 @@
-// Decode-path helpers (owned by the decode kernel and the split-K merge; the shared tile helpers live in
-// attention_tile.cuh): programmatic dependent launch between the attention kernel and the merge.
+// Programmatic dependent launch (sm_90+) between the step's kernels: the QKV write, the attention kernels and the
+// split-K merge. A grid launched with programmatic stream serialization may start before the kernel ahead of it on
+// the stream has finished (once every CTA of that kernel has triggered or exited), so that its launch and set-up
+// overlap the other's tail. The contract, for every kernel launched this way: gridDependencyWait() before reading
+// anything an earlier kernel may have written (the attention kernels wait first thing: the step's Q and K/V come
+// from the write kernel, and the launcher cannot know who produced the metadata).
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include "attention_kernels.h"
-#include "attention_tile.cuh"
-
 namespace pagedkv {
-namespace attn {
 
-// ---- programmatic dependent launch (sm_90+; no-ops below, where the launcher never asks for it)
-// The primary (the attention kernel) lets a dependent grid launched with programmatic stream serialization
+// ---- device side (no-ops below sm_90, where the launcher never asks for it)
+// The primary lets a dependent grid launched with programmatic stream serialization
 // start once every one of its CTAs has passed this point; the dependent must call gridDependencyWait()
 // before touching anything the primary writes. Harmless without a dependent: it only affects grids launched
 // with the attribute, and those wait for the primary's completion before reading its results.
@@ -28,11 +28,12 @@ __device__ __forceinline__ void gridDependencyWait() {
 #endif
 }
 
+// ---- host side
 // Launch `kernel` as a programmatic dependent of the work before it on `stream` (sm_90+), falling back to a
 // plain launch where the device or the driver does not offer it. The kernel must call gridDependencyWait()
 // before reading what earlier kernels wrote.
 template <typename Kernel, typename... Args>
-cudaError_t launchProgrammaticDependent(Kernel kernel, dim3 grid, dim3 block, cudaStream_t stream,
+cudaError_t launchProgrammaticDependent(Kernel kernel, dim3 grid, dim3 block, size_t smemBytes, cudaStream_t stream,
                                         Args const&... args) {
     int device = 0, major = 0;
     if (cudaGetDevice(&device) == cudaSuccess &&
@@ -43,16 +44,15 @@ cudaError_t launchProgrammaticDependent(Kernel kernel, dim3 grid, dim3 block, cu
         cudaLaunchConfig_t cfg{};
         cfg.gridDim = grid;
         cfg.blockDim = block;
-        cfg.dynamicSmemBytes = 0;
+        cfg.dynamicSmemBytes = smemBytes;
         cfg.stream = stream;
         cfg.attrs = attr;
         cfg.numAttrs = 1;
         if (cudaLaunchKernelEx(&cfg, kernel, args...) == cudaSuccess) return cudaSuccess;
         (void)cudaGetLastError();  // a refused attribute is not sticky: clear it and launch plainly
     }
-    kernel<<<grid, block, 0, stream>>>(args...);
+    kernel<<<grid, block, smemBytes, stream>>>(args...);
     return cudaGetLastError();
 }
 
-}  // namespace attn
 }  // namespace pagedkv
