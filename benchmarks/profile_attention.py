@@ -4,8 +4,9 @@
         python benchmarks/profile_attention.py prefill
 
 Cases are bench_attention.py's: ``prefill`` (4 x 2048 over 8192, page 16), ``decode`` (bf16, 64 x 4096,
-page 16) and ``fp8`` (the same with an fp8 e4m3 cache). The timing figures belong to bench_attention.py; this
-script only launches.
+page 16) and ``fp8`` (the same with an fp8 e4m3 cache). ``--impl tc_fa2`` / ``xqa`` launches that FlashInfer
+decode path on the same step instead of ours (its kernels: ``regex:BatchPrefillWithPagedKVCache`` for tc_fa2), to
+profile both side by side. The timing figures belong to bench_attention.py; this script only launches.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_attention import PREFILLS, Step  # noqa: E402
+from bench_attention import PREFILLS, Peers, Step  # noqa: E402
 
 
 def main() -> int:
@@ -24,7 +25,11 @@ def main() -> int:
     ap.add_argument("case", choices=["prefill", "decode", "fp8"])
     ap.add_argument("--launches", type=int, default=6)
     ap.add_argument("--page", type=int, default=16)
+    ap.add_argument("--impl", choices=["ours", "tc_fa2", "xqa"], default="ours",
+                    help="whose decode to launch (the peers: FlashInfer's, on the same K/V values)")
     args = ap.parse_args()
+    if args.impl != "ours" and args.case != "decode":
+        ap.error(f"--impl {args.impl}: only with the decode case")
     import torch
 
     if args.case == "prefill":
@@ -33,11 +38,17 @@ def main() -> int:
     else:
         step = Step(torch, num_seqs=64, q_len=1, past_len=4095, page_size=args.page,
                     cache="fp8" if args.case == "fp8" else "bf16")
-    launch = step.our_launcher()
+    if args.impl == "ours":
+        launch = step.our_launcher()
+    else:
+        import flashinfer
+
+        launch = Peers(torch, flashinfer).decode(step, args.impl)
     for _ in range(args.launches):
         launch()
     torch.cuda.synchronize()
-    print(f"{args.case}: {args.launches} launches, plan {launch.plan}")
+    print(f"{args.case} ({args.impl}): {args.launches} launches" +
+          (f", plan {launch.plan}" if args.impl == "ours" else ""))
     return 0
 
 
