@@ -4,9 +4,9 @@
 //
 // Grid (B, KVH, Z): one CTA per (sequence, KV head, split-K chunk). The warps of a CTA (2, 4 or 8: the plan's
 // width, attention_schedule.h) stream disjoint KV steps of 16 tokens (32 for 8-bit caches at D = 64, 128; warp w
-// takes steps w, w + kWarps, ...), each through its own 3-stage cp.async pipeline (16-byte copies, pages resolved through
-// the block table), with only warp-level barriers in the loop; at the end the warps' online-softmax states are
-// combined in shared memory. A sequence cut into several chunks writes normalized partial outputs and
+// takes steps w, w + kWarps, ...), each through its own 3-stage cp.async pipeline (16-byte copies, pages resolved
+// through the block table), with only warp-level barriers in the loop; at the end the warps' online-softmax states
+// are combined in shared memory. A sequence cut into several chunks writes normalized partial outputs and
 // log2-sum-exps for the merge kernel; otherwise the CTA writes the final output directly.
 //
 // 8-bit caches at D = 64, 128, 256 build f16 MMA fragments straight from the staging tiles (decodeTile8,

@@ -58,7 +58,8 @@ cudaError_t restrictDecodeWidth(AttentionParams const& p, int32_t (&ctasPerSm)[k
         if (v == std::to_string(kDecodeWidthWarps[i]) && ctasPerSm[i] > 0) keep = i;
     }
     if (keep < 0)
-        return invalidArgument("PAGEDKV_DECODE_WARPS=" + v + ": expected one of the decode widths compiled for io_dtype=" +
+        return invalidArgument("PAGEDKV_DECODE_WARPS=" + v +
+                               ": expected one of the decode widths compiled for io_dtype=" +
                                std::to_string(static_cast<int32_t>(p.ioDType)) + " cache_dtype=" +
                                std::to_string(static_cast<int32_t>(p.cacheDType)) + " head_dim=" +
                                std::to_string(p.headDim) + " that fit this GPU: " + offered);
