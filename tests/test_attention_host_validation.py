@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pagedkv import _lib
 from pagedkv.capabilities import capabilities
@@ -332,6 +334,35 @@ def test_decode_width_without_the_default():
     # no decode kernel: no width
     mqa = dataclasses.replace(cfg, pool=dataclasses.replace(cfg.pool, num_kv_heads=1))
     assert _plan(mqa, T=4, B=4, MB=64, max_q=1, max_kv=1024, dec=H200_DECODE_16BIT_D128)[0]["decode_warps"] == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(B=st.integers(1, 700), L=st.integers(1, 140000), sm=st.sampled_from([4, 16, 84, 108, 132]),
+       occ=st.tuples(st.integers(0, 6), st.integers(0, 3), st.integers(0, 2)).filter(any))
+def test_decode_width_is_offered_and_its_rule_holds(B, L, sm, occ):
+    # Any facts, any decode batch: the plan runs a width the facts offer, with that width's own split, and leaves
+    # the default (4 warps) only by the rule's two cases (attention_plan.cpp, chooseDecodeWidth).
+    cfg = _cfg()
+    MB = -(-L // 16)
+
+    def plan_with(dec):
+        return _plan(cfg, T=B, B=B, MB=MB, max_q=1, max_kv=L, sm=sm, dec=list(dec))[0]
+
+    def alone(warps):
+        return plan_with(n if w == warps else 0 for w, n in zip(A.DECODE_WIDTHS, occ, strict=True))
+
+    plan = plan_with(occ)
+    warps = plan["decode_warps"]
+    assert occ[A.DECODE_WIDTHS.index(warps)] > 0
+    assert plan["decode_grid"] == alone(warps)["decode_grid"]
+    if occ[1] == 0:
+        assert warps == (2 if occ[0] else 8), "without the default: the narrowest width offered"
+        return
+    four_splits = alone(4)["decode_grid"][2] > 1
+    eight = occ[2] > 0 and four_splits and alone(8)["decode_grid"][2] == 1
+    two = (occ[0] > 0 and not four_splits and B * cfg.pool.num_kv_heads > 2 * sm * occ[1]
+           and alone(2)["decode_grid"][2] == 1)
+    assert warps == (8 if eight else 2 if two else 4)
 
 
 @pytest.mark.parametrize("dec, needle", [
