@@ -33,10 +33,14 @@ __device__ __forceinline__ uint32_t swizzledChunk(int32_t row, int32_t chunk, in
 }
 
 // ---- cp.async (L2 only: the KV stream is read once)
+// .L2::128B is a prefetch-size hint: on a miss, L2 may fetch the whole 128-byte line from DRAM rather than the
+// requested sectors (FlashInfer's loads ask the same). Measured on the H200, decode bf16 64 x 4K (P64): 262.2 ->
+// 256.0 us, 4.10 -> 4.19 TB/s; .L2::256B was slower (272.9 us) and an evict-first policy on top of 128B too
+// (268.3 us), neither profiled further (benchmarks/NOTES-attention.md).
 __device__ __forceinline__ void cpAsync16(uint32_t dst, void const* src, bool valid) {
     // src-size 0 writes 16 zero bytes and reads nothing.
     int32_t srcBytes = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(srcBytes));
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(srcBytes));
 }
 __device__ __forceinline__ void cpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
