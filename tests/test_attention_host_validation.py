@@ -204,8 +204,8 @@ def test_docs_shared_memory_table_matches_the_kernels():
                 assert smem in width_smem, (d, cache, smem, width_smem)  # the default width is one of them
             bits = "16-bit" if cache == CacheDType.BF16 else "8-bit"
             refused += [(arch, f"{kernel} {bits}") for arch, limit in SMEM_LIMITS.items() if need > limit]
-        others = [s for i, s in enumerate(A.kernel_shapes(A.IODType.BF16, CacheDType.BF16, d)["decode_width_smem_bytes"])
-                  if s > 0 and A.DECODE_WIDTHS[i] != 4]
+        bf16_widths = A.kernel_shapes(A.IODType.BF16, CacheDType.BF16, d)["decode_width_smem_bytes"]
+        others = [s for i, s in enumerate(bf16_widths) if s > 0 and A.DECODE_WIDTHS[i] != 4]
         assert cells[4] == (" / ".join(_smem_cell(s) for s in others) or "—"), (d, cells[4], others)
         by_arch = {}
         for arch, what in refused:
@@ -225,6 +225,22 @@ def test_kernel_shapes_of_the_new_head_dims_reuse_the_tiles_of_the_next_width():
             A.kernel_shapes(A.IODType.BF16, CacheDType.BF16, bad)
     with pytest.raises(_lib.CapiError, match="cache_dtype=4"):
         A.kernel_shapes(A.IODType.BF16, CacheDType.NVFP4, 128)
+
+
+def test_decode_widths_mirror_the_compiled_widths():
+    # DECODE_WIDTHS is Python's copy of the schedule's width list: the 16-bit D = 128 decode is compiled at every
+    # width, so its per-width threads spell the list; every instance's default width is one of its compiled ones,
+    # and a width's threads and shared memory are both set or both 0.
+    shapes = A.kernel_shapes(A.IODType.BF16, CacheDType.BF16, 128)
+    assert [t // 32 for t in shapes["decode_width_threads"]] == list(A.DECODE_WIDTHS)
+    for io in A.IODType:
+        for cache in (CacheDType.FP16, CacheDType.BF16, CacheDType.FP8_E4M3, CacheDType.INT8):
+            for d in (32, 64, 80, 96, 128, 256):
+                s = A.kernel_shapes(io, cache, d)
+                pairs = list(zip(s["decode_width_threads"], s["decode_width_smem_bytes"], strict=True))
+                assert (s["decode_threads"], s["decode_smem_bytes"]) in pairs, (io, cache, d, s)
+                assert all((t > 0) == (b > 0) for t, b in pairs), (io, cache, d, s)
+                assert all(t in (0, 32 * w) for t, w in zip(s["decode_width_threads"], A.DECODE_WIDTHS)), s
 
 
 def _plan(cfg, *, io=A.IODType.BF16, T, B, MB, max_q, max_kv, ws=None, sm=132, dec=2, multi=2):

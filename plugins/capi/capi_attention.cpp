@@ -60,7 +60,9 @@ static_assert(PAGEDKV_DECODE_WIDTHS == attn::kNumDecodeWidths, "the C API's deco
 cudaError_t hostFacts(int32_t smCount, int32_t const* decodeCtasPerSm, int32_t multiCtasPerSm,
                       attn::DeviceFacts& facts) {
     PKV_REQUIRE(smCount > 0, "sm_count", smCount, "> 0");
-    if (decodeCtasPerSm == nullptr) return invalidArgument("decode_ctas_per_sm=NULL: expected 3 occupancies");
+    if (decodeCtasPerSm == nullptr)
+        return invalidArgument("decode_ctas_per_sm=NULL: expected " + std::to_string(attn::kNumDecodeWidths) +
+                               " occupancies");
     bool any = false;
     for (int32_t i = 0; i < attn::kNumDecodeWidths; ++i) {
         PKV_REQUIRE(decodeCtasPerSm[i] >= 0, "decode_ctas_per_sm", decodeCtasPerSm[i],
@@ -131,7 +133,6 @@ int32_t pagedkv_attention_device_plan(const AttentionParams* params, PagedKVAtte
     return 0;
 }
 
-
 int32_t pagedkv_attention_kernel_shapes(int32_t io_dtype, int32_t cache_dtype, int32_t head_dim,
                                         PagedKVAttentionKernelShapes* out) {
     clearLastError();
@@ -140,15 +141,21 @@ int32_t pagedkv_attention_kernel_shapes(int32_t io_dtype, int32_t cache_dtype, i
     CacheDType const cache = static_cast<CacheDType>(cache_dtype);
     PKV_REQUIRE(isSupportedIODType(io), "io_dtype", io_dtype, supportedIODTypesText());
     PKV_REQUIRE(isSupportedCacheDType(cache), "cache_dtype", cache_dtype, supportedCacheDTypesText());
-    attn::KernelShape decode{}, multi{}, widths[attn::kNumDecodeWidths]{};
-    int32_t const defaultWarps = attn::decodeDefaultWidth(cacheDTypeBytes(cache) == 1, head_dim);
-    cudaError_t err = attn::decodeKernelShape(io, cache, head_dim, defaultWarps, decode);  // names a bad head_dim
-    for (int32_t i = 0; i < attn::kNumDecodeWidths && err == cudaSuccess; ++i)
+    attn::KernelShape multi{}, widths[attn::kNumDecodeWidths]{};
+    cudaError_t err = cudaSuccess;
+    for (int32_t i = 0; i < attn::kNumDecodeWidths && err == cudaSuccess; ++i)  // the first call names a bad head_dim
         err = attn::decodeKernelShape(io, cache, head_dim, attn::kDecodeWidthWarps[i], widths[i]);
     if (err == cudaSuccess) err = attn::multiKernelShape(io, cache, head_dim, multi);
     if (err != cudaSuccess) return err;
-    *out = PagedKVAttentionKernelShapes{decode.threads, decode.smemBytes, multi.threads, multi.smemBytes, {}};
-    for (int32_t i = 0; i < attn::kNumDecodeWidths; ++i) out->decode_width_smem_bytes[i] = widths[i].smemBytes;
+    int32_t const defaultWarps = attn::decodeDefaultWidth(cacheDTypeBytes(cache) == 1, head_dim);
+    *out = PagedKVAttentionKernelShapes{0, 0, multi.threads, multi.smemBytes, {}, {}};
+    for (int32_t i = 0; i < attn::kNumDecodeWidths; ++i) {
+        out->decode_width_smem_bytes[i] = widths[i].smemBytes;
+        out->decode_width_threads[i] = widths[i].threads;
+        if (attn::kDecodeWidthWarps[i] != defaultWarps) continue;
+        out->decode_threads = widths[i].threads;
+        out->decode_smem_bytes = widths[i].smemBytes;
+    }
     return 0;
 }
 

@@ -59,6 +59,7 @@ struct PagedKVAttentionKernelShapes {
     int32_t multi_threads;
     int32_t multi_smem_bytes;
     int32_t decode_width_smem_bytes[PAGEDKV_DECODE_WIDTHS];  // at 2, 4, 8 warps per CTA; 0: width not compiled
+    int32_t decode_width_threads[PAGEDKV_DECODE_WIDTHS];     // 64, 128, 256; 0: width not compiled
 };
 
 PAGEDKV_EXPORT int32_t pagedkv_attention_kernel_shapes(int32_t io_dtype, int32_t cache_dtype, int32_t head_dim,

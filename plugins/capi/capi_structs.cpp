@@ -83,6 +83,7 @@ constexpr FieldDesc kKernelShapes[] = {
     PKV_FIELD(PagedKVAttentionKernelShapes, decode_threads), PKV_FIELD(PagedKVAttentionKernelShapes, decode_smem_bytes),
     PKV_FIELD(PagedKVAttentionKernelShapes, multi_threads),  PKV_FIELD(PagedKVAttentionKernelShapes, multi_smem_bytes),
     PKV_FIELD(PagedKVAttentionKernelShapes, decode_width_smem_bytes),
+    PKV_FIELD(PagedKVAttentionKernelShapes, decode_width_threads),
 };
 
 }  // namespace

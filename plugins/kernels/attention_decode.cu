@@ -18,10 +18,10 @@
 #include <string>
 #include <type_traits>
 
-#include "pdl.cuh"
 #include "attention_dispatch.cuh"
 #include "attention_kernels.h"
 #include "attention_tile.cuh"
+#include "pdl.cuh"
 
 namespace pagedkv {
 namespace attn {
@@ -576,16 +576,15 @@ cudaError_t decodeKernelOccupancies(IODType io, CacheDType cache, int32_t headDi
         ctasPerSm[i] = 0;
         int32_t const warps = kDecodeWidthWarps[i];
         if (!decodeWidthCompiled(isCache8Bit(cache), headDim, warps)) continue;
-        KernelShape shape{};
-        cudaError_t err = decodeKernelShape(io, cache, headDim, warps, shape);
-        if (err != cudaSuccess) return err;
-        if (optin > 0 && shape.smemBytes > optin) continue;  // this width does not fit the device; another may
-        err = dispatchDecode(io, cache, headDim, warps, [&](auto family) -> cudaError_t {
+        bool fits = false;
+        cudaError_t const err = dispatchDecode(io, cache, headDim, warps, [&](auto family) -> cudaError_t {
             using F = decltype(family);
+            if (optin > 0 && F::kSmemBytes > optin) return cudaSuccess;  // this width does not fit; another may
+            fits = true;
             return kernelSetup<F>.prepare(F::kernel(), F::kSmemBytes, F::kThreads, ctasPerSm[i], F::kName, headDim);
         });
         if (err != cudaSuccess) return err;
-        any = true;
+        any = any || fits;
     }
     if (any) return cudaSuccess;
     // No width fits: the default width's refusal names the sizes and the GPU.

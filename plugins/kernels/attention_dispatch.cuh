@@ -95,8 +95,8 @@ public:
                 return cudaSuccess;
             }
         }
-        int optin = 0, major = 0, minor = 0;
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+        int32_t const optin = deviceSharedMemoryOptin();
+        int major = 0, minor = 0;
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
         if (optin > 0 && smemBytes > size_t(optin))

@@ -19,10 +19,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "pdl.cuh"
 #include "attention_dispatch.cuh"
 #include "attention_kernels.h"
 #include "attention_tile.cuh"
+#include "pdl.cuh"
 
 namespace pagedkv {
 namespace attn {

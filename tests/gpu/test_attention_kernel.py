@@ -70,7 +70,8 @@ class Case:
 
     @property
     def id(self) -> str:
-        s = "+".join(f"{p}:{q}" for p, q in self.seqs[:3]) + (f"+{len(self.seqs) - 3}more" if len(self.seqs) > 3 else "")
+        more = f"+{len(self.seqs) - 3}more" if len(self.seqs) > 3 else ""
+        s = "+".join(f"{p}:{q}" for p, q in self.seqs[:3]) + more
         extra = [n for n, on in (("fp8q", self.q_fp8), ("evict", self.evict_below_window), ("loose", self.loose_bounds),
                                  (f"q2^{self.q_pow2}", self.q_pow2 != 0)) if on]
         return (f"H{self.num_q_heads}kv{self.num_kv_heads}D{self.head_dim}P{self.page_size}-{self.cache.name}-{self.io}"

@@ -47,8 +47,9 @@ from pagedkv.kernels.write import IODType, StepPointers, step_metadata
 from pagedkv.layout import CacheDType
 from pagedkv.step import POOL_DESC_ADDRESS, POOL_DESC_FIELDS, POOL_DESC_NUM_BLOCKS, StepMetadata
 
-__all__ = ["DECODE_WIDTHS", "IODType", "StepPointers", "attention_params", "attention_plan", "attention_workspace_bytes",
-           "device_plan", "kernel_shapes", "launch_attention", "paged_attention", "paged_attention_numpy", "schedule_check"]
+__all__ = ["DECODE_WIDTHS", "IODType", "StepPointers", "attention_params", "attention_plan",
+           "attention_workspace_bytes", "device_plan", "kernel_shapes", "launch_attention", "paged_attention",
+           "paged_attention_numpy", "schedule_check"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -123,22 +124,24 @@ def attention_workspace_bytes(num_tokens: int, num_seqs: int, num_q_heads: int, 
     return int(n)
 
 
-# The decode kernel's CTA widths (warps per CTA), in the order of the C API's per-width arrays.
+# The decode kernel's CTA widths (warps per CTA), in the order of the C API's per-width arrays
+# (attention_schedule.h: kDecodeWidthWarps; kernel_shapes' decode_width_threads reports them and a test checks this
+# mirror against it).
 DECODE_WIDTHS = (2, 4, 8)
 
 
 def kernel_shapes(io_dtype: IODType, cache_dtype: CacheDType, head_dim: int) -> dict:
     """Threads and dynamic shared memory per CTA of the decode and multi-token kernels serving these dtypes and
     head dim, as compiled (no GPU needed): ``{"decode_threads", "decode_smem_bytes", "multi_threads",
-    "multi_smem_bytes", "decode_width_smem_bytes"}``; the decode kernel's at its default width, and at each width
-    of DECODE_WIDTHS in the last (0: not compiled for these dtypes and head dim). A launch on a GPU whose per-block
-    limit is below every width it could run fails, naming the sizes."""
+    "multi_smem_bytes", "decode_width_smem_bytes", "decode_width_threads"}``; the decode kernel's at its default
+    width, and at each width of DECODE_WIDTHS in the last two (lists; 0: not compiled for these dtypes and head dim).
+    A launch on a GPU whose per-block limit is below every width it could run fails, naming the sizes."""
     info_type = _structs.struct("PagedKVAttentionKernelShapes")
     info = info_type()
     _lib.check(_capi().pagedkv_attention_kernel_shapes(int(io_dtype), int(cache_dtype), head_dim, ctypes.byref(info)),
                "pagedkv_attention_kernel_shapes")
-    return {name: (list(getattr(info, name)) if name == "decode_width_smem_bytes" else getattr(info, name))
-            for name, _ in info_type._fields_}
+    values = {name: getattr(info, name) for name, _ in info_type._fields_}
+    return {name: list(v) if isinstance(v, ctypes.Array) else v for name, v in values.items()}
 
 
 def _decode_occupancies(params: ctypes.Structure, decode_ctas_per_sm: int | Sequence[int]) -> ctypes.Array:
