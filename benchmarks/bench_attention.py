@@ -257,6 +257,8 @@ def run(which: set[str], peers: tuple[str, ...]) -> list[Result]:
 
     from _bench_common import import_flashinfer
 
+    from pagedkv.kernels.attention import DECODE_WIDTHS
+
     flashinfer, fi_error = import_flashinfer()
     lib = Peers(torch, flashinfer) if flashinfer is not None else None
     results: list[Result] = []
@@ -328,7 +330,7 @@ def run(which: set[str], peers: tuple[str, ...]) -> list[Result]:
             ours = step.our_launcher()
             us = ours.us = time_us(ours, torch, triton)
             forced = []
-            for warps in (2, 4, 8):
+            for warps in DECODE_WIDTHS:
                 with decode_warps(warps):
                     try:
                         other = step.our_launcher()

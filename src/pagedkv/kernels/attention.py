@@ -140,8 +140,7 @@ def kernel_shapes(io_dtype: IODType, cache_dtype: CacheDType, head_dim: int) -> 
     info = info_type()
     _lib.check(_capi().pagedkv_attention_kernel_shapes(int(io_dtype), int(cache_dtype), head_dim, ctypes.byref(info)),
                "pagedkv_attention_kernel_shapes")
-    values = {name: getattr(info, name) for name, _ in info_type._fields_}
-    return {name: list(v) if isinstance(v, ctypes.Array) else v for name, v in values.items()}
+    return _as_dict(info)
 
 
 def _decode_occupancies(params: ctypes.Structure, decode_ctas_per_sm: int | Sequence[int]) -> ctypes.Array:
@@ -167,7 +166,7 @@ def attention_plan(params: ctypes.Structure, *, sm_count: int = 132, decode_ctas
     rc = _capi().pagedkv_attention_plan(ctypes.byref(params), sm_count, _decode_occupancies(params, decode_ctas_per_sm),
                                         multi_ctas_per_sm, ctypes.byref(info))
     _lib.check(rc, "pagedkv_attention_plan")
-    return _plan_dict(info)
+    return _as_dict(info)
 
 
 def device_plan(params: ctypes.Structure) -> dict:
@@ -176,12 +175,13 @@ def device_plan(params: ctypes.Structure) -> dict:
     info = _structs.struct("PagedKVAttentionPlanInfo")()
     _lib.check(_capi().pagedkv_attention_device_plan(ctypes.byref(params), ctypes.byref(info)),
                "pagedkv_attention_device_plan")
-    return _plan_dict(info)
+    return _as_dict(info)
 
 
-def _plan_dict(info: ctypes.Structure) -> dict:
-    return {name: (list(getattr(info, name)) if name.endswith("grid") and name != "merge_grid"
-                   else getattr(info, name)) for name, _ in type(info)._fields_}
+def _as_dict(info: ctypes.Structure) -> dict:
+    """A C API record as a dict of its fields, array fields (grids, per-width values) as lists."""
+    values = {name: getattr(info, name) for name, _ in type(info)._fields_}
+    return {name: list(v) if isinstance(v, ctypes.Array) else v for name, v in values.items()}
 
 
 def _host_ptr(a: np.ndarray) -> int:
