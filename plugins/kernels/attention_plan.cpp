@@ -24,9 +24,10 @@ int64_t roundUp64(int64_t a, int64_t b) { return ceilDiv64(a, b) * b; }
 constexpr int64_t kDecodeCtaCostTokens = 64;
 constexpr int64_t kDecodeMaxWaves = 4;
 // Decode CTA width (planAttention): 2-warp CTAs take over from the default 4-warp ones when the unsplit 4-warp grid
-// runs more than this many waves. Measured on the H200 (D = 128, 8 KV heads; NOTES-attention.md): at 1.94 waves
-// (64 x 4K) 4 warps were 0.7 % faster, at 3.88 and 7.76 waves (128 x 2K, 256 x 1K) 2 warps 1.2-1.8 %.
-constexpr int64_t kDecodeNarrowAfterWaves = 2;
+// runs more than this many half waves (1.5 waves). Measured on the H200 (D = 128, 8 KV heads; NOTES-attention.md):
+// at 3.88 and 7.76 waves (128 x 2K, 256 x 1K) 2 warps 1.2-1.8 % faster; at 1.94 waves (64 x 4K) 2 warps 0.7 %
+// slower before the loads' .L2::128B hint, 0.8 and 1.0 % faster in the two sweeps since.
+constexpr int64_t kDecodeNarrowAfterHalfWaves = 3;
 
 cudaError_t validate(AttentionParams const& p) {
     PKV_REQUIRE(p.numQHeads > 0, "num_q_heads", p.numQHeads, "> 0");
@@ -148,8 +149,8 @@ AttentionPlan planAttention(AttentionParams const& p, DeviceFacts const& facts) 
     // width keeps ~8 decode warps on an SM; what differs is how the work is cut (measured on the H200,
     // NOTES-attention.md): the default 4 warps, unless
     //   - 8 warps run the batch unsplit where 4 would split it: no merge, no partial rows (16 x 8K: 2-3 % faster);
-    //   - the unsplit 4-warp grid runs more than kDecodeNarrowAfterWaves waves and 2 warps need no split either:
-    //     2 warps (128 x 2K, 256 x 1K: 1-2 % faster).
+    //   - the unsplit 4-warp grid runs more than 1.5 waves (kDecodeNarrowAfterHalfWaves) and 2 warps need no split
+    //     either: 2 warps (64 x 4K: ~1 %, 128 x 2K, 256 x 1K: 1-2 % faster).
     // Without the default width (sm_89 hosts the 16-bit D = 128 kernel only at 2 warps), the narrowest offered.
     // Returns the width's index in kDecodeWidthWarps.
     auto chooseDecodeWidth = [&](int64_t units) -> int32_t {
@@ -162,7 +163,7 @@ AttentionPlan planAttention(AttentionParams const& p, DeviceFacts const& facts) 
         if (standard <= 0) return 1;  // a plan before the facts
         bool const standardSplits = chooseDecodeChunks(units, standard) > 1;
         if (wide > 0 && standardSplits && chooseDecodeChunks(units, wide) == 1) return 2;
-        if (narrow > 0 && !standardSplits && units > kDecodeNarrowAfterWaves * smCount * standard &&
+        if (narrow > 0 && !standardSplits && 2 * units > kDecodeNarrowAfterHalfWaves * smCount * standard &&
             chooseDecodeChunks(units, narrow) == 1)
             return 0;
         return 1;
