@@ -527,9 +527,14 @@ struct DecodeFamily : DecodeConfig<CT, k8Bit, kD, kWarps> {
     static auto kernel() { return attentionDecodeKernel<CT, k8Bit, kD, kWarps>; }
 };
 
-// f(DecodeFamily<...>{}) for the instance serving (io, cache, headDim) at `warps` per CTA; a width the schedule
-// does not compile for it (decodeWidthCompiled) fails with the field and the value.
-template <typename F>
+// What dispatchDecode does with a width the schedule lists but does not compile for the instance
+// (decodeWidthCompiled): fail with the field and the value, or succeed without calling f (the queries that report
+// such a width as absent).
+enum class UncompiledWidth { kFail, kSkip };
+
+// f(DecodeFamily<...>{}) for the instance serving (io, cache, headDim) at `warps` per CTA; a width outside
+// kDecodeWidthWarps fails with the field and the value.
+template <UncompiledWidth kUncompiled = UncompiledWidth::kFail, typename F>
 cudaError_t dispatchDecode(IODType io, CacheDType cache, int32_t headDim, int32_t warps, F&& f) {
     return dispatchAttention(io, isCache8Bit(cache), headDim, [&](auto ct, auto k8, auto d) -> cudaError_t {
         auto at = [&](auto width) -> cudaError_t {
@@ -537,20 +542,26 @@ cudaError_t dispatchDecode(IODType io, CacheDType cache, int32_t headDim, int32_
             constexpr bool k8Bit = std::decay_t<decltype(k8)>::value;
             constexpr int kD = std::decay_t<decltype(d)>::value;
             constexpr int kWarps = std::decay_t<decltype(width)>::value;
+            static_assert(isDecodeWidth(kWarps), "the switch below names the widths of kDecodeWidthWarps");
             if constexpr (decodeWidthCompiled(k8Bit, kD, kWarps)) {
                 return f(DecodeFamily<CT, k8Bit, kD, kWarps>{});
+            } else if constexpr (kUncompiled == UncompiledWidth::kSkip) {
+                return cudaSuccess;
             } else {
                 return invalidArgument("decode warps=" + std::to_string(warps) + ": not compiled for cache_dtype=" +
                                        std::to_string(static_cast<int32_t>(cache)) + " head_dim=" +
                                        std::to_string(headDim) + " (attention_schedule.h lists the widths)");
             }
         };
+        static_assert(kNumDecodeWidths == 3, "one case per width of kDecodeWidthWarps");
         switch (warps) {
-            case 2: return at(IntTag<2>{});
-            case 4: return at(IntTag<4>{});
-            case 8: return at(IntTag<8>{});
+            case kDecodeWidthWarps[0]: return at(IntTag<kDecodeWidthWarps[0]>{});
+            case kDecodeWidthWarps[1]: return at(IntTag<kDecodeWidthWarps[1]>{});
+            case kDecodeWidthWarps[2]: return at(IntTag<kDecodeWidthWarps[2]>{});
         }
-        return invalidArgument("decode warps=" + std::to_string(warps) + ": expected 2, 4 or 8");
+        std::string widths;
+        for (int32_t w : kDecodeWidthWarps) widths += (widths.empty() ? "" : ", ") + std::to_string(w);
+        return invalidArgument("decode warps=" + std::to_string(warps) + ": expected one of " + widths);
     });
 }
 
@@ -558,10 +569,7 @@ cudaError_t dispatchDecode(IODType io, CacheDType cache, int32_t headDim, int32_
 
 cudaError_t decodeKernelShape(IODType io, CacheDType cache, int32_t headDim, int32_t warps, KernelShape& shape) {
     shape = KernelShape{0, 0};  // stays so for a width not compiled for the instance
-    bool const listed = warps == 2 || warps == 4 || warps == 8;
-    if (listed && isSupportedHeadDim(headDim) && !decodeWidthCompiled(isCache8Bit(cache), headDim, warps))
-        return cudaSuccess;
-    return dispatchDecode(io, cache, headDim, warps, [&](auto family) -> cudaError_t {
+    return dispatchDecode<UncompiledWidth::kSkip>(io, cache, headDim, warps, [&](auto family) -> cudaError_t {
         using F = decltype(family);
         shape = KernelShape{F::kThreads, F::kSmemBytes};
         return cudaSuccess;
@@ -573,18 +581,16 @@ cudaError_t decodeKernelOccupancies(IODType io, CacheDType cache, int32_t headDi
     int32_t const optin = deviceSharedMemoryOptin();
     bool any = false;
     for (int32_t i = 0; i < kNumDecodeWidths; ++i) {
-        ctasPerSm[i] = 0;
-        int32_t const warps = kDecodeWidthWarps[i];
-        if (!decodeWidthCompiled(isCache8Bit(cache), headDim, warps)) continue;
-        bool fits = false;
-        cudaError_t const err = dispatchDecode(io, cache, headDim, warps, [&](auto family) -> cudaError_t {
-            using F = decltype(family);
-            if (optin > 0 && F::kSmemBytes > optin) return cudaSuccess;  // this width does not fit; another may
-            fits = true;
-            return kernelSetup<F>.prepare(F::kernel(), F::kSmemBytes, F::kThreads, ctasPerSm[i], F::kName, headDim);
-        });
+        ctasPerSm[i] = 0;  // stays so for a width not compiled for the instance or not fitting the device
+        cudaError_t const err = dispatchDecode<UncompiledWidth::kSkip>(
+            io, cache, headDim, kDecodeWidthWarps[i], [&](auto family) -> cudaError_t {
+                using F = decltype(family);
+                if (optin > 0 && F::kSmemBytes > optin) return cudaSuccess;  // this width does not fit; another may
+                any = true;
+                return kernelSetup<F>.prepare(F::kernel(), F::kSmemBytes, F::kThreads, ctasPerSm[i], F::kName,
+                                              headDim);
+            });
         if (err != cudaSuccess) return err;
-        any = any || fits;
     }
     if (any) return cudaSuccess;
     // No width fits: the default width's refusal names the sizes and the GPU.

@@ -50,9 +50,15 @@ constexpr int64_t kMaxPartialRows = 32768;  // workspace budget in (chunk x toke
 //   the rest (8-bit at D = 32, 80, 96, 256; 16-bit at D = 256, whose register budget is spent): 4.
 constexpr int32_t kNumDecodeWidths = 3;
 constexpr int32_t kDecodeWidthWarps[kNumDecodeWidths] = {2, 4, 8};
+// Host-side (the array is not device data); device code asks it in constant expressions only.
+constexpr bool isDecodeWidth(int32_t warps) {
+    for (int32_t i = 0; i < kNumDecodeWidths; ++i)
+        if (kDecodeWidthWarps[i] == warps) return true;
+    return false;
+}
 PKV_HD constexpr bool decodeWidthCompiled(bool cache8Bit, int32_t headDim, int32_t warps) {
     if (cache8Bit) return warps == ((headDim == 64 || headDim == 128) ? 2 : kDecodeWarps);
-    return headDim <= 128 ? (warps == 2 || warps == 4 || warps == 8) : warps == kDecodeWarps;
+    return headDim <= 128 ? isDecodeWidth(warps) : warps == kDecodeWarps;
 }
 // The width an instance has in any case (the others are alternatives the plan may take).
 PKV_HD constexpr int32_t decodeDefaultWidth(bool cache8Bit, int32_t headDim) {
