@@ -43,8 +43,9 @@ constexpr int64_t kMaxPartialRows = 32768;  // workspace budget in (chunk x toke
 
 // Decode CTA widths (warps per CTA). Every warp streams its own steps through its own pipeline, so the width only
 // trades CTAs per SM against warps per CTA (the SM holds ~8 decode warps either way); which one runs best depends
-// on the batch (measured on the H200: 16 x 8K wants 8 warps, one unsplit wave; 128 x 2K and 256 x 1K 2; 64 x 4K
-// 4), so the plan picks one per launch among the widths compiled for the instance and fitting the device:
+// on the batch (measured on the H200: 16 x 8K wants 8 warps, one unsplit wave; 64 x 4K, 128 x 2K and 256 x 1K 2;
+// 32 x 4K, one unsplit wave of 4-warp CTAs, 4), so the plan picks one per launch among the widths compiled for
+// the instance and fitting the device:
 //   16-bit caches, D <= 128: 2, 4 and 8 warps;
 //   8-bit caches, D = 64 and 128 (Frag8 path, 32-token steps): 2 (their 4-warp CTAs were slower: NOTES-attention.md);
 //   the rest (8-bit at D = 32, 80, 96, 256; 16-bit at D = 256, whose register budget is spent): 4.
