@@ -4,7 +4,8 @@
         python benchmarks/profile_attention.py prefill
 
 Cases are bench_attention.py's: ``prefill`` (4 x 2048 over 8192, page 16), ``decode`` (bf16, 64 x 4096,
-page 16) and ``fp8`` (the same with an fp8 e4m3 cache). ``--impl tc_fa2`` / ``xqa`` launches that FlashInfer
+page 16) and ``fp8`` (the same with an fp8 e4m3 cache); ``--batch`` / ``--kv-len`` pick another decode shape (e.g.
+16 x 8192, one unsplit wave) and ``--page`` the page size. ``--impl tc_fa2`` / ``xqa`` launches that FlashInfer
 decode path on the same step instead of ours (its kernels: ``regex:BatchPrefillWithPagedKVCache`` for tc_fa2), to
 profile both side by side. The timing figures belong to bench_attention.py; this script only launches.
 """
@@ -25,18 +26,23 @@ def main() -> int:
     ap.add_argument("case", choices=["prefill", "decode", "fp8"])
     ap.add_argument("--launches", type=int, default=6)
     ap.add_argument("--page", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=64, help="decode / fp8: sequences in the step")
+    ap.add_argument("--kv-len", type=int, default=4096, help="decode / fp8: each sequence's KV length after the step")
     ap.add_argument("--impl", choices=["ours", "tc_fa2", "xqa"], default="ours",
                     help="whose decode to launch (the peers: FlashInfer's, on the same K/V values)")
     args = ap.parse_args()
     if args.impl != "ours" and args.case != "decode":
         ap.error(f"--impl {args.impl}: only with the decode case")
+    for name in ("page", "batch", "kv_len"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')}={getattr(args, name)}: expected >= 1")
     import torch
 
     if args.case == "prefill":
         step = Step(torch, num_seqs=PREFILLS[0]["num_seqs"], q_len=PREFILLS[0]["chunk"], past_len=PREFILLS[0]["cached"],
                     page_size=args.page, seed=7)
     else:
-        step = Step(torch, num_seqs=64, q_len=1, past_len=4095, page_size=args.page,
+        step = Step(torch, num_seqs=args.batch, q_len=1, past_len=args.kv_len - 1, page_size=args.page,
                     cache="fp8" if args.case == "fp8" else "bf16")
     if args.impl == "ours":
         launch = step.our_launcher()
