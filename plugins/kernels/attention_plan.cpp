@@ -26,7 +26,7 @@ constexpr int64_t kDecodeMaxWaves = 4;
 // Decode CTA width (planAttention): 2-warp CTAs take over from the default 4-warp ones when the unsplit 4-warp grid
 // runs more than this many half waves (1.5 waves). Measured on the H200 (D = 128, 8 KV heads; NOTES-attention.md):
 // at 3.88 and 7.76 waves (128 x 2K, 256 x 1K) 2 warps 1.2-1.8 % faster; at 1.94 waves (64 x 4K) 2 warps 0.7 %
-// slower before the loads' .L2::128B hint, 0.8 and 1.0 % faster in the two sweeps since.
+// slower before the loads' .L2::128B hint, 0.8-1.4 % faster in the five sweeps since.
 constexpr int64_t kDecodeNarrowAfterHalfWaves = 3;
 
 cudaError_t validate(AttentionParams const& p) {
