@@ -228,6 +228,11 @@ HOPPER_MULTI_CASES = [
     Case(((1200, 300), (5, 40)), cache=CacheDType.INT8, io="float16", head_dim=64, seed=107),
     Case(((800, 129),), cache=CacheDType.FP8_E4M3, q_fp8=True, window=256, sinks=4, seed=108),
     Case(((3000, 100),), cache=CacheDType.INT8, softcap=30.0, layout=PageLayout.NHD, seed=109),
+    # more CTAs (row slot x KV head x chunk) than SMs, so that CTAs follow each other on an SM: next to decode
+    # sequences (the CTAs of their slots exit at once), with 8-bit queries (converted on the way) and a window
+    Case(((0, 1200), (4000, 1), (300, 900), (9, 1)), seed=112),
+    Case(((0, 900), (7, 1)), cache=CacheDType.FP8_E4M3, q_fp8=True, seed=113),
+    Case(((500, 800),), head_dim=64, window=300, sinks=4, page_size=64, seed=114),
 ]
 
 CASES = [
