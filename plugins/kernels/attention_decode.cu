@@ -559,9 +559,8 @@ cudaError_t dispatchDecode(IODType io, CacheDType cache, int32_t headDim, int32_
             case kDecodeWidthWarps[1]: return at(IntTag<kDecodeWidthWarps[1]>{});
             case kDecodeWidthWarps[2]: return at(IntTag<kDecodeWidthWarps[2]>{});
         }
-        std::string widths;
-        for (int32_t w : kDecodeWidthWarps) widths += (widths.empty() ? "" : ", ") + std::to_string(w);
-        return invalidArgument("decode warps=" + std::to_string(warps) + ": expected one of " + widths);
+        return invalidArgument("decode warps=" + std::to_string(warps) + ": expected one of " +
+                               commaList(kDecodeWidthWarps));
     });
 }
 

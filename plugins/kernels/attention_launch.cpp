@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "attention_kernels.h"
 #include "attention_plan.h"
@@ -51,10 +52,10 @@ cudaError_t restrictDecodeWidth(AttentionParams const& p, int32_t (&ctasPerSm)[k
     char const* const value = std::getenv("PAGEDKV_DECODE_WARPS");
     std::string const v = value != nullptr ? value : "";
     if (v.empty()) return cudaSuccess;
-    std::string offered;
+    std::vector<int32_t> offered;  // the widths compiled for the instance that fit the device
     int32_t keep = -1;
     for (int32_t i = 0; i < kNumDecodeWidths; ++i) {
-        if (ctasPerSm[i] > 0) offered += (offered.empty() ? "" : ", ") + std::to_string(kDecodeWidthWarps[i]);
+        if (ctasPerSm[i] > 0) offered.push_back(kDecodeWidthWarps[i]);
         if (v == std::to_string(kDecodeWidthWarps[i]) && ctasPerSm[i] > 0) keep = i;
     }
     if (keep < 0)
@@ -62,7 +63,7 @@ cudaError_t restrictDecodeWidth(AttentionParams const& p, int32_t (&ctasPerSm)[k
                                ": expected one of the decode widths compiled for io_dtype=" +
                                std::to_string(static_cast<int32_t>(p.ioDType)) + " cache_dtype=" +
                                std::to_string(static_cast<int32_t>(p.cacheDType)) + " head_dim=" +
-                               std::to_string(p.headDim) + " that fit this GPU: " + offered);
+                               std::to_string(p.headDim) + " that fit this GPU: " + commaList(offered));
     for (int32_t i = 0; i < kNumDecodeWidths; ++i)
         if (i != keep) ctasPerSm[i] = 0;
     return cudaSuccess;

@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "launch_common.h"
+
 namespace pagedkv {
 namespace {
 
@@ -41,11 +43,7 @@ std::string jsonArray(T const (&table)[N]) {
 }  // namespace
 
 char const* supportedHeadDimsText() {
-    static std::string const text = [] {
-        std::string out;  // "32, 64, 80, 96, 128, 256": the plugins' and Python's "one of ..." spelling
-        for (int32_t d : kSupportedHeadDims) out += (out.empty() ? "" : ", ") + std::to_string(d);
-        return out;
-    }();
+    static std::string const text = commaList(kSupportedHeadDims);  // the plugins' and Python's "one of" spelling
     return text.c_str();
 }
 

@@ -1,5 +1,6 @@
 // Launcher-side helpers shared by every pagedkv launcher: the thread-local reason behind lastErrorMessage()
-// (pagedkv/last_error.h), the SM count cache. Kernels never include this.
+// (pagedkv/last_error.h), the SM count cache, the spelling of "expected one of ..." lists. Kernels never include
+// this.
 //
 // Every launcher follows one protocol: clearLastError() first, invalidArgument / invalidField for a
 // parameter it rejects, recordCudaError around the CUDA work. So a failure always comes with this call's
@@ -29,6 +30,14 @@ cudaError_t recordCudaError(cudaError_t err, char const* where);
 
 // Multiprocessor count of the current device (cached per device).
 int smCountOfCurrentDevice();
+
+// "a, b, c": numbers as every "expected one of ..." message lists them (head dims, decode widths).
+template <typename Range>
+std::string commaList(Range const& values) {
+    std::string out;
+    for (auto const& v : values) out += (out.empty() ? "" : ", ") + std::to_string(v);
+    return out;
+}
 
 }  // namespace pagedkv
 
