@@ -1,9 +1,13 @@
 """Run one attention case a few times, for a profiler (Nsight Compute) to catch one launch.
 
-    ncu --kernel-name regex:attentionMulti --launch-skip 3 --launch-count 1 --set full \
+    ncu --profile-from-start off --launch-skip 3 --launch-count 1 --set full \
         python benchmarks/profile_attention.py prefill
 
-Cases are bench_attention.py's: ``prefill`` (4 x 2048 over 8192, page 16), ``decode`` (bf16, 64 x 4096,
+Only the timed launches run inside a profiler range (cudaProfilerStart / Stop), so ``--profile-from-start off``
+skips the step's set-up kernels (random values, page shuffles) whatever their names, and ``--launch-skip`` counts
+the case's own launches (a peer's step may be more than one kernel: print them with ``--print-summary per-kernel``).
+
+Cases are bench_attention.py's: ``prefill`` (4 x 2048 over 8192, page 16; ``--prefill 1``: 1 x 8192 over 0), ``decode`` (bf16, 64 x 4096,
 page 16) and ``fp8`` (the same with an fp8 e4m3 cache); ``--batch`` / ``--kv-len`` pick another decode shape (e.g.
 16 x 8192, one unsplit wave) and ``--page`` the page size. ``--impl tc_fa2`` / ``xqa`` launches that FlashInfer
 decode path on the same step instead of ours (its kernels: ``regex:BatchPrefillWithPagedKVCache`` for tc_fa2), to
@@ -26,6 +30,8 @@ def main() -> int:
     ap.add_argument("case", choices=["prefill", "decode", "fp8"])
     ap.add_argument("--launches", type=int, default=6)
     ap.add_argument("--page", type=int, default=16)
+    ap.add_argument("--prefill", type=int, choices=range(len(PREFILLS)), default=0,
+                    help="prefill: which of bench_attention.py's prefill shapes (0: 4 x 2048 over 8192, 1: 1 x 8192)")
     ap.add_argument("--batch", type=int, default=64, help="decode / fp8: sequences in the step")
     ap.add_argument("--kv-len", type=int, default=4096, help="decode / fp8: each sequence's KV length after the step")
     ap.add_argument("--impl", choices=["ours", "tc_fa2", "xqa"], default="ours",
@@ -39,7 +45,8 @@ def main() -> int:
     import torch
 
     if args.case == "prefill":
-        step = Step(torch, num_seqs=PREFILLS[0]["num_seqs"], q_len=PREFILLS[0]["chunk"], past_len=PREFILLS[0]["cached"],
+        shape = PREFILLS[args.prefill]
+        step = Step(torch, num_seqs=shape["num_seqs"], q_len=shape["chunk"], past_len=shape["cached"],
                     page_size=args.page, seed=7)
     else:
         step = Step(torch, num_seqs=args.batch, q_len=1, past_len=args.kv_len - 1, page_size=args.page,
@@ -50,9 +57,13 @@ def main() -> int:
         import flashinfer
 
         launch = Peers(torch, flashinfer).decode(step, args.impl)
+    launch()  # first launch outside the range: lazy set-up (plans, JIT loads, attributes) is not profiled
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
     for _ in range(args.launches):
         launch()
     torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
     print(f"{args.case} ({args.impl}): {args.launches} launches" +
           (f", plan {launch.plan}" if args.impl == "ours" else ""))
     return 0
