@@ -27,16 +27,25 @@ __device__ __forceinline__ uint64_t descriptor(uint32_t smemAddress, uint32_t le
            (uint64_t((strideBytes >> 4) & 0x3FFFu) << 32) | kSwizzle128B;
 }
 
+// The descriptor of an operand `bytes` further on: its start-address field plus bytes / 16. Exact because every
+// operand starts 16-byte aligned and every shared-memory address is below 2^18 (228 KB per SM), so the 14-bit field
+// never carries into the leading byte offset. The MMAs of one tile then cost one add each for their descriptors,
+// the mask / shift / or of `descriptor` once per tile.
+__device__ __forceinline__ uint64_t advance(uint64_t desc, uint32_t bytes) {
+    uint32_t const lo = uint32_t(desc) + (bytes >> 4);
+    return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
+
 // A or B of S = Q K^T: rows [row0, row0 + 64 or N) of a blocked tile of kTileRows rows, k-step kk (16 elements).
 template <int kTileRows>
 __device__ __forceinline__ uint64_t kMajor(uint32_t tile, int32_t row0, int32_t kk) {
-    return descriptor(tile + uint32_t((kk >> 2) * kTileRows * 128 + row0 * 128 + (kk & 3) * 32), 16, 1024);
+    return advance(descriptor(tile, 16, 1024), uint32_t((kk >> 2) * kTileRows * 128 + row0 * 128 + (kk & 3) * 32));
 }
 
 // B of O = P V: tokens [16 kt, 16 kt + 16) of a blocked V tile of kTileRows tokens, every head dim.
 template <int kTileRows>
 __device__ __forceinline__ uint64_t mnMajor(uint32_t tile, int32_t kt) {
-    return descriptor(tile + uint32_t(kt * 16 * 128), kTileRows * 128, 1024);
+    return advance(descriptor(tile, kTileRows * 128, 1024), uint32_t(kt * 16 * 128));
 }
 
 // Orders this thread's register writes (accumulators, A fragments) before the next wgmma reads them.
