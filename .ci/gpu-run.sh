@@ -28,13 +28,41 @@ fi
 # shellcheck disable=SC1091
 [ -f .whl/flashinfer-env.sh ] && source .whl/flashinfer-env.sh
 
+# A warm device machine keeps /tmp/pkv-build from its previous call, and the tree it receives keeps the mtimes it had
+# here: a source whose content differs from what was last built there (an A/B variant built by that call, then
+# reverted) can still look older than its object, and ninja would keep the stale object (it happened: a
+# "benchmark at HEAD" ran an experiment's kernel). So every compiled source whose content is not the one the build
+# directory last built is touched first (the record is written after a successful build only, so a failed one's
+# changes are touched again); a build directory without that record is rebuilt from scratch.
+BUILD_DIR=${PAGEDKV_GPU_BUILD_DIR:-/tmp/pkv-build}
+BUILT_HASHES=$BUILD_DIR/.pagedkv-source-hashes
+source_hashes() {  # "sha1  path" per compiled source, in C collation (comm compares them)
+  find CMakeLists.txt cmake plugins samples/cpp -type f -print0 | xargs -0 sha1sum | LC_ALL=C sort
+}
+touch_changed_sources() {
+  [ -d "$BUILD_DIR" ] || return 0
+  if [ ! -f "$BUILT_HASHES" ]; then
+    log "build directory without a source record: rebuilt from scratch"
+    rm -rf "$BUILD_DIR"
+    return 0
+  fi
+  local changed
+  changed=$(source_hashes | LC_ALL=C comm -13 "$BUILT_HASHES" - | cut -c43-)
+  if [ -n "$changed" ]; then
+    log "sources changed since the last build here: $(echo "$changed" | wc -l) (touched)"
+    echo "$changed" | while IFS= read -r path; do touch -- "$path"; done
+  fi
+}
+
 if has build; then
   log "build (sm_90)"
   export PAGEDKV_KERNEL_LENS_WHEEL=$PWD/.whl/build/kernel_lens-2.0.1-py3-none-any.whl
   t0=$(date +%s)
+  touch_changed_sources
   python3 -m pip install --no-build-isolation --no-deps --no-cache-dir . \
-      -Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90 -Cbuild-dir=/tmp/pkv-build -Cbuild.verbose=false \
+      -Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90 -Cbuild-dir=$BUILD_DIR -Cbuild.verbose=false \
       > "$OUT/build.log" 2>&1 || { log "BUILD FAILED"; tail -60 "$OUT/build.log"; exit 1; }
+  source_hashes > "$BUILT_HASHES"
   log "build ok in $(( $(date +%s) - t0 )) s"
   (cd /tmp && python3 -m pagedkv.cli doctor && python3 -m pagedkv.cli selfcheck) 2>&1 | tee -a "$OUT/summary.txt"
 fi
