@@ -51,3 +51,35 @@ def test_bench_runtime_host_json(tmp_path):
 def test_cuda_variants_say_why_without_a_gpu(script):
     run = _run(script, "--backend", "cuda", expect=2)
     assert "--backend cuda needs a GPU" in run.stderr and run.stderr.count("\n") == 1
+
+
+def test_ab_attention_checks_its_arguments():
+    run = _run("ab_attention.py", "--label", "base", "--cases", "prefill,bogus", expect=2)
+    assert "--cases=prefill,bogus: expected a comma-separated subset of prefill, decode" in run.stderr
+    run = _run("ab_attention.py", "--label", "base", "--rounds", "0", expect=2)
+    assert "--rounds=0: expected >= 1" in run.stderr
+
+
+@pytest.mark.skipif(cuda.why_no_gpu() is None, reason="a GPU is present: the A/B tool would time its kernels")
+def test_ab_attention_says_why_without_a_gpu():
+    run = _run("ab_attention.py", "--label", "base", expect=2)
+    assert run.stderr.startswith("ab_attention needs a GPU: ") and run.stderr.count("\n") == 1
+
+
+def test_gpu_ab_refuses_bad_variants_before_building(tmp_path):
+    """.ci/gpu-ab.sh checks every variant before it builds anything: a missing file or a patch that does not apply
+    to the tree is one line naming it, exit 2."""
+    def gpu_ab(*args):
+        return subprocess.run(["bash", str(ROOT / ".ci" / "gpu-ab.sh"), *args], capture_output=True, text=True,
+                              timeout=60, cwd=ROOT, env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out")})
+
+    run = gpu_ab()
+    assert run.returncode == 2 and run.stderr.startswith("usage: bash .ci/gpu-ab.sh")
+    missing = tmp_path / "missing.diff"
+    run = gpu_ab(str(missing))
+    assert run.returncode == 2 and run.stderr == f"gpu-ab.sh: variant={missing}: no such file\n"
+    stale = tmp_path / "stale.diff"
+    stale.write_text("--- a/README.md\n+++ b/README.md\n@@ -1,1 +1,1 @@\n-no such first line\n+x\n")
+    run = gpu_ab(str(stale))
+    assert run.returncode == 2 and run.stderr == f"gpu-ab.sh: variant={stale}: does not apply to this tree\n"
+    assert not (tmp_path / "out").exists()  # nothing built, nothing written
