@@ -24,7 +24,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from bench_attention import DECODE_SHAPES, PREFILLS, Step
+from bench_attention import DECODE_SHAPES, PREFILLS, Step, decode_case, prefill_case, time_us
 
 PAGES = (16, 64)
 CASES = ("prefill", "decode")
@@ -32,20 +32,14 @@ CASES = ("prefill", "decode")
 
 def steps_for(torch, which: list[str]) -> dict[str, Step]:
     """The cases' steps, named as bench_attention.py names its rows."""
-    steps: dict[str, Step] = {}
+    cases = []
     for kind in which:
         for page in PAGES:
             if kind == "prefill":
-                for shp in PREFILLS:
-                    over = f"{shp['num_seqs']}x{shp['chunk']} over {shp['cached']}"
-                    steps[f"prefill P{page} {over}"] = Step(torch, num_seqs=shp["num_seqs"], q_len=shp["chunk"],
-                                                            past_len=shp["cached"], page_size=page, seed=7)
+                cases += [prefill_case(torch, shape, page) for shape in PREFILLS]
             else:
-                for batch, length in DECODE_SHAPES:
-                    steps[f"decode P{page} {batch}x{length}"] = Step(torch, num_seqs=batch, q_len=1,
-                                                                     past_len=length - 1, page_size=page,
-                                                                     seed=batch + page)
-    return steps
+                cases += [decode_case(torch, batch, length, page) for batch, length in DECODE_SHAPES]
+    return dict(cases)
 
 
 def max_diff_to_stored(torch, out, path: Path) -> float | None:
@@ -91,9 +85,7 @@ def main() -> int:
     times: dict[str, list[float]] = {case: [] for case in steps}
     for _ in range(args.rounds):
         for case, launch in launchers.items():
-            launch()  # warm-up outside the timing: module loading, occupancy queries
-            torch.cuda.synchronize()
-            times[case].append(1000.0 * triton.testing.do_bench(launch, warmup=25, rep=args.rep, return_mode="median"))
+            times[case].append(time_us(launch, torch, triton, rep=args.rep))
 
     outputs = Path(args.outputs) if args.outputs else None
     if outputs is not None:

@@ -211,10 +211,23 @@ class Peers:
         return launch
 
 
-def time_us(fn, torch, triton) -> float:
+def time_us(fn, torch, triton, rep: int = 100) -> float:
     fn()  # warm-up outside the timing: JIT, module loading, occupancy queries
     torch.cuda.synchronize()
-    return 1000.0 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    return 1000.0 * triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median")
+
+
+def decode_case(torch, batch: int, length: int, page: int) -> tuple[str, Step]:
+    """A decode row's name and step (bf16 cache): `batch` sequences of `length` tokens, the last one the query."""
+    return f"decode P{page} {batch}x{length}", Step(torch, num_seqs=batch, q_len=1, past_len=length - 1,
+                                                    page_size=page, seed=batch + page)
+
+
+def prefill_case(torch, shape: dict, page: int) -> tuple[str, Step]:
+    """A prefill row's name and step (bf16 cache) for one of PREFILLS."""
+    name = f"prefill P{page} {shape['num_seqs']}x{shape['chunk']} over {shape['cached']}"
+    return name, Step(torch, num_seqs=shape["num_seqs"], q_len=shape["chunk"], past_len=shape["cached"],
+                      page_size=page, seed=7)
 
 
 @contextlib.contextmanager
@@ -293,12 +306,11 @@ def run(which: set[str], peers: tuple[str, ...]) -> list[Result]:
     if "decode" in which or "fp8" in which or "plugin" in which:
         for page in (16, 64):
             for batch, length in DECODE_SHAPES:
-                name = f"decode P{page} {batch}x{length}"
                 need = "decode" in which or (("fp8" in which or "plugin" in which) and (batch, length) == (64, 4096)) \
                     or ("plugin" in which and (batch, length) == (256, 1024) and page == 16)
                 if not need:
                     continue
-                step = Step(torch, num_seqs=batch, q_len=1, past_len=length - 1, page_size=page, seed=batch + page)
+                name, step = decode_case(torch, batch, length, page)
                 ours = step.our_launcher()
                 us = ours.us = time_us(ours, torch, triton)
                 times, notes = time_peers(step, ours, "decode", decode_peers)
@@ -348,9 +360,7 @@ def run(which: set[str], peers: tuple[str, ...]) -> list[Result]:
     if "prefill" in which:
         for shape in PREFILLS:
             for page in (16, 64):
-                step = Step(torch, num_seqs=shape["num_seqs"], q_len=shape["chunk"], past_len=shape["cached"],
-                            page_size=page, seed=7)
-                name = f"prefill P{page} {shape['num_seqs']}x{shape['chunk']} over {shape['cached']}"
+                name, step = prefill_case(torch, shape, page)
                 flops = step.flops
                 ours = step.our_launcher()
                 us = ours.us = time_us(ours, torch, triton)
