@@ -508,7 +508,11 @@ __device__ __forceinline__ float cappedLogitLog2(AttentionKernelParams const& p,
 // registers — the decode kernel's choice; the multi-token kernel, issue-bound, picks per tile instead).
 enum class Switch { kOff, kOn, kRuntime };
 
-template <int kNT, Switch kCap, Switch kMask>
+// kMaxSlack > 0 (log2 units): the running max m stays while a tile's row max exceeds it by at most kMaxSlack, so
+// alpha is exactly 1 and the caller's vote skips rescaling O (FlashAttention-4's conditional rescaling); the
+// probabilities then reach 2^kMaxSlack instead of 1, which fp16's range (65504) and the fp32 sums hold for a slack
+// of 8, and m and l stay consistent, so the outputs and a split's LSE are the same function of the scores.
+template <int kNT, Switch kCap, Switch kMask, int kMaxSlack = 0>
 __device__ __forceinline__ void softmaxStepImpl(AttentionKernelParams const& p, float (&s)[kNT][4],
                                                 int32_t const* sPos, bool needMask, int32_t qPos0, int32_t qPos1,
                                                 int32_t lane, float (&m)[2], float (&l)[2], float (&alpha)[2],
@@ -551,7 +555,7 @@ __device__ __forceinline__ void softmaxStepImpl(AttentionKernelParams const& p, 
         rowMax[h] = fmaxf(rowMax[h], __shfl_xor_sync(0xffffffffu, rowMax[h], 1));
         rowMax[h] = fmaxf(rowMax[h], __shfl_xor_sync(0xffffffffu, rowMax[h], 2));
         rowMax[h] *= toLog2;  // -inf stays -inf (toLog2 > 0: the launcher keeps the scale >= FLT_MIN)
-        float const mNew = fmaxf(m[h], rowMax[h]);
+        float const mNew = kMaxSlack > 0 && rowMax[h] <= m[h] + float(kMaxSlack) ? m[h] : fmaxf(m[h], rowMax[h]);
         mUse[h] = mNew == negInf() ? 0.f : mNew;  // a row that saw nothing yet: keep exp2(-inf - 0) = 0
         alpha[h] = fastExp2(m[h] - mUse[h]);
         m[h] = mNew;
@@ -586,12 +590,12 @@ __device__ __forceinline__ void softmaxStep(AttentionKernelParams const& p, floa
 
 // Both switches at compile time: the multi-token kernel and the other decode paths branch once per tile and
 // call this.
-template <int kNT, bool kCapped, bool kMask>
+template <int kNT, bool kCapped, bool kMask, int kMaxSlack = 0>
 __device__ __forceinline__ void softmaxStepFixed(AttentionKernelParams const& p, float (&s)[kNT][4],
                                                  int32_t const* sPos, int32_t qPos0, int32_t qPos1, int32_t lane,
                                                  float (&m)[2], float (&l)[2], float (&alpha)[2],
                                                  float rawScale = 1.f) {
-    softmaxStepImpl<kNT, kCapped ? Switch::kOn : Switch::kOff, kMask ? Switch::kOn : Switch::kOff>(
+    softmaxStepImpl<kNT, kCapped ? Switch::kOn : Switch::kOff, kMask ? Switch::kOn : Switch::kOff, kMaxSlack>(
         p, s, sPos, kMask, qPos0, qPos1, lane, m, l, alpha, rawScale);
 }
 
