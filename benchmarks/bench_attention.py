@@ -19,11 +19,12 @@ Llama-3 shapes (``llama``, in the default cases): decode P16 64x4K and both pref
 KV heads (70B-like) and at the default 32 / 8 (8B-like), D = 128, against the same peers.
 Decode widths (``--cases widths``): P16 batches around the plan's CTA-width switch points, ours as planned and at
 each width forced through ``PAGEDKV_DECODE_WARPS`` (the note has each width's time, split and ratio), no peers.
-Head dims (``--cases headdim``): decode P16 64x4K and prefill P16 4x2048 over 8192 at D = 80 (Phi-2) and 96
-(Phi-3-mini), same H and KVH, each row's note with its time relative to ours at D = 128 (the decode / prefill row
-of the same run, or timed for the purpose when those cases did not run); the peers are tried at those head dims
-too (a peer without a kernel for them reports its failure in the note). Not in the default cases: FlashInfer
-may JIT-compile (or refuse) these head dims, so .ci/gpu-run.sh runs them on their own, under their own timeout.
+Head dims (``--cases headdim``): decode P16 64x4K and prefill P16 4x2048 over 8192 at D = 64 (Llama-3.2-1B), 80
+(Phi-2), 96 (Phi-3-mini) and 256 (Gemma), same H and KVH, each row's note with its time relative to ours at D = 128
+(the decode / prefill row of the same run, or timed for the purpose when those cases did not run); the peers are
+tried at those head dims too (a peer without a kernel for them reports its failure in the note). Not in the default
+cases: FlashInfer may JIT-compile (or refuse) these head dims, so .ci/gpu-run.sh runs them on their own, under their
+own timeout.
 
 Timing: median of ``triton.testing.do_bench`` (L2 flushed between repetitions) after warm-up, plain launches
 (no CUDA graphs: both libraries pay their Python launch cost, hidden behind the GPU time for these sizes).
@@ -51,7 +52,7 @@ from dataclasses import asdict, dataclass
 
 COPY_CEILING_TBS = 4.28
 H, KVH, D = 32, 8, 128
-HEAD_DIMS = (80, 96)  # --cases headdim: the 64x4K decode and the 4x2048-over-8192 prefill (P16) at these D
+HEAD_DIMS = (64, 80, 96, 256)  # --cases headdim: the 64x4K decode and the 4x2048-over-8192 prefill (P16) at these D
 DECODE_SHAPES = [(1, 32768), (1, 131072), (16, 8192), (64, 4096), (128, 2048), (256, 1024)]
 # --cases widths: batches around the decode plan's CTA-width switch points (attention_plan.cpp, chooseDecodeWidth)
 WIDTH_SWEEP_SHAPES = [(1, 32768), (4, 16384), (8, 8192), (12, 8192), (16, 8192), (24, 8192), (32, 4096), (48, 4096),
