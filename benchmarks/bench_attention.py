@@ -60,7 +60,8 @@ WIDTH_SWEEP_SHAPES = [(1, 32768), (4, 16384), (8, 8192), (12, 8192), (16, 8192),
 PREFILLS = [dict(num_seqs=4, chunk=2048, cached=8192), dict(num_seqs=1, chunk=8192, cached=0)]
 LLAMA_HEADS = ((64, 8), (32, 8))  # --cases llama: (query heads, KV heads) of Llama-3-70B and -8B
 DEFAULT_PEERS = ("tc_fa2", "xqa", "fa3")
-PEERS = ("fa2", "tc_fa2", "xqa", "fa2_prefill", "fa3", "fa3_ragged")  # fa2: CUDA-core decode; fa2_prefill / fa3: prefill backends
+# fa2: CUDA-core decode; fa2_prefill / fa3: prefill backends; fa3_ragged: fa3 on contiguous K/V (a reference)
+PEERS = ("fa2", "tc_fa2", "xqa", "fa2_prefill", "fa3", "fa3_ragged")
 REFERENCES = ("fa3_ragged",)  # timed beside the peers, never the row's best peer: contiguous K/V, no page table
 
 
