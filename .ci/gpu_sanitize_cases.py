@@ -43,6 +43,13 @@ LONG_CASES = [
     # more CTAs than SMs, so that CTAs follow each other on an SM (a per-warp stage release was reported only here)
     ((32, 8, 128, 64, CacheDType.BF16, PageLayout.HND, 0, 0, 0), (1000,), (0,)),
     ((32, 8, 128, 16, CacheDType.FP8_E4M3, PageLayout.HND, 0, 0, 0), (700,), (0,)),
+    # pages of 24 tokens in an HND bf16 pool: a producer warp's 16-row halves are whole runs of one page (loaded by TMA
+    # where the Hopper kernel has its tensor map) or straddle two pages (cp.async), both kinds in the same stages
+    ((8, 2, 128, 24, CacheDType.BF16, PageLayout.HND, 0, 0, 0), (400, 1), (300, 40)),
+    # head dim 80 on the multi-token kernels: 128-element tile rows of which 80 are written (on an H100 / H200 the
+    # Hopper kernel where it serves D = 80, its 8-bit producer converting 16 rows at a time)
+    ((4, 2, 80, 16, CacheDType.BF16, PageLayout.HND, 0, 0, 0), (300, 2), (400, 30)),
+    ((4, 2, 80, 16, CacheDType.FP8_E4M3, PageLayout.HND, 0, 0, 0), (300,), (200,)),
     # over 4 x the resident write warps in tokens (132 SMs x 24 on an H200): the QKV write's grid of one warp per
     # token over several waves, its CTAs following each other on an SM; short sequences keep the attention small
     ((4, 2, 64, 16, CacheDType.FP16, PageLayout.NHD, 0, 0, 0), (100,) * 132 + (7,), (0,) * 132 + (50,)),
