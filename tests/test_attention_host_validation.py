@@ -147,9 +147,13 @@ def test_workspace_bytes_rejects_bad_bounds(bad, needle):
         A.attention_workspace_bytes(*bad)
 
 
+# attention_plan.h: the Hopper kernel's KV row maps (a 128-byte tensor map per CTA, 1024 slots) at the workspace's end
+KV_ROW_MAP_REGION = 1024 * 128
+
+
 def test_workspace_bytes_shape():
-    # no split possible (span below two minimum chunks) -> no workspace
-    assert A.attention_workspace_bytes(64, 64, 32, 128, 256, 16) == 0
+    # no split possible (span below two minimum chunks) -> no partials, only the KV row maps' region
+    assert A.attention_workspace_bytes(64, 64, 32, 128, 256, 16) == KV_ROW_MAP_REGION
     assert A.attention_workspace_bytes(0, 0, 32, 128, 100000, 16) == 0
     # grows with the bound on the span and with T, but never past the fixed partial-row budget
     small = A.attention_workspace_bytes(1, 1, 32, 128, 4096, 16)
@@ -249,6 +253,21 @@ def _plan(cfg, *, io=A.IODType.BF16, T, B, MB, max_q, max_kv, ws=None, sm=132, d
     params = A.attention_params(cfg, io_dtype=io, num_tokens=T, num_seqs=B, max_blocks=MB, max_q_len=max_q,
                                 max_kv_len=max_kv, workspace_bytes=ws)
     return A.attention_plan(params, sm_count=sm, decode_ctas_per_sm=dec, multi_ctas_per_sm=multi), ws
+
+
+@pytest.mark.parametrize("shape", [dict(T=1, B=1, MB=2048, max_q=1, max_kv=32768),
+                                   dict(T=8, B=1, MB=8192, max_q=8, max_kv=131072),
+                                   dict(T=8192, B=4, MB=640, max_q=2048, max_kv=10240)])
+def test_plan_partials_leave_the_kv_row_map_region(shape):
+    # The maps' region is the workspace's tail: the partials end before it starts. A workspace too small for the
+    # region (no TMA slots: the Hopper kernel loads by cp.async) still plans splits that fit it.
+    cfg = _cfg()
+    plan, ws = _plan(cfg, **shape)
+    assert ws >= KV_ROW_MAP_REGION
+    assert plan["workspace_bytes"] <= ws - KV_ROW_MAP_REGION
+    small = KV_ROW_MAP_REGION - 128
+    without, _ = _plan(cfg, **shape, ws=small)
+    assert without["workspace_bytes"] <= small
 
 
 def test_plan_kernel_choice_and_split():

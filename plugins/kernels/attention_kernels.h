@@ -33,6 +33,9 @@ struct AttentionKernelParams {
     // ---- split-K outputs (params.out holds the final ones: [T, H * D] compute type)
     float* partialOut;      // [Z, T, H, D] chunk outputs, already normalized and scaled
     float* partialLse;      // [Z, T, H] chunk log2-sum-exp of the logits (-inf: the chunk saw nothing)
+    // ---- the Hopper kernel's KV row maps (attention_plan.h): kKVRowMapSlots slots of the workspace, nullptr when
+    // it has no room for them (the kernel then loads K/V by cp.async only)
+    unsigned char* kvRowMaps;
 
     PKV_HD StepView stepView() const {
         return StepView{params.meta.cuQLens, params.meta.pastLens, params.meta.numSeqs, groupSize, params.window,

@@ -42,6 +42,7 @@ AttentionKernelParams makeKernelParams(AttentionParams const& p, AttentionPlan c
             static_cast<unsigned char*>(p.workspace) +
             partialOutBytes(plan.partialChunks, p.meta.numTokens, p.numQHeads, p.headDim));
     }
+    if (plan.kvRowMapOffset >= 0) k.kvRowMaps = static_cast<unsigned char*>(p.workspace) + plan.kvRowMapOffset;
     return k;
 }
 

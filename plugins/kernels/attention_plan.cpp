@@ -98,6 +98,7 @@ AttentionPlan planAttention(AttentionParams const& p, DeviceFacts const& facts) 
     plan.multiTileRows = multiTileRows(D);
     plan.split.decodeChunkLen = plan.split.multiChunkLen = kChunkAlign;
     plan.split.decodeGridChunks = plan.split.multiGridChunks = 1;
+    plan.kvRowMapOffset = -1;
     if (T == 0) return plan;
 
     // Bound on any sequence's KV span: the cache length, or with a window the window of the first query
@@ -107,8 +108,17 @@ AttentionPlan planAttention(AttentionParams const& p, DeviceFacts const& facts) 
     maxSpan = std::min<int64_t>(maxSpan, INT32_MAX - kChunkAlign);
     plan.maxSpan = int32_t(maxSpan);
 
+    // The KV row maps of the Hopper multi-token kernel take the workspace's last kKVRowMapRegionBytes when they fit
+    // (whichever kernels run: a workspace sized by attentionWorkspaceBytes then leaves the partials exactly the room
+    // it counted for them); the partials get what is before them.
+    int64_t partialRoom = int64_t(p.workspaceBytes);
+    if (p.workspaceBytes >= kKVRowMapRegionBytes) {
+        partialRoom = int64_t(p.workspaceBytes - kKVRowMapRegionBytes) / int64_t(kKVRowMapBytes) *
+                      int64_t(kKVRowMapBytes);
+        plan.kvRowMapOffset = partialRoom;
+    }
     int64_t const rowBytes = int64_t(D + 1) * int64_t(sizeof(float));  // one partial row: D outputs + its LSE
-    int64_t const wsChunks = int64_t(p.workspaceBytes) / (int64_t(T) * H * rowBytes);
+    int64_t const wsChunks = partialRoom / (int64_t(T) * H * rowBytes);
     int64_t const spanChunks = ceilDiv64(maxSpan, kMinChunkTokens);
     int64_t const smCount = std::max(facts.smCount, 1);
 
@@ -216,11 +226,13 @@ size_t attentionWorkspaceBytes(int32_t numTokens, int32_t numSeqs, int32_t numQH
     if (rows == 0) return 0;
     int64_t spanChunks = (std::max<int64_t>(maxKVLen, 1) + attn::kMinChunkTokens - 1) / attn::kMinChunkTokens;
     int64_t chunks = std::min<int64_t>(spanChunks, attn::kMaxGridChunks);
-    if (chunks <= 1) return 0;
     // The plan splits only while chunks * T * H partial rows fit; the budget does not grow with T, so a
-    // profile sized for long prefills still lets a short decode step split.
-    int64_t partialRows = std::min(rows * chunks, attn::kMaxPartialRows);
-    return size_t(partialRows) * size_t(headDim + 1) * sizeof(float);
+    // profile sized for long prefills still lets a short decode step split. Then the KV row maps' region
+    // (attention_plan.h), on a 128-byte boundary after the partials.
+    int64_t partialRows = chunks <= 1 ? 0 : std::min(rows * chunks, attn::kMaxPartialRows);
+    size_t const partials = size_t(partialRows) * size_t(headDim + 1) * sizeof(float);
+    size_t const aligned = (partials + attn::kKVRowMapBytes - 1) / attn::kKVRowMapBytes * attn::kKVRowMapBytes;
+    return aligned + attn::kKVRowMapRegionBytes;
 }
 
 }  // namespace pagedkv

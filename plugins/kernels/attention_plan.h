@@ -41,7 +41,8 @@ struct AttentionPlan {
     bool runMerge;         // some sequence may be split
     dim3 mergeGrid;        // one CTA per (token, head) row
     int32_t partialChunks; // chunk slots in the workspace (0 when nothing is split)
-    size_t workspaceBytes; // bytes the launch uses (<= params.workspaceBytes)
+    size_t workspaceBytes; // bytes the split-K partials use from the workspace's start (<= params.workspaceBytes)
+    int64_t kvRowMapOffset; // where the KV row maps' region starts (kKVRowMapRegionBytes), or -1: not reserved
 };
 
 // The one scheduling decision. `p` must be valid (validateAttentionParams).
@@ -67,7 +68,14 @@ cudaError_t replayAttentionSchedule(AttentionParams const& p, int64_t numBlocks,
                                     ScheduleReplay const& out);
 
 // Workspace layout: partial outputs float [partialChunks][T][H][D], then their log2-sum-exps
-// float [partialChunks][T][H].
+// float [partialChunks][T][H]; and, when the multi-token kernel runs and the workspace holds it, the KV row maps'
+// region in its last kKVRowMapRegionBytes (128-byte aligned): kKVRowMapSlots tensor maps of kKVRowMapBytes, one per
+// CTA of the persistent Hopper kernel, which writes its own (the pool's address is device data: the map is
+// completed on the device, and TMA reads maps from global memory only). attentionWorkspaceBytes counts the region
+// whenever it counts anything; a workspace without it only costs the Hopper kernel its TMA loads.
+constexpr size_t kKVRowMapBytes = 128;   // sizeof(CUtensorMap)
+constexpr int32_t kKVRowMapSlots = 1024; // the persistent grid's CTAs at most (132 on an H100 / H200)
+constexpr size_t kKVRowMapRegionBytes = kKVRowMapBytes * kKVRowMapSlots;
 inline size_t partialOutBytes(int32_t chunks, int32_t numTokens, int32_t numQHeads, int32_t headDim) {
     return size_t(chunks) * size_t(numTokens) * size_t(numQHeads) * size_t(headDim) * sizeof(float);
 }

@@ -346,6 +346,68 @@ PKV_HD CtaWork multiCtaWork(SplitPlan const& plan, StepView const& v, int32_t ti
     return w;
 }
 
+// ---- persistent multi-token CTAs (the Hopper warp-specialized kernel). The other multi-token kernels launch one
+// CTA per cell of the grid (x: row-tile slot X - 1 - x, longest first; y: KV head; z: chunk), so a CTA's set-up
+// (metadata, Q, the first tiles' page lookups and loads) and tear-down are never overlapped on its SM. The
+// persistent kernel launches persistentCtas() CTAs that walk the cells instead: its producer loads the next cell's
+// first tiles while the consumers finish the current one. Cells are dealt one group at a time (a (KV head, chunk)
+// pair: one sweep of the row tiles, the order the hardware dispatches a grid in), so that the CTAs work on one KV
+// head together and its K/V stays in L2; within a group snake-wise (round r of `ctas` cells to CTAs 0, 1, ... for
+// even r and back for odd r: a CTA's long row tiles pair with short ones), the group's first CTA rotated on by the
+// cells dealt before it. A static deal needs no counter in global memory (nothing to reset between launches, no
+// workspace). Modeled against the hardware's greedy dispatch on the bench's shapes (NOTES-attention.md,
+// seventeenth session): within 1 % of it, where dealing cells round-robin is 5-30 % off.
+struct MultiCell {
+    int32_t slot;
+    int32_t kvHead;
+    int32_t z;
+};
+
+PKV_HD int32_t persistentCtas(int64_t cells, int32_t smCount, int32_t ctasPerSm) {
+    int64_t const resident = int64_t(smCount > 0 ? smCount : 1) * (ctasPerSm > 0 ? ctasPerSm : 1);
+    return int32_t(cells < resident ? (cells > 0 ? cells : 1) : resident);
+}
+
+struct PersistentDeal {
+    int32_t cellsX;   // X = multiBodyTiles + B: row-tile slots of a group
+    int32_t kvHeads;  // Y
+    int32_t groups;   // Y x Z
+    int32_t ctas;
+    int32_t cta;
+    int32_t group;    // the walk: the group being dealt and this CTA's round in it
+    int32_t round;
+
+    // This CTA's next cell, in the order it serves them; false once none is left.
+    PKV_HD bool next(MultiCell& cell) {
+        while (group < groups) {
+            int32_t const first = int32_t((int64_t(group) * cellsX) % ctas);  // the CTA that takes the group's x = 0
+            int32_t const j = cta >= first ? cta - first : cta - first + ctas;  // this CTA's place in each round
+            int64_t const x = int64_t(round) * ctas + ((round & 1) ? ctas - 1 - j : j);
+            if (x < cellsX) {
+                ++round;
+                cell.slot = cellsX - 1 - int32_t(x);
+                cell.kvHead = group % kvHeads;
+                cell.z = group / kvHeads;
+                return true;
+            }
+            ++group;
+            round = 0;
+        }
+        return false;
+    }
+};
+
+PKV_HD PersistentDeal persistentDeal(SplitPlan const& plan, int32_t numSeqs, int32_t numKVHeads, int32_t ctas,
+                                     int32_t cta) {
+    PersistentDeal d{};
+    d.cellsX = plan.multiBodyTiles + numSeqs;
+    d.kvHeads = numKVHeads;
+    d.groups = numKVHeads * plan.multiGridChunks;
+    d.ctas = ctas;
+    d.cta = cta;
+    return d;
+}
+
 // What virtual index v of a CTA's chunk holds: its cache position and location, or pos = -1 when it holds
 // nothing (outside the chunk, or its page is absent: -1, out of range or past the block-table row). The
 // kernels' loaders and the emulator both call this; a row with pos = -1 is zero-filled and never seen.

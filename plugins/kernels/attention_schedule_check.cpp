@@ -91,35 +91,51 @@ cudaError_t replayAttentionSchedule(AttentionParams const& p, int64_t numBlocks,
     if (plan.runMulti) {
         int32_t const tileTokens = multiTileTokens(D);
         std::vector<KVRow> tile(static_cast<size_t>(tileTokens));
-        for (uint32_t z = 0; z < plan.multiGrid.z; ++z)
-            for (uint32_t kvHead = 0; kvHead < plan.multiGrid.y; ++kvHead)
-                for (uint32_t slot = 0; slot < plan.multiGrid.x; ++slot) {
-                    CtaWork const w = multiCtaWork(plan.split, view, plan.multiTileRows, tileTokens, int32_t(slot),
-                                                   int32_t(z));
-                    if (!w.active) continue;
-                    BlockTableRow const table = tableOf(w.seqIndex);
-                    int32_t const qa = rowQueryPos(w.seq, w.rowBegin, G);
-                    int32_t const qb = rowQueryPos(w.seq, w.rowEnd - 1, G);
-                    for (int32_t k = 0; k < w.tiles.count(); ++k) {
-                        bool holdsAll = true;
-                        for (int32_t r = 0; r < tileTokens; ++r) {
-                            tile[r] = kvRowAt(p.layout, table, w.span, w.chunk, w.tiles.tile(k) * tileTokens + r);
-                            holdsAll = holdsAll && tile[r].pos >= 0;
-                        }
-                        bool const needMask =
-                            tileNeedsMask(holdsAll, tile[0].pos, tile[tileTokens - 1].pos, qa, qb, p.window);
-                        for (int32_t row = w.rowBegin; row < w.rowEnd; ++row) {
-                            int32_t const qPos = rowQueryPos(w.seq, row, G);
-                            for (int32_t r = 0; r < tileTokens; ++r)
-                                if (!needMask || kvVisible(qPos, tile[r].pos, p.window, p.attentionSinks)) {
-                                    err = count(row, int32_t(kvHead), tile[r].pos);
-                                    if (err != cudaSuccess) return err;
+        // The cells walked as the persistent Hopper kernel walks them (persistentDeal, one wave of CTAs); the other
+        // multi-token kernels run one CTA per cell, which covers the same cells. Every cell exactly once:
+        int64_t const cells = int64_t(plan.multiGrid.x) * plan.multiGrid.y * plan.multiGrid.z;
+        std::vector<uint8_t> dealt(static_cast<size_t>(cells), 0);
+        int32_t const ctas = persistentCtas(cells, facts.smCount, facts.multiCtasPerSm);
+        for (int32_t cta = 0; cta < ctas; ++cta) {
+            PersistentDeal deal = persistentDeal(plan.split, B, p.numKVHeads, ctas, cta);
+            MultiCell cell{};
+            while (deal.next(cell)) {
+                PKV_REQUIRE(cell.slot >= 0 && uint32_t(cell.slot) < plan.multiGrid.x && cell.kvHead >= 0 &&
+                                uint32_t(cell.kvHead) < plan.multiGrid.y && cell.z >= 0 &&
+                                uint32_t(cell.z) < plan.multiGrid.z,
+                            "persistent cell", cell.slot, "inside the grid");
+                uint8_t& once = dealt[(size_t(cell.z) * plan.multiGrid.y + size_t(cell.kvHead)) * plan.multiGrid.x +
+                                      size_t(cell.slot)];
+                PKV_REQUIRE(!once, "persistent cell", cell.slot, "dealt once (CTA " + std::to_string(cta) + ")");
+                once = 1;
+                int32_t const slot = cell.slot, kvHead = cell.kvHead, z = cell.z;
+                CtaWork const w = multiCtaWork(plan.split, view, plan.multiTileRows, tileTokens, slot, z);
+                if (!w.active) continue;
+                BlockTableRow const table = tableOf(w.seqIndex);
+                int32_t const qa = rowQueryPos(w.seq, w.rowBegin, G);
+                int32_t const qb = rowQueryPos(w.seq, w.rowEnd - 1, G);
+                for (int32_t k = 0; k < w.tiles.count(); ++k) {
+                    bool holdsAll = true;
+                    for (int32_t r = 0; r < tileTokens; ++r) {
+                        tile[r] = kvRowAt(p.layout, table, w.span, w.chunk, w.tiles.tile(k) * tileTokens + r);
+                        holdsAll = holdsAll && tile[r].pos >= 0;
+                    }
+                    bool const needMask =
+                        tileNeedsMask(holdsAll, tile[0].pos, tile[tileTokens - 1].pos, qa, qb, p.window);
+                    for (int32_t row = w.rowBegin; row < w.rowEnd; ++row) {
+                        int32_t const qPos = rowQueryPos(w.seq, row, G);
+                        for (int32_t r = 0; r < tileTokens; ++r)
+                            if (!needMask || kvVisible(qPos, tile[r].pos, p.window, p.attentionSinks)) {
+                                err = count(row, int32_t(kvHead), tile[r].pos);
+                                if (err != cudaSuccess) return err;
                                 }
                         }
                     }
                     err = recordWrites(w, int32_t(kvHead), int32_t(z));
                     if (err != cudaSuccess) return err;
-                }
+            }
+        }
+        for (int64_t c = 0; c < cells; ++c) PKV_REQUIRE(dealt[size_t(c)], "persistent cell", c, "dealt to some CTA");
     }
 
     if (plan.runMerge) {

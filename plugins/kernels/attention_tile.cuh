@@ -173,6 +173,26 @@ __device__ __forceinline__ KVRowOffset resolveKVRowOffset(AttentionKernelParams 
     return r;
 }
 
+// The positions of a tile's rows (held by lanes [firstLane, firstLane + kRows) of the pair) into sPos[0, kRows).
+template <int kRows>
+__device__ __forceinline__ void storeKVPositions(KVRowOffset const& rows, int32_t firstLane, int32_t* sPos,
+                                                 int32_t lane) {
+    int32_t const pos = __shfl_sync(0xffffffffu, rows.pos, firstLane + lane % kRows);
+    if (lane < kRows) sPos[lane] = pos;
+}
+
+// Whether a tile's rows are one run -- every row holds a position and row r lies r token strides after row 0, whose
+// offset comes back in row0. Warp-uniform. kNothing is negative, so a row holding nothing is never part of one.
+template <int kRows>
+__device__ __forceinline__ bool kvRowsAreRun(KVSource const& src, KVRowOffset const& rows, int32_t firstLane,
+                                             int32_t lane, int64_t& row0) {
+    row0 = __shfl_sync(0xffffffffu, rows.kOff, firstLane);
+    uint32_t const runBits =
+        __ballot_sync(0xffffffffu, rows.kOff >= 0 && rows.kOff == row0 + (lane - firstLane) * src.rowStride);
+    uint32_t const tileMask = (kRows == 32 ? 0xffffffffu : (1u << kRows) - 1u) << firstLane;
+    return (runBits & tileMask) == tileMask;
+}
+
 // One tile: rows [0, kRows) held by lanes [firstLane, firstLane + kRows) of the pair. A row is kChunks 16-byte
 // chunks; when kChunks divides 32 each copy step covers 32 / kChunks whole rows (lane l: chunk l % kChunks),
 // otherwise (D = 80, 96 as 16-bit: 10, 12 chunks; D = 80 as 8-bit: 5) the tile's kRows x kChunks chunks are
@@ -184,23 +204,18 @@ __device__ __forceinline__ void copyKVRows(KVSource const& src, KVRowOffset cons
     constexpr int kRowBytes = kD * kElemBytes;
     constexpr int kChunks = kRowBytes / 16;  // 2 .. 32
     static_assert(kRowBytes % 16 == 0 && kChunks >= 2 && kChunks <= 32 && kRows <= 32, "warp KV tile shape");
-    int32_t const pos = __shfl_sync(0xffffffffu, rows.pos, firstLane + lane % kRows);
-    if (lane < kRows) sPos[lane] = pos;
+    storeKVPositions<kRows>(rows, firstLane, sPos, lane);
     int const laneChunk = lane % kChunks;  // the lane's chunk of every row it copies (when kChunks divides 32)
-    static_assert(kBlockRows == 0 || (kElemBytes == 2 && kD % 64 == 0), "blocked tiles hold whole 128-byte blocks");
+    static_assert(kBlockRows == 0 || kElemBytes == 2, "blocked tiles hold 16-bit elements (a row's chunks past D: none)");
     auto dstOf = [&](int r, int ch) {
         return kBlockRows > 0  ? blockedTileChunk<kBlockRows>(r, ch)
                : kElemBytes == 2 ? tileChunk<kD>(r, ch)
                : kSwizzle8     ? Frag8<kD>::chunkOffset(r, ch)
                                : uint32_t(r * kRowBytes + ch * 16);
     };
-    // One run: row r at row 0 + r strides. kNothing is negative, so a row holding nothing is never part of one.
     // Checked here, not when the pair is resolved: a mask kept from there costs the multi-token kernel spills.
-    int64_t const row0 = __shfl_sync(0xffffffffu, rows.kOff, firstLane);
-    uint32_t const runBits =
-        __ballot_sync(0xffffffffu, rows.kOff >= 0 && rows.kOff == row0 + (lane - firstLane) * src.rowStride);
-    uint32_t const tileMask = (kRows == 32 ? 0xffffffffu : (1u << kRows) - 1u) << firstLane;
-    bool const run = (runBits & tileMask) == tileMask;  // warp-uniform
+    int64_t row0;
+    bool const run = kvRowsAreRun<kRows>(src, rows, firstLane, lane, row0);
     if constexpr (32 % kChunks == 0) {
         constexpr int kRowsPerStep = 32 / kChunks;
         static_assert(kRows % kRowsPerStep == 0, "whole rows per copy step");
@@ -334,20 +349,27 @@ __device__ __forceinline__ void convertTile8(unsigned char const* staging, unsig
 
 // ---- query rows -> swizzled 16-bit tile [kRows][tileRowElems(kD)] (kBlocked: the blocked tile of kRows rows that
 // wgmma reads). Local row r is global row rowBegin + r (token R / G, head kvHead * G + R % G); rows at or past
-// rowEnd are zero.
+// rowEnd are zero. The kThreads threads load local rows [firstRow, firstRow + numRows) (default: all of them).
+// Element offset in q of chunk ch (8 elements) of global row R (token R / G, head kvHead * G + R % G).
+template <int kD>
+__device__ __forceinline__ int64_t qRowElem(AttentionKernelParams const& p, int32_t row, int32_t kvHead, int32_t ch) {
+    int32_t const token = row / p.groupSize;
+    int32_t const head = kvHead * p.groupSize + row % p.groupSize;
+    return (int64_t(token) * p.params.numQHeads + head) * kD + ch * 8;
+}
+
 template <typename CT, int kD, int kRows, int kThreads, bool kBlocked = false>
 __device__ __forceinline__ void loadQRows(AttentionKernelParams const& p, unsigned char* sQ, int32_t rowBegin,
-                                          int32_t rowEnd, int32_t kvHead, int32_t tid) {
+                                          int32_t rowEnd, int32_t kvHead, int32_t tid, int32_t firstRow = 0,
+                                          int32_t numRows = kRows) {
     constexpr int kChunks = kD / 8;  // 16-byte chunks of the compute type per row
-    for (int q = tid; q < kRows * kChunks; q += kThreads) {
-        int const r = q / kChunks;
+    for (int q = tid; q < numRows * kChunks; q += kThreads) {
+        int const r = firstRow + q / kChunks;
         int const ch = q % kChunks;
         int32_t const row = rowBegin + r;
         uint4 val = make_uint4(0u, 0u, 0u, 0u);
         if (row < rowEnd) {
-            int32_t const token = row / p.groupSize;
-            int32_t const head = kvHead * p.groupSize + row % p.groupSize;
-            int64_t const elem = (int64_t(token) * p.params.numQHeads + head) * kD + ch * 8;
+            int64_t const elem = qRowElem<kD>(p, row, kvHead, ch);
             if (p.params.qFP8) {
                 uint2 raw = __ldg(reinterpret_cast<uint2 const*>(static_cast<unsigned char const*>(p.params.q) + elem));
                 val = dequant8x8<CT>(raw, true);
@@ -356,6 +378,25 @@ __device__ __forceinline__ void loadQRows(AttentionKernelParams const& p, unsign
             }
         }
         *reinterpret_cast<uint4*>(sQ + (kBlocked ? blockedTileChunk<kRows>(r, ch) : tileChunk<kD>(r, ch))) = val;
+    }
+}
+
+// loadQRows's rows as cp.async copies into the blocked tile of kRows rows (16-bit queries: an 8-bit one is converted
+// on the way, through registers): nothing waits for them here; the caller commits, waits and fences before its MMAs
+// read them. A row at or past rowEnd is zero-filled (its copy reads nothing from the valid address it is given).
+template <typename CT, int kD, int kRows, int kThreads>
+__device__ __forceinline__ void copyQRowsAsync(AttentionKernelParams const& p, uint32_t sQ, int32_t rowBegin,
+                                               int32_t rowEnd, int32_t kvHead, int32_t tid, int32_t firstRow,
+                                               int32_t numRows) {
+    constexpr int kChunks = kD / 8;  // 16-byte chunks per row
+    CT const* const q = static_cast<CT const*>(p.params.q);
+    for (int i = tid; i < numRows * kChunks; i += kThreads) {
+        int const r = firstRow + i / kChunks;
+        int const ch = i % kChunks;
+        int32_t const row = rowBegin + r;
+        bool const holds = row < rowEnd;
+        int64_t const elem = qRowElem<kD>(p, holds ? row : 0, kvHead, ch);  // row 0: a valid address, not read
+        cpAsync16(sQ + blockedTileChunk<kRows>(r, ch), q + elem, holds);
     }
 }
 

@@ -343,8 +343,9 @@ def _runs_multi_token_kernel(case: Case) -> bool:
 # run on the cases it takes (PAGEDKV_MULTI_KERNEL, read at every launch), so that the one GPU this suite runs on
 # checks all three: "sm90-cooperative" (every warp loads, one CTA barrier per tile, 8-bit tiles converted by the
 # whole CTA) and "mma", the mma.sync kernel, which also serves sm_80 / sm_89 and, on an H100 / H200, what the
-# Hopper kernel does not cover.
-OTHER_KERNELS_ON_HOPPER_CASES = [c for c in CASES if _runs_multi_token_kernel(c) and c.head_dim in (64, 128)]
+# Hopper kernel does not cover (D = 256).
+HOPPER_HEAD_DIMS = (32, 64, 80, 96, 128)
+OTHER_KERNELS_ON_HOPPER_CASES = [c for c in CASES if _runs_multi_token_kernel(c) and c.head_dim in HOPPER_HEAD_DIMS]
 
 
 @pytest.mark.parametrize("kernel", ["mma", "sm90-cooperative"])

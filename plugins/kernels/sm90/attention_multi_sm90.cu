@@ -2,19 +2,25 @@
 // attention_multi.cu on warpgroup MMAs. Same work split, same loader, same softmax; what changes is the math:
 //  * a CTA's 2 consumer warpgroups (256 threads) serve kRows = 128 query rows (consecutive tokens x the G heads of
 //    one KV head, the planner's row tile), each warpgroup 64 of them;
-//  * KV tiles of kTile = 128 tokens stream through a cp.async pipeline into blocked, 128-byte-swizzled tiles
-//    (blockedTileChunk), page by page through the block table (copyKVRows: one lookup per row, runs copied whole);
+//  * KV tiles of kTile = 128 tokens stream through a pipeline into blocked, 128-byte-swizzled tiles
+//    (blockedTileChunk), page by page through the block table (copyKVRows: one lookup per row, runs copied whole;
+//    in the warp-specialized kernel a 16-row run of an HND page by TMA, sm90/kv_row_map.cuh);
 //  * per tile and warpgroup, S = Q K^T is kD / 16 wgmma m64n128k16 reading Q and K straight from shared memory,
 //    the online softmax runs on the S registers (softmaxStepFixed: mask, soft-cap, running max and sum), and
-//    O += P V is kTile / 16 wgmma m64nDk16 with P from registers and V read MN-major from shared memory;
+//    O += P V is kTile / 16 wgmma m64n(kDP)k16 with P from registers and V read MN-major from shared memory;
 //  * each warpgroup overlaps its softmax of tile i + 1 with its own P V of tile i (the pipeline below); in the
 //    cooperative variant the two warpgroups also load and run in lockstep (one CTA barrier per tile); in the
 //    warp-specialized one (the default) a producer warpgroup loads and the consumer warpgroups take turns on the
 //    tensor cores.
-// Head dims 64 / 128, every cache dtype (8-bit tiles are converted into 16-bit ones in shared memory, as the mma.sync
-// kernel does); the other head dims (32, 80, 96, 256) and other GPUs stay on attention_multi.cu's mma.sync kernel
-// (multiKernelSm90Serves). Design, byte and FLOP counts, measurements:
+// Head dims 32, 64, 80, 96 and 128, every cache dtype (8-bit tiles are converted into 16-bit ones in shared memory,
+// as the mma.sync kernel does). Tiles hold rows of kDP = tileRowElems(kD) elements (64 or 128: whole 128-byte column
+// blocks, the shared tile contract of attention_schedule.h): S takes the kD / 16 k-steps of the real dims, so the
+// padding of Q and K is never read; O = P V runs at N = kDP, so V's padding columns (never written) only reach O's
+// padding columns, which are never rescaled nor stored. D = 256 (3 stages do not fit) and other GPUs stay on
+// attention_multi.cu's mma.sync kernel (multiKernelSm90Serves). Design, byte and FLOP counts, measurements:
 // benchmarks/NOTES-attention.md, "the Hopper multi-token kernel".
+#include <cuda.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled: the driver entry point, found at run time (no libcuda link)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -22,7 +28,9 @@
 
 #include "attention_dispatch.cuh"
 #include "attention_kernels.h"
+#include "attention_plan.h"
 #include "attention_tile.cuh"
+#include "kv_row_map.cuh"
 #include "pdl.cuh"
 #include "wgmma.cuh"
 #include "wgmma_ops.cuh"
@@ -43,7 +51,8 @@ namespace {
 //    other's MMAs.
 template <typename CT, bool k8Bit, int kD, bool kWarpSpecialized_ = false>
 struct Sm90MultiConfig {
-    static_assert(kD == 64 || kD == 128, "whole 128-byte column blocks, one wgmma N for O");
+    static_assert(kD % 16 == 0 && kD <= 128, "whole k-steps of S; rows of at most one 128-dim tile row");
+    static constexpr int kDP = tileRowElems(kD);  // 64 or 128: the tiles' row and O's N (whole 128-byte blocks)
     static constexpr bool kWarpSpecialized = kWarpSpecialized_;
     static constexpr int kConsumerThreads = 256;
     static constexpr int kThreads = kConsumerThreads + (kWarpSpecialized ? 128 : 0);  // + the producer warpgroup
@@ -51,8 +60,8 @@ struct Sm90MultiConfig {
     static_assert(kRows == multiTileRows(kD), "the planner's row tiles (attention_plan.cpp) are this kernel's");
     static constexpr int kTile = 128;  // KV tokens per stage = N of S = Q K^T
     static constexpr int kNT = kTile / 8;
-    static constexpr int kQBytes = kRows * kD * 2;
-    static constexpr int kKVTileBytes = kTile * kD * 2;  // a 16-bit K or V tile as the MMAs read it
+    static constexpr int kQBytes = kRows * kDP * 2;
+    static constexpr int kKVTileBytes = kTile * kDP * 2;  // a 16-bit K or V tile as the MMAs read it
     // Stages of the tiles as loaded (8-bit caches: [token][kD] bytes). The warp-specialized 8-bit variant keeps 2
     // of them and 2 converted (K, V) stages the MMAs read: 3 of each do not fit at D = 128.
     static constexpr bool kWS8 = k8Bit && kWarpSpecialized;
@@ -68,8 +77,13 @@ struct Sm90MultiConfig {
     static constexpr int kAlign = 1024;  // the swizzle repeats every 1024 bytes: blocks start on that boundary
     static constexpr int kPosBytes = kPosSlots * kTile * 4;
     static constexpr int kBarrierBytes = kWarpSpecialized ? 2 * kMmaStages * 8 : 0;  // full[], empty[] mbarriers
-    static constexpr int kSmemBytes =
-        kAlign + kQBytes + kStages * 2 * kRawTileBytes + kConvBytes + kPosBytes + kBarrierBytes;
+    // The warp-specialized 16-bit variant at D = 64 / 128 loads whole-run half tiles by TMA (sm90/kv_row_map.cuh;
+    // its boxes are whole 64-column blocks, which rows of 32 / 80 / 96 elements do not split into): 128 bytes where
+    // a producer warp completes the CTA's tensor map, on a 128-byte boundary after the barriers.
+    static constexpr bool kTma = kWarpSpecialized && !k8Bit && kD % 64 == 0;  // whole 64-column boxes
+    static constexpr int kBodyBytes = kQBytes + kStages * 2 * kRawTileBytes + kConvBytes + kPosBytes + kBarrierBytes;
+    static constexpr int kMapScratchOffset = (kBodyBytes + 127) / 128 * 128;
+    static constexpr int kSmemBytes = kAlign + (kTma ? kMapScratchOffset + 128 : kBodyBytes);
     static_assert(kQBytes % kAlign == 0 && kRawTileBytes % kAlign == 0 && kKVTileBytes % kAlign == 0,
                   "tiles start on swizzle boundaries");
     static_assert(kSmemBytes <= 232448, "sm_90 opt-in shared memory per CTA");
@@ -101,6 +115,10 @@ struct Sm90Smem {
         return smemAddr(conv() + Cfg::kConvBytes + Cfg::kPosBytes) + 8u * uint32_t(stage);
     }
     __device__ __forceinline__ uint32_t empty(int stage) const { return full(Cfg::kMmaStages) + 8u * uint32_t(stage); }
+    __device__ __forceinline__ uint64_t* fullBar(int stage) const {  // full(stage) as a generic pointer (cuda::ptx)
+        return reinterpret_cast<uint64_t*>(conv() + Cfg::kConvBytes + Cfg::kPosBytes) + stage;
+    }
+    __device__ __forceinline__ unsigned char* mapScratch() const { return base + Cfg::kMapScratchOffset; }
     // the tiles the MMAs of tile j read: its stage (16-bit caches) or the converted tiles (8-bit)
     __device__ __forceinline__ uint32_t mmaK(int32_t j) const {
         if constexpr (Cfg::kWS8) return smemAddr(conv()) + uint32_t((j & 1) * 2 * Cfg::kKVTileBytes);
@@ -125,7 +143,8 @@ struct Sm90Consumer {
     static constexpr int kMaxSlack = 8;
     static constexpr int kTile = Cfg::kTile;
     static constexpr int kNT = Cfg::kNT;
-    float o[kD / 8][4];
+    static constexpr int kDP = Cfg::kDP;
+    float o[kDP / 8][4];  // O's columns [kD, kDP) hold padding * P: never rescaled, never stored
     float s[kNT][4];
     uint32_t pa[kTile / 16][4];
     float m[2], l[2], alpha[2];
@@ -136,7 +155,7 @@ struct Sm90Consumer {
                                             int32_t warp, int32_t lane_)
         : groupRow0(group * 64), warpRow0(group * 64 + (warp & 3) * 16), lane(lane_) {
 #pragma unroll
-        for (int dn = 0; dn < kD / 8; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.f;
+        for (int dn = 0; dn < kDP / 8; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.f;
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
         m[0] = m[1] = negInf();
@@ -157,7 +176,8 @@ struct Sm90Consumer {
     }
     __device__ __forceinline__ void issuePV(uint32_t vTileAddr) {
 #pragma unroll
-        for (int kt = 0; kt < kTile / 16; ++kt) wgmma::Mma<CT, kD>::rs(o, pa[kt], wgmma::mnMajor<kTile>(vTileAddr, kt), true);
+        for (int kt = 0; kt < kTile / 16; ++kt)
+            wgmma::Mma<CT, kDP>::rs(o, pa[kt], wgmma::mnMajor<kTile>(vTileAddr, kt), true);
     }
     __device__ __forceinline__ void softmax(AttentionKernelParams const& p, int32_t const* tilePos, bool needMask) {
         withSoftmaxVariant(p.useSoftcap != 0, needMask, [&](auto capped, auto masked) {
@@ -206,7 +226,12 @@ struct Sm90Consumer {
 #pragma unroll
         for (int kt = 0; kt < kTile / 16; ++kt) probFragment<CT, kNT>(s, kt, pa[kt]);
     }
-    __device__ __forceinline__ void rescale() { rescaleRows(o, alpha); }
+    // O's real columns: its first kD / 8 accumulator tiles
+    __device__ __forceinline__ float (&realO())[kD / 8][4] { return reinterpret_cast<float(&)[kD / 8][4]>(o); }
+    __device__ __forceinline__ float const (&realO() const)[kD / 8][4] {
+        return reinterpret_cast<float const(&)[kD / 8][4]>(o);
+    }
+    __device__ __forceinline__ void rescale() { rescaleRows(realO(), alpha); }
 
     // Outputs straight from the accumulators (row g / g + 8; dims 8 dn + 2c, + 1): final rows, or a split chunk's
     // normalized partial and log2-sum-exp for the merge.
@@ -218,7 +243,7 @@ struct Sm90Consumer {
             float const sum = quadSum(l[h]);
             int32_t const row = w.rowBegin + warpRow0 + (lane >> 2) + 8 * h;
             if (row >= w.rowEnd) continue;
-            storeAccumulatorRow<CT, kD>(p, w, o, h, sum, m[h], row, kvHead, z, c);
+            storeAccumulatorRow<CT, kD>(p, w, realO(), h, sum, m[h], row, kvHead, z, c);
         }
     }
 };
@@ -341,33 +366,50 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD>::kThreads, 1)
 }
 
 // ---- warp-specialized kernel (the default): warps 0-7 are the consumer warpgroups, warps 8-11 the producer.
+// Persistent: each CTA walks the cells persistentDeal gives it (attention_schedule.h), every warp the same cells in
+// the same order, and tile numbers run on across them (g: the CTA's tiles so far), so the stages, positions and
+// mbarrier phases of one cell continue those of the one before and the producer loads the next cell's first tiles
+// while the consumers finish the current one.
 //  * 16-bit producer: warp 8 + q copies rows [32 q, 32 q + 32) of every tile straight into the stage the MMAs
-//    read. For tile j it resolves the rows it located during tile j - 1 (their block-table entries have been in
-//    flight since), locates tile j + 1's, waits until the stage is empty (both warpgroups released tile j - 3),
-//    issues the copies and arrives on full[j] twice: once through cp.async (counts once this lane's copies have
+//    read. For tile g it resolves the rows it located during tile g - 1 (their block-table entries have been in
+//    flight since), locates tile g + 1's, waits until the stage is empty (both warpgroups released tile g - 3),
+//    issues the copies and arrives on full[g] twice: once through cp.async (counts once this lane's copies have
 //    landed) and once now (release: the positions are ordinary stores). It never waits for its own copies, so tile
-//    j + 1's lookups and copies issue while tile j's are still in flight.
-//  * 8-bit producer: the same rows into one of 2 staging stages, one tile ahead; for tile j it waits until the
-//    converted stage j % 2 is empty (tile j - 2 released), issues tile j + 1's copies, waits for tile j's (its own
+//    g + 1's lookups and copies issue while tile g's are still in flight. With the CTA's tensor map (HND pool, a
+//    workspace slot), a half tile that is one run -- 16 rows of one page, every row holding a position -- is
+//    instead one TMA box per 64-column block of K and of V, issued by lane 0 after it raised full[g]'s expected
+//    bytes: one instruction per 2 KB where cp.async takes 128 lane copies.
+//  * 8-bit producer: the same rows into one of 2 staging stages, one tile ahead; for tile g it waits until the
+//    converted stage g % 2 is empty (tile g - 2 released), issues tile g + 1's copies, waits for tile g's (its own
 //    lanes'), converts its rows into the 16-bit blocked tiles (the exact dequantization of the other kernels),
-//    hands them to the async proxy and arrives on full[j % 2].
+//    hands them to the async proxy and arrives on full[g % 2].
 //  * consumers: the cooperative kernel's pipeline with mbarrier waits instead of CTA barriers; after PV(i) each
 //    thread releases tile i's stage. Turns (FlashAttention-3's ping-pong): a warpgroup issues its MMAs only after the
 //    other issued its previous ones (named barriers 1 + group), so the tensor cores alternate between them and one
-//    warpgroup's softmax runs under the other's MMAs. 16-bit: S(i + 1) and PV(i) issued together (the
-//    intra-warpgroup overlap: 3 stages); 8-bit: S(i), softmax, PV(i) in turn, so that 2 converted stages leave
-//    the producer half a tile to convert the next one.
-constexpr uint32_t kQReadyBarrier = 3;  // named barrier: the consumers' Q stores done (0 is __syncthreads)
+//    warpgroup's softmax runs under the other's MMAs; every cell's turns are balanced (warpgroup 0 takes its first,
+//    warpgroup 1 hands none back after its last), so a cell starts with no arrival pending. 16-bit: S(i + 1) and
+//    PV(i) issued together (the intra-warpgroup overlap: 3 stages); 8-bit: S(i), softmax, PV(i) in turn, so that 2
+//    converted stages leave the producer half a tile to convert the next one. Each warpgroup loads its own 64 rows
+//    of Q once its MMAs of the previous cell are done (the only reader of those rows), so neither waits for the
+//    other between cells.
+constexpr uint32_t kQReadyBarrier = 3;  // named barriers 3 + group: a warpgroup's Q stores done (0 is __syncthreads)
+constexpr uint32_t kProducerBarrier = 5;  // named barrier: the producer warpgroup, once its CTA's tensor map is out
 
 // Registers: sm_90 allocates them per warpgroup, so the 384 threads start with 65536 / 384 = 168 each; the
 // producer warpgroup then gives back down to kProducerRegisters and the consumers grow to kConsumerRegisters
 // (setmaxnreg; 128 x 56 + 256 x 224 = 64512).
-constexpr uint32_t kProducerRegisters = 56;
-constexpr uint32_t kConsumerRegisters = 224;
+// At D = 80 / 96 (rows of 10 / 12 16-byte chunks, copied in flat chunk order) the producer's copy loop needs more: it
+// spilled 44-128 bytes inside the tile loop at 56, so those head dims split 72 / 216 (128 x 72 + 256 x 216 = 64512);
+// the consumers then keep 20 bytes of loop invariants in local memory (3 loads per tile, off the MMA chain).
+template <int kD>
+constexpr uint32_t kProducerRegisters = kD % 64 == 0 || kD == 32 ? 56 : 72;
+template <int kD>
+constexpr uint32_t kConsumerRegisters = (384 * 168 - 128 * kProducerRegisters<kD>) / 256;  // all it gives back
 
 template <typename CT, bool k8Bit, int kD>
 __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads, 1)
-    attentionMultiKernelSm90WS(__grid_constant__ AttentionKernelParams const p) {
+    attentionMultiKernelSm90WS(__grid_constant__ AttentionKernelParams const p,
+                               __grid_constant__ CUtensorMap const kvRowMap) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Cfg = Sm90MultiConfig<CT, k8Bit, kD, true>;
     constexpr int kElemBytes = k8Bit ? 1 : 2;
@@ -377,19 +419,14 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads
     constexpr int kProducerWarps = (Cfg::kThreads - Cfg::kConsumerThreads) / 32;
     constexpr int kWarpRows = kTile / kProducerWarps;  // a producer warp's rows of every tile
     static_assert(kWarpRows == 32, "one lookup per lane: the two 16-row halves of a locateKVRowPair");
+    constexpr int kConvRows = (8 * (kD / 8)) % 32 == 0 ? 8 : 16;  // rows per 8-bit conversion step
     extern __shared__ __align__(16) unsigned char smemRaw[];
 
     // ---- prologue (every warp)
     gridDependencyWait();  // launched as a programmatic dependent (pdl.cuh): earlier kernels' writes visible from here
-    int32_t const slot = int32_t(gridDim.x) - 1 - int32_t(blockIdx.x);
-    int32_t const kvHead = blockIdx.y;
-    int32_t const z = blockIdx.z;
     int32_t const tid = threadIdx.x;
     int32_t const warp = warpUniform(tid >> 5);
     int32_t const lane = tid & 31;
-    CtaWork const w = multiCtaWork(p.split, p.stepView(), Cfg::kRows, kTile, slot, z);
-    if (!w.active) return;
-    int32_t const numTiles = warpUniform(w.tiles.count());
     Sm90Smem<Cfg> const sm(smemRaw);
     if (tid == 0) {
         for (int st = 0; st < kMmaStages; ++st) {
@@ -399,135 +436,273 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads
         wgmma::fenceBarrierInit();
     }
     __syncthreads();
+    PersistentDeal deal = persistentDeal(p.split, p.params.meta.numSeqs, p.params.numKVHeads, int32_t(gridDim.x),
+                                         int32_t(blockIdx.x));
+    // This CTA's next cell with work (every warp walks the same ones), its decisions in w; false when none is left.
+    auto nextActiveCell = [&](MultiCell& cell, CtaWork& w) {
+        while (deal.next(cell)) {
+            w = multiCtaWork(p.split, p.stepView(), Cfg::kRows, kTile, cell.slot, cell.z);
+            if (w.active) return true;
+        }
+        return false;
+    };
 
     if (warp >= Cfg::kConsumerThreads / 32) {
         // ---- producer warpgroup
-        wgmma::setMaxRegisters<kProducerRegisters, false>();
+        wgmma::setMaxRegisters<kProducerRegisters<kD>, false>();
         int32_t const row0 = (warp - Cfg::kConsumerThreads / 32) * kWarpRows;  // of each tile
-        KVSource const src = makeKVSource(p, w, kvHead, kElemBytes);
-        auto locate = [&](int32_t j) {
-            bool const valid = j < numTiles;
-            int32_t const r = valid ? w.tiles.tile(j) * kTile + row0 : 0;
-            return locateKVRowPair<16>(p, src, valid, r, valid, r + 16, lane);
-        };
-        // tile j's rows (located one tile earlier) into stage j % kStages, positions into tile j's slot
         constexpr int kRowBytes = k8Bit ? kD : 128;  // a row's bytes in a staging tile / in column block 0
-        KVRow ahead = locate(0);
-        auto copyTile = [&](int32_t j) {
-            KVRowOffset const rows = resolveKVRowOffset(p, src, ahead, kElemBytes);
-            ahead = locate(j + 1);
-            uint32_t const kAddr = smemAddr(sm.rawK(j % kStages)) + uint32_t(row0 * kRowBytes);
-            uint32_t const vAddr = smemAddr(sm.rawV(j % kStages)) + uint32_t(row0 * kRowBytes);
-#pragma unroll
-            for (int half = 0; half < 2; ++half)
-                copyKVRows<kD, kElemBytes, 16, false, k8Bit ? 0 : kTile>(
-                    src, rows, 16 * half, kAddr + uint32_t(16 * half * kRowBytes),
-                    vAddr + uint32_t(16 * half * kRowBytes), sm.pos(j) + row0 + 16 * half, lane);
-        };
-        if constexpr (!k8Bit) {
-            for (int32_t j = 0; j < numTiles; ++j) {
-                int32_t const stage = j % kStages;
-                if (j >= kStages) wgmma::mbarrierWait(sm.empty(stage), uint32_t((j / kStages - 1) & 1));
-                copyTile(j);
-                wgmma::cpAsyncMbarrierArrive(sm.full(stage));
-                wgmma::mbarrierArrive(sm.full(stage));
-            }
-        } else {
-            bool const isFp8 = p.cacheIsFp8 != 0;
-            if (numTiles > 0) copyTile(0);
-            cpAsyncCommit();
-            for (int32_t j = 0; j < numTiles; ++j) {
-                int32_t const stage = j % kMmaStages;
-                // tile j - 2 released: its converted stage and its position slot ((j + 1) % 3) are free
-                if (j >= kMmaStages) wgmma::mbarrierWait(sm.empty(stage), uint32_t((j / kMmaStages - 1) & 1));
-                if (j + 1 < numTiles) copyTile(j + 1);  // into the staging stage tile j - 1 was converted from
-                cpAsyncCommit();
-                cpAsyncWait<1>();  // tile j's copies (this lane's) landed
-                __syncwarp();      // ... and every lane's of this warp: its rows
-                // 8 rows at a time (the swizzle repeats every 8 rows): 56 registers hold one group's loads
-#pragma unroll 1
-                for (int r = row0; r < row0 + kWarpRows; r += 8) {
-                    unsigned char* const convK = sm.conv() + stage * 2 * Cfg::kKVTileBytes + r * 128;
-                    convertTile8<CT, kD, 8, 32, kTile>(sm.rawK(j % kStages) + r * kD, convK, isFp8, lane);
-                    convertTile8<CT, kD, 8, 32, kTile>(sm.rawV(j % kStages) + r * kD, convK + Cfg::kKVTileBytes,
-                                                       isFp8, lane);
+        // TMA (16-bit caches; sm90/kv_row_map.cuh): the first producer warp completes this CTA's tensor map in its
+        // workspace slot, every producer thread acquires it. Without a slot (the launcher's conditions), with a pool
+        // not 16-byte aligned or with more rows than int32 coordinates reach, every half tile goes by cp.async.
+        CUtensorMap const* map = nullptr;
+        if constexpr (Cfg::kTma) {
+            if (p.kvRowMaps != nullptr) {
+                PoolView const pool = loadPool(p);
+                int64_t const poolRows = pool.numBlocks * p.params.layout.strideBlock / kD;
+                if ((reinterpret_cast<uintptr_t>(pool.base) & 15u) == 0 && poolRows >= 1 && poolRows <= INT32_MAX) {
+                    auto* const slot = reinterpret_cast<CUtensorMap*>(p.kvRowMaps) + blockIdx.x;
+                    if (row0 == 0)
+                        tma::publishMap(kvRowMap, sm.mapScratch(), slot, pool.base, uint32_t(poolRows), lane);
+                    wgmma::namedBarrierSync(kProducerBarrier, kProducerWarps * 32);
+                    tma::acquireMap(slot);
+                    map = slot;
                 }
-                wgmma::fenceProxyAsync();
-                wgmma::mbarrierArrive(sm.full(stage));
-                __syncwarp();  // the staging reads done before the next copies into this stage
             }
+        }
+        int32_t g = 0;  // this CTA's tiles so far: tile j of the current cell is tile g + j
+        MultiCell cell{};
+        CtaWork w{};
+        while (nextActiveCell(cell, w)) {
+            int32_t const numTiles = warpUniform(w.tiles.count());
+            KVSource const src = makeKVSource(p, w, cell.kvHead, kElemBytes);
+            auto locate = [&](int32_t j) {
+                bool const valid = j < numTiles;
+                int32_t const r = valid ? w.tiles.tile(j) * kTile + row0 : 0;
+                return locateKVRowPair<16>(p, src, valid, r, valid, r + 16, lane);
+            };
+            // tile j's rows (located one tile earlier) into stage (g + j) % kStages, positions into its slot
+            KVRow ahead = locate(0);
+            auto copyTile = [&](int32_t j) {
+                KVRowOffset const rows = resolveKVRowOffset(p, src, ahead, kElemBytes);
+                ahead = locate(j + 1);
+                uint32_t const kAddr = smemAddr(sm.rawK((g + j) % kStages)) + uint32_t(row0 * kRowBytes);
+                uint32_t const vAddr = smemAddr(sm.rawV((g + j) % kStages)) + uint32_t(row0 * kRowBytes);
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    int32_t* const sPos = sm.pos(g + j) + row0 + 16 * half;
+                    if constexpr (Cfg::kTma) {
+                        // A half that is one run (16 rows of one page, every row holding a position): one box per
+                        // 64-column block of K and of V, issued by lane 0 and completing on the stage's full barrier.
+                        int64_t runK;
+                        if (map != nullptr && kvRowsAreRun<16>(src, rows, 16 * half, lane, runK)) {
+                            storeKVPositions<16>(rows, 16 * half, sPos, lane);
+                            if (lane == 0) {
+                                int32_t const stage = (g + j) % kStages;
+                                int32_t const rowK = int32_t(runK / (2 * kD));  // the pool's rows of 2 kD bytes
+                                int32_t const rowV = rowK + int32_t(src.vDelta / (2 * kD));
+                                uint64_t* const bar = sm.fullBar(stage);
+                                tma::expectBytes(bar, 2 * tma::kBoxRows * kD * 2);
+                                int32_t const at = (row0 + 16 * half) * 128;
+#pragma unroll
+                                for (int cb = 0; cb < kD / tma::kBoxCols; ++cb) {
+                                    int32_t const block = cb * kTile * 128;  // column block cb of the tile
+                                    tma::loadBox(sm.rawK(stage) + block + at, map, cb * tma::kBoxCols, rowK, bar);
+                                    tma::loadBox(sm.rawV(stage) + block + at, map, cb * tma::kBoxCols, rowV, bar);
+                                }
+                            }
+                            continue;
+                        }
+                    }
+                    copyKVRows<kD, kElemBytes, 16, false, k8Bit ? 0 : kTile>(
+                        src, rows, 16 * half, kAddr + uint32_t(16 * half * kRowBytes),
+                        vAddr + uint32_t(16 * half * kRowBytes), sPos, lane);
+                }
+            };
+            if constexpr (!k8Bit) {
+                for (int32_t j = 0; j < numTiles; ++j) {
+                    int32_t const t = g + j;
+                    int32_t const stage = t % kStages;
+                    if (t >= kStages) wgmma::mbarrierWait(sm.empty(stage), uint32_t((t / kStages - 1) & 1));
+                    copyTile(j);
+                    wgmma::cpAsyncMbarrierArrive(sm.full(stage));
+                    wgmma::mbarrierArrive(sm.full(stage));
+                }
+            } else {
+                // Tile g's staging stage and position slot were freed before: its staging tile (g - 2's) was
+                // converted by this warp, and the previous cell's last iteration waited for tile g - 3's release.
+                bool const isFp8 = p.cacheIsFp8 != 0;
+                if (numTiles > 0) copyTile(0);
+                cpAsyncCommit();
+                for (int32_t j = 0; j < numTiles; ++j) {
+                    int32_t const t = g + j;
+                    int32_t const stage = t % kMmaStages;
+                    // tile t - 2 released: its converted stage and its position slot ((t + 1) % 3) are free
+                    if (t >= kMmaStages) wgmma::mbarrierWait(sm.empty(stage), uint32_t((t / kMmaStages - 1) & 1));
+                    if (j + 1 < numTiles) copyTile(j + 1);  // into the staging stage tile t - 1 was converted from
+                    cpAsyncCommit();
+                    cpAsyncWait<1>();  // tile t's copies (this lane's) landed
+                    __syncwarp();      // ... and every lane's of this warp: its rows
+                    // 8 rows at a time (the swizzle repeats every 8 rows): 56 registers hold one group's loads; at
+                    // D = 80 (10 groups of 8 elements a row) 16 rows, so that the 32 lanes split them evenly
+#pragma unroll 1
+                    for (int r = row0; r < row0 + kWarpRows; r += kConvRows) {
+                        unsigned char* const convK = sm.conv() + stage * 2 * Cfg::kKVTileBytes + r * 128;
+                        convertTile8<CT, kD, kConvRows, 32, kTile>(sm.rawK(t % kStages) + r * kD, convK, isFp8,
+                                                                   lane);
+                        convertTile8<CT, kD, kConvRows, 32, kTile>(sm.rawV(t % kStages) + r * kD,
+                                                                   convK + Cfg::kKVTileBytes, isFp8, lane);
+                    }
+                    wgmma::fenceProxyAsync();
+                    wgmma::mbarrierArrive(sm.full(stage));
+                    __syncwarp();  // the staging reads done before the next copies into this stage
+                }
+            }
+            g += numTiles;
         }
         cpAsyncWait<0>();  // no copy outlives its thread
         return;
     }
 
     // ---- consumer warpgroups
-    wgmma::setMaxRegisters<kConsumerRegisters, true>();
+    wgmma::setMaxRegisters<kConsumerRegisters<kD>, true>();
     int32_t const group = warpUniform(tid >> 7);
-    int32_t const qa = rowQueryPos(w.seq, w.rowBegin, p.groupSize);
-    int32_t const qb = rowQueryPos(w.seq, w.rowEnd - 1, p.groupSize);
     uint32_t const sQ = smemAddr(sm.q());
-    loadQRows<CT, kD, Cfg::kRows, Cfg::kConsumerThreads, true>(p, sm.q(), w.rowBegin, w.rowEnd, kvHead, tid);
-    wgmma::fenceProxyAsync();
-    wgmma::namedBarrierSync(kQReadyBarrier, Cfg::kConsumerThreads);
-
-    Sm90Consumer<CT, kD, Cfg> cons(p, w, group, warp, lane);
     uint32_t const myTurn = 1 + uint32_t(group), otherTurn = 2 - uint32_t(group);
-    // Tile j has landed (every producer lane's copies and positions), and this thread's view of it is handed to the
+    int32_t g = 0;  // this CTA's tiles so far, as the producer counts them
+    // Tile t has landed (every producer lane's copies and positions), and this thread's view of it is handed to the
     // async proxy its MMAs read through.
-    auto waitFull = [&](int32_t j) {
-        wgmma::mbarrierWait(sm.full(j % kMmaStages), uint32_t((j / kMmaStages) & 1));
+    auto waitFull = [&](int32_t t) {
+        wgmma::mbarrierWait(sm.full(t % kMmaStages), uint32_t((t / kMmaStages) & 1));
         wgmma::fenceProxyAsync();
     };
-    // This thread is done with tile j's stage (K, V, positions). Every thread arrives (release: its own reads of the
+    // This thread is done with tile t's stage (K, V, positions). Every thread arrives (release: its own reads of the
     // positions come before the producer's next writes); one arrival per warp after a __syncwarp still left racecheck
     // reporting the other lanes' reads against those writes.
-    auto release = [&](int32_t j) { wgmma::mbarrierArrive(sm.empty(j % kMmaStages)); };
-    if (numTiles > 0) {
-        if (group == 1) wgmma::namedBarrierArrive(1, Cfg::kConsumerThreads);  // warpgroup 0 takes the first turn
-        if constexpr (k8Bit) {
-            for (int32_t i = 0; i < numTiles; ++i) {
-                waitFull(i);
-                bool const needMask = tileNeedsMaskAt<kTile>(p, sm.pos(i), qa, qb, lane);
+    auto release = [&](int32_t t) { wgmma::mbarrierArrive(sm.empty(t % kMmaStages)); };
+    // This warpgroup's 64 rows of a cell's Q: copied while the previous cell's outputs are stored (16-bit queries),
+    // or loaded and converted through registers (8-bit).
+    auto issueQ = [&](CtaWork const& w, int32_t kvHead) {
+        if (!p.params.qFP8)
+            copyQRowsAsync<CT, kD, Cfg::kRows, Cfg::kConsumerThreads / 2>(p, sQ, w.rowBegin, w.rowEnd, kvHead,
+                                                                          tid & 127, 64 * group, 64);
+        else
+            loadQRows<CT, kD, Cfg::kRows, Cfg::kConsumerThreads / 2, true>(p, sm.q(), w.rowBegin, w.rowEnd, kvHead,
+                                                                            tid & 127, 64 * group, 64);
+        cpAsyncCommit();
+    };
+    MultiCell cell{};
+    CtaWork w{};
+    bool haveCell = nextActiveCell(cell, w);
+    if (haveCell) issueQ(w, cell.kvHead);
+    while (haveCell) {
+        int32_t const numTiles = warpUniform(w.tiles.count());
+        int32_t const qa = rowQueryPos(w.seq, w.rowBegin, p.groupSize);
+        int32_t const qb = rowQueryPos(w.seq, w.rowEnd - 1, p.groupSize);
+        cpAsyncWait<0>();  // this thread's Q copies landed
+        wgmma::fenceProxyAsync();
+        wgmma::namedBarrierSync(kQReadyBarrier + uint32_t(group), Cfg::kConsumerThreads / 2);  // ... everyone's
+
+        Sm90Consumer<CT, kD, Cfg> cons(p, w, group, warp, lane);
+        if (numTiles > 0) {
+            if (group == 1) wgmma::namedBarrierArrive(1, Cfg::kConsumerThreads);  // warpgroup 0 takes the first turn
+            if constexpr (k8Bit) {
+                for (int32_t i = 0; i < numTiles; ++i) {
+                    int32_t const t = g + i;
+                    waitFull(t);
+                    bool const needMask = tileNeedsMaskAt<kTile>(p, sm.pos(t), qa, qb, lane);
+                    wgmma::namedBarrierSync(myTurn, Cfg::kConsumerThreads);
+                    cons.runS(sQ, sm.mmaK(t), [&] {
+                        // warpgroup 1's last turn has no turn of warpgroup 0 after it
+                        if (group == 0 || i + 1 < numTiles)
+                            wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads);
+                    });
+                    cons.softmax(p, sm.pos(t), needMask);
+                    cons.rescale();
+                    cons.packP();
+                    cons.runPV(sm.mmaV(t), [] {});
+                    release(t);
+                }
+            } else {
+                waitFull(g);
+                bool const needMask = tileNeedsMaskAt<kTile>(p, sm.pos(g), qa, qb, lane);
                 wgmma::namedBarrierSync(myTurn, Cfg::kConsumerThreads);
-                cons.runS(sQ, sm.mmaK(i), [&] {
-                    // warpgroup 1's last turn has no turn of warpgroup 0 after it
-                    if (group == 0 || i + 1 < numTiles) wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads);
+                cons.runS(sQ, sm.mmaK(g), [&] { wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads); });
+                cons.softmax(p, sm.pos(g), needMask);
+                cons.packP();
+                for (int32_t i = 0; i + 1 < numTiles; ++i) {
+                    int32_t const t = g + i;
+                    waitFull(t + 1);
+                    // decided while this warpgroup waits for its turn, not between the MMAs' issue and the softmax
+                    bool const nextMask = tileNeedsMaskAt<kTile>(p, sm.pos(t + 1), qa, qb, lane);
+                    wgmma::namedBarrierSync(myTurn, Cfg::kConsumerThreads);
+                    cons.issueSAndPV(sQ, sm.mmaK(t + 1), sm.mmaV(t));
+                    wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads);
+                    cons.softmaxUnderPV(p, sm.pos(t + 1), nextMask);
+                    release(t);
+                    cons.rescale();
+                    cons.packP();
+                }
+                wgmma::namedBarrierSync(myTurn, Cfg::kConsumerThreads);
+                cons.runPV(sm.mmaV(g + numTiles - 1), [&] {
+                    // The last turn: warpgroup 1 has no turn after it, so only warpgroup 0 hands one over.
+                    if (group == 0) wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads);
                 });
-                cons.softmax(p, sm.pos(i), needMask);
-                cons.rescale();
-                cons.packP();
-                cons.runPV(sm.mmaV(i), [] {});
-                release(i);
+                release(g + numTiles - 1);
             }
-        } else {
-            waitFull(0);
-            bool const needMask = tileNeedsMaskAt<kTile>(p, sm.pos(0), qa, qb, lane);
-            wgmma::namedBarrierSync(myTurn, Cfg::kConsumerThreads);
-            cons.runS(sQ, sm.mmaK(0), [&] { wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads); });
-            cons.softmax(p, sm.pos(0), needMask);
-            cons.packP();
-            for (int32_t i = 0; i + 1 < numTiles; ++i) {
-                waitFull(i + 1);
-                // decided while this warpgroup waits for its turn, not between the MMAs' issue and the softmax
-                bool const nextMask = tileNeedsMaskAt<kTile>(p, sm.pos(i + 1), qa, qb, lane);
-                wgmma::namedBarrierSync(myTurn, Cfg::kConsumerThreads);
-                cons.issueSAndPV(sQ, sm.mmaK(i + 1), sm.mmaV(i));
-                wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads);
-                cons.softmaxUnderPV(p, sm.pos(i + 1), nextMask);
-                release(i);
-                cons.rescale();
-                cons.packP();
-            }
-            wgmma::namedBarrierSync(myTurn, Cfg::kConsumerThreads);
-            cons.runPV(sm.mmaV(numTiles - 1), [&] {
-                // The last turn: warpgroup 1 has no turn after it, so only warpgroup 0 hands one over.
-                if (group == 0) wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads);
-            });
         }
+        // This warpgroup's MMAs of the cell are done (waited for above), so its Q rows are free for the next cell's.
+        MultiCell nextCell{};
+        CtaWork nextWork{};
+        bool const haveNext = nextActiveCell(nextCell, nextWork);
+        if (haveNext) issueQ(nextWork, nextCell.kvHead);
+        cons.store(p, w, cell.kvHead, cell.z);
+        g += numTiles;
+        cell = nextCell;
+        w = nextWork;
+        haveCell = haveNext;
     }
-    cons.store(p, w, kvHead, z);
 #endif
+}
+
+// ---- the TMA loads' host side (sm90/kv_row_map.cuh). They serve a launch whose workspace holds the map region
+// (kp.kvRowMaps, attention_plan.h) with a slot for every CTA, over a pool in the HND page layout whose rows are
+// whole 2 kD-byte rows from its base (every stride a multiple of strideToken = kD).
+bool kvRowMapsServe(AttentionKernelParams const& kp, int32_t headDim, uint32_t ctas) {
+    KVLayout const& l = kp.params.layout;
+    bool const rows = l.pageLayout == PageLayout::kHND && l.strideToken == headDim && l.strideHead % headDim == 0 &&
+                      l.strideKV % headDim == 0 && l.strideLayer % headDim == 0 && l.strideBlock % headDim == 0;
+    return kp.kvRowMaps != nullptr && (reinterpret_cast<uintptr_t>(kp.kvRowMaps) % kKVRowMapBytes) == 0 &&
+           ctas <= uint32_t(kKVRowMapSlots) && rows;
+}
+
+// The template: 16-bit elements, rank 2 {headDim, rows} with a row pitch of 2 headDim bytes, boxes of 16 rows x 64
+// columns in 128-byte-swizzled order. The address (here the slots' own, a valid 128-byte-aligned device address) and
+// the row count are the device's to write.
+cudaError_t kvRowMapTemplate(int32_t headDim, void* placeholder, CUtensorMap& map) {
+    using Encode = PFN_cuTensorMapEncodeTiled_v12000;
+    static Encode const encode = []() -> Encode {
+        void* fn = nullptr;
+        cudaDriverEntryPointQueryResult found{};
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+                cudaSuccess ||
+            found != cudaDriverEntryPointSuccess)
+            return nullptr;
+        return reinterpret_cast<Encode>(fn);
+    }();
+    if (encode == nullptr)
+        return invalidArgument("cuTensorMapEncodeTiled: not in this CUDA driver (the Hopper kernel's TMA loads)");
+    cuuint64_t const dims[2] = {cuuint64_t(headDim), cuuint64_t(tma::kBoxRows)};  // rows: the device's
+    cuuint64_t const pitch[1] = {cuuint64_t(headDim) * 2};
+    cuuint32_t const box[2] = {cuuint32_t(tma::kBoxCols), cuuint32_t(tma::kBoxRows)};
+    cuuint32_t const unit[2] = {1, 1};
+    CUresult const r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, placeholder, dims, pitch, box, unit,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return invalidArgument("cuTensorMapEncodeTiled=" + std::to_string(int(r)) + ": expected CUDA_SUCCESS for the " +
+                               "K/V row map at head_dim=" + std::to_string(headDim));
+    return cudaSuccess;
 }
 
 template <typename CT, bool k8Bit, int kD, bool kWarpSpecialized>
@@ -541,11 +716,30 @@ cudaError_t prepareOrLaunchSm90(int32_t& ctasPerSm, AttentionKernelParams const*
     cudaError_t const err =
         setup.prepare(kernel, Cfg::kSmemBytes, Cfg::kThreads, ctasPerSm, "Hopper multi-token attention kernel", kD);
     if (err != cudaSuccess || kp == nullptr) return err;
-    return launchProgrammaticDependent(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, *kp);
+    if constexpr (kWarpSpecialized) {  // persistent: at most one wave of CTAs walks the grid's cells
+        int64_t const cells = int64_t(grid.x) * grid.y * grid.z;
+        grid = dim3(uint32_t(persistentCtas(cells, smCountOfCurrentDevice(), ctasPerSm)));
+        AttentionKernelParams launched = *kp;
+        CUtensorMap map{};  // the kernel reads it only with a slot
+        if (Cfg::kTma && kvRowMapsServe(launched, kD, grid.x)) {
+            cudaError_t const encoded = kvRowMapTemplate(kD, launched.kvRowMaps, map);
+            if (encoded != cudaSuccess) return encoded;
+        } else {
+            launched.kvRowMaps = nullptr;
+        }
+        return launchProgrammaticDependent(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, launched, map);
+    } else {
+        return launchProgrammaticDependent(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, *kp);
+    }
 }
 
 // The variant: warp-specialized (the default; 1.35x the cooperative one at 4x2048 over 8192, bf16) unless the
 // cooperative one is chosen.
+// Every supported head dim whose tile rows fit one 128-dim block (D = 256 needs more shared memory than 3 stages).
+constexpr bool sm90ServesHeadDim(int32_t headDim) {
+    return headDim == 32 || headDim == 64 || headDim == 80 || headDim == 96 || headDim == 128;
+}
+
 cudaError_t dispatchSm90(IODType io, CacheDType cache, int32_t headDim, MultiKernelChoice choice, int32_t& ctasPerSm,
                          AttentionKernelParams const* kp, dim3 grid, cudaStream_t stream) {
     bool const warpSpecialized = choice != MultiKernelChoice::kSm90Cooperative;
@@ -553,10 +747,16 @@ cudaError_t dispatchSm90(IODType io, CacheDType cache, int32_t headDim, MultiKer
         using CT = typename decltype(ct)::type;
         constexpr bool k8Bit = decltype(k8)::value;
         constexpr bool kWS = decltype(ws)::value;
-        if (headDim == 128) return prepareOrLaunchSm90<CT, k8Bit, 128, kWS>(ctasPerSm, kp, grid, stream);
-        if (headDim == 64) return prepareOrLaunchSm90<CT, k8Bit, 64, kWS>(ctasPerSm, kp, grid, stream);
-        return invalidArgument("head_dim=" + std::to_string(headDim) +
-                               ": expected 64 or 128 (Hopper multi-token kernel)");
+        switch (headDim) {
+            case 32: return prepareOrLaunchSm90<CT, k8Bit, 32, kWS>(ctasPerSm, kp, grid, stream);
+            case 64: return prepareOrLaunchSm90<CT, k8Bit, 64, kWS>(ctasPerSm, kp, grid, stream);
+            case 80: return prepareOrLaunchSm90<CT, k8Bit, 80, kWS>(ctasPerSm, kp, grid, stream);
+            case 96: return prepareOrLaunchSm90<CT, k8Bit, 96, kWS>(ctasPerSm, kp, grid, stream);
+            case 128: return prepareOrLaunchSm90<CT, k8Bit, 128, kWS>(ctasPerSm, kp, grid, stream);
+            default:
+                return invalidArgument("head_dim=" + std::to_string(headDim) +
+                                       ": expected 32, 64, 80, 96 or 128 (Hopper multi-token kernel)");
+        }
     };
     auto byVariant = [&](auto ct, auto k8) -> cudaError_t {
         return warpSpecialized ? byHeadDim(ct, k8, BoolTag<true>{}) : byHeadDim(ct, k8, BoolTag<false>{});
@@ -571,7 +771,7 @@ cudaError_t dispatchSm90(IODType io, CacheDType cache, int32_t headDim, MultiKer
 
 bool multiKernelSm90Serves(IODType io, CacheDType cache, int32_t headDim, MultiKernelChoice choice) {
     (void)cache;  // every cache dtype: 8-bit tiles are converted in shared memory
-    if (headDim != 64 && headDim != 128) return false;
+    if (!sm90ServesHeadDim(headDim)) return false;
     if (io != IODType::kBF16 && io != IODType::kFP16) return false;
     if (choice == MultiKernelChoice::kMma) return false;
     int device = 0, major = 0, minor = 0;
