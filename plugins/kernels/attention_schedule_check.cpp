@@ -108,8 +108,7 @@ cudaError_t replayAttentionSchedule(AttentionParams const& p, int64_t numBlocks,
                                       size_t(cell.slot)];
                 PKV_REQUIRE(!once, "persistent cell", cell.slot, "dealt once (CTA " + std::to_string(cta) + ")");
                 once = 1;
-                int32_t const slot = cell.slot, kvHead = cell.kvHead, z = cell.z;
-                CtaWork const w = multiCtaWork(plan.split, view, plan.multiTileRows, tileTokens, slot, z);
+                CtaWork const w = multiCtaWork(plan.split, view, plan.multiTileRows, tileTokens, cell.slot, cell.z);
                 if (!w.active) continue;
                 BlockTableRow const table = tableOf(w.seqIndex);
                 int32_t const qa = rowQueryPos(w.seq, w.rowBegin, G);
@@ -126,13 +125,13 @@ cudaError_t replayAttentionSchedule(AttentionParams const& p, int64_t numBlocks,
                         int32_t const qPos = rowQueryPos(w.seq, row, G);
                         for (int32_t r = 0; r < tileTokens; ++r)
                             if (!needMask || kvVisible(qPos, tile[r].pos, p.window, p.attentionSinks)) {
-                                err = count(row, int32_t(kvHead), tile[r].pos);
+                                err = count(row, cell.kvHead, tile[r].pos);
                                 if (err != cudaSuccess) return err;
-                                }
-                        }
+                            }
                     }
-                    err = recordWrites(w, int32_t(kvHead), int32_t(z));
-                    if (err != cudaSuccess) return err;
+                }
+                err = recordWrites(w, cell.kvHead, cell.z);
+                if (err != cudaSuccess) return err;
             }
         }
         for (int64_t c = 0; c < cells; ++c) PKV_REQUIRE(dealt[size_t(c)], "persistent cell", c, "dealt to some CTA");

@@ -206,7 +206,8 @@ __device__ __forceinline__ void copyKVRows(KVSource const& src, KVRowOffset cons
     static_assert(kRowBytes % 16 == 0 && kChunks >= 2 && kChunks <= 32 && kRows <= 32, "warp KV tile shape");
     storeKVPositions<kRows>(rows, firstLane, sPos, lane);
     int const laneChunk = lane % kChunks;  // the lane's chunk of every row it copies (when kChunks divides 32)
-    static_assert(kBlockRows == 0 || kElemBytes == 2, "blocked tiles hold 16-bit elements (a row's chunks past D: none)");
+    static_assert(kBlockRows == 0 || kElemBytes == 2,
+                  "blocked tiles hold 16-bit elements (a row's chunks past D: none)");
     auto dstOf = [&](int r, int ch) {
         return kBlockRows > 0  ? blockedTileChunk<kBlockRows>(r, ch)
                : kElemBytes == 2 ? tileChunk<kD>(r, ch)
@@ -347,9 +348,6 @@ __device__ __forceinline__ void convertTile8(unsigned char const* staging, unsig
     }
 }
 
-// ---- query rows -> swizzled 16-bit tile [kRows][tileRowElems(kD)] (kBlocked: the blocked tile of kRows rows that
-// wgmma reads). Local row r is global row rowBegin + r (token R / G, head kvHead * G + R % G); rows at or past
-// rowEnd are zero. The kThreads threads load local rows [firstRow, firstRow + numRows) (default: all of them).
 // Element offset in q of chunk ch (8 elements) of global row R (token R / G, head kvHead * G + R % G).
 template <int kD>
 __device__ __forceinline__ int64_t qRowElem(AttentionKernelParams const& p, int32_t row, int32_t kvHead, int32_t ch) {
@@ -358,6 +356,9 @@ __device__ __forceinline__ int64_t qRowElem(AttentionKernelParams const& p, int3
     return (int64_t(token) * p.params.numQHeads + head) * kD + ch * 8;
 }
 
+// ---- query rows -> swizzled 16-bit tile [kRows][tileRowElems(kD)] (kBlocked: the blocked tile of kRows rows that
+// wgmma reads). Local row r is global row rowBegin + r (token R / G, head kvHead * G + R % G); rows at or past
+// rowEnd are zero. The kThreads threads load local rows [firstRow, firstRow + numRows) (default: all of them).
 template <typename CT, int kD, int kRows, int kThreads, bool kBlocked = false>
 __device__ __forceinline__ void loadQRows(AttentionKernelParams const& p, unsigned char* sQ, int32_t rowBegin,
                                           int32_t rowEnd, int32_t kvHead, int32_t tid, int32_t firstRow = 0,
