@@ -50,6 +50,11 @@ LONG_CASES = [
     # Hopper kernel where it serves D = 80, its 8-bit producer converting 16 rows at a time)
     ((4, 2, 80, 16, CacheDType.BF16, PageLayout.HND, 0, 0, 0), (300, 2), (400, 30)),
     ((4, 2, 80, 16, CacheDType.FP8_E4M3, PageLayout.HND, 0, 0, 0), (300,), (200,)),
+    # head dim 256 on the multi-token kernels (on an H100 / H200 the Hopper kernel's one-warpgroup configuration: 64-token
+    # tiles, 16 rows a producer warp; pages of 24 tokens mix TMA and cp.async halves; 8-bit tiles converted 8 rows at a
+    # time)
+    ((8, 2, 256, 24, CacheDType.BF16, PageLayout.HND, 0, 0, 0), (300, 2), (400, 30)),
+    ((4, 2, 256, 16, CacheDType.FP8_E4M3, PageLayout.HND, 0, 0, 0), (300,), (200,)),
     # over 4 x the resident write warps in tokens (132 SMs x 24 on an H200): the QKV write's grid of one warp per
     # token over several waves, its CTAs following each other on an SM; short sequences keep the attention small
     ((4, 2, 64, 16, CacheDType.FP16, PageLayout.NHD, 0, 0, 0), (100,) * 132 + (7,), (0,) * 132 + (50,)),

@@ -337,7 +337,7 @@ cudaError_t readMultiKernelChoice(MultiKernelChoice& choice) {
     return cudaSuccess;
 }
 
-// On an sm_90 device the Hopper kernel serves what it covers (D = 64, 128, every cache dtype: multiKernelSm90Serves);
+// On an sm_90 device the Hopper kernel serves what it covers (every head dim and cache dtype: multiKernelSm90Serves);
 // both kernels share the planner's row tiles, so the plan does not depend on which one runs.
 cudaError_t multiKernelOccupancy(IODType io, CacheDType cache, int32_t headDim, int32_t& ctasPerSm) {
     MultiKernelChoice choice{};

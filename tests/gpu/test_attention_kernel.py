@@ -233,6 +233,17 @@ HOPPER_MULTI_CASES = [
     Case(((0, 1200), (4000, 1), (300, 900), (9, 1)), seed=112),
     Case(((0, 900), (7, 1)), cache=CacheDType.FP8_E4M3, q_fp8=True, seed=113),
     Case(((500, 800),), head_dim=64, window=300, sinks=4, page_size=64, seed=114),
+    # D = 256: one consumer warpgroup of 64 rows, 64-token tiles, 16 rows a producer warp (HND 16-bit runs by TMA)
+    Case(((0, 700),), head_dim=256, page_size=64, seed=140),
+    Case(((1500, 300), (0, 130)), head_dim=256, cache=CacheDType.FP16, io="float16", seed=141),
+    Case(((0, 129), (64, 63)), head_dim=256, page_size=24, seed=142),  # halves straddling pages: TMA and cp.async
+    Case(((900, 257), (3, 1)), head_dim=256, window=300, sinks=8, cyclic_pages=50, seed=143),
+    Case(((500, 200),), head_dim=256, softcap=30.0, layout=PageLayout.NHD, seed=144),
+    Case(((0, 700),), head_dim=256, cache=CacheDType.FP8_E4M3, page_size=64, seed=145),
+    Case(((1200, 300), (5, 40)), head_dim=256, cache=CacheDType.INT8, io="float16", layout=PageLayout.NHD, seed=146),
+    Case(((800, 129),), head_dim=256, cache=CacheDType.FP8_E4M3, q_fp8=True, window=256, sinks=4, seed=147),
+    Case(((0, 600), (4000, 1), (300, 500), (9, 1)), head_dim=256, seed=148),  # more cells than CTAs: persistent walk
+    Case(((16000, 20),), head_dim=256, seed=149),  # few rows over a long past: chunks split, partials merged
 ]
 
 CASES = [
@@ -342,9 +353,8 @@ def _runs_multi_token_kernel(case: Case) -> bool:
 # The default multi-token kernel on an H100 / H200 is the Hopper kernel's warp-specialized variant; the other two
 # run on the cases it takes (PAGEDKV_MULTI_KERNEL, read at every launch), so that the one GPU this suite runs on
 # checks all three: "sm90-cooperative" (every warp loads, one CTA barrier per tile, 8-bit tiles converted by the
-# whole CTA) and "mma", the mma.sync kernel, which also serves sm_80 / sm_89 and, on an H100 / H200, what the
-# Hopper kernel does not cover (D = 256).
-HOPPER_HEAD_DIMS = (32, 64, 80, 96, 128)
+# whole CTA) and "mma", the mma.sync kernel, which also serves sm_80 / sm_89.
+HOPPER_HEAD_DIMS = (32, 64, 80, 96, 128, 256)
 OTHER_KERNELS_ON_HOPPER_CASES = [c for c in CASES if _runs_multi_token_kernel(c) and c.head_dim in HOPPER_HEAD_DIMS]
 
 

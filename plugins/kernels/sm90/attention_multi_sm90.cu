@@ -1,24 +1,24 @@
 // Multi-token attention kernel for sm_90a (H100 / H200): the chunked-prefill / long-prompt / draft rows of
 // attention_multi.cu on warpgroup MMAs. Same work split, same loader, same softmax; what changes is the math:
 //  * a CTA's 2 consumer warpgroups (256 threads) serve kRows = 128 query rows (consecutive tokens x the G heads of
-//    one KV head, the planner's row tile), each warpgroup 64 of them;
-//  * KV tiles of kTile = 128 tokens stream through a pipeline into blocked, 128-byte-swizzled tiles
+//    one KV head, the planner's row tile), each warpgroup 64 of them; at D = 256 one warpgroup, 64 rows;
+//  * KV tiles of kTile = 128 tokens (64 at D = 256) stream through a pipeline into blocked, 128-byte-swizzled tiles
 //    (blockedTileChunk), page by page through the block table (copyKVRows: one lookup per row, runs copied whole;
 //    in the warp-specialized kernel a 16-row run of an HND page by TMA, sm90/kv_row_map.cuh);
-//  * per tile and warpgroup, S = Q K^T is kD / 16 wgmma m64n128k16 reading Q and K straight from shared memory,
+//  * per tile and warpgroup, S = Q K^T is kD / 16 wgmma m64n(kTile)k16 reading Q and K straight from shared memory,
 //    the online softmax runs on the S registers (softmaxStepFixed: mask, soft-cap, running max and sum), and
 //    O += P V is kTile / 16 wgmma m64n(kDP)k16 with P from registers and V read MN-major from shared memory;
 //  * each warpgroup overlaps its softmax of tile i + 1 with its own P V of tile i (the pipeline below); in the
 //    cooperative variant the two warpgroups also load and run in lockstep (one CTA barrier per tile); in the
 //    warp-specialized one (the default) a producer warpgroup loads and the consumer warpgroups take turns on the
-//    tensor cores.
-// Head dims 32, 64, 80, 96 and 128, every cache dtype (8-bit tiles are converted into 16-bit ones in shared memory,
-// as the mma.sync kernel does). Tiles hold rows of kDP = tileRowElems(kD) elements (64 or 128: whole 128-byte column
-// blocks, the shared tile contract of attention_schedule.h): S takes the kD / 16 k-steps of the real dims, so the
-// padding of Q and K is never read; O = P V runs at N = kDP, so V's padding columns (never written) only reach O's
-// padding columns, which are never rescaled nor stored. D = 256 (3 stages do not fit) and other GPUs stay on
-// attention_multi.cu's mma.sync kernel (multiKernelSm90Serves). Design, byte and FLOP counts, measurements:
-// benchmarks/NOTES-attention.md, "the Hopper multi-token kernel".
+//    tensor cores (one warpgroup at D = 256: its softmax overlaps only its own P V).
+// Head dims 32, 64, 80, 96, 128 and 256, every cache dtype (8-bit tiles are converted into 16-bit ones in shared
+// memory, as the mma.sync kernel does). Tiles hold rows of kDP = tileRowElems(kD) elements (64, 128 or 256: whole
+// 128-byte column blocks, the shared tile contract of attention_schedule.h): S takes the kD / 16 k-steps of the real
+// dims, so the padding of Q and K is never read; O = P V runs at N = kDP, so V's padding columns (never written) only
+// reach O's padding columns, which are never rescaled nor stored. Other GPUs stay on attention_multi.cu's mma.sync
+// kernel (multiKernelSm90Serves). Design, byte and FLOP counts, measurements: benchmarks/NOTES-attention.md, "the
+// Hopper multi-token kernel".
 #include <cuda.h>
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled: the driver entry point, found at run time (no libcuda link)
 #include <cuda_bf16.h>
@@ -41,7 +41,7 @@ namespace {
 
 // ---- shapes. Both kernels: a CTA serves kRows = 128 query rows (the planner's row tile) as 2 consumer warpgroups
 // of 64 rows; KV tiles of kTile = 128 tokens in 3 stages (the pipeline holds tiles i, i + 1 and i + 2; the
-// warp-specialized 8-bit variant 2 + 2, below).
+// warp-specialized 8-bit variant 2 + 2, below). At D = 256, 64 rows (one consumer warpgroup) and 64-token tiles.
 //  * cooperative (PAGEDKV_MULTI_KERNEL=sm90-cooperative): 256 threads; every thread loads its share of each tile
 //    and the CTA synchronizes once per tile (8-bit caches: a second time, after converting the tile into 16-bit
 //    ones: one K, two V buffers).
@@ -51,14 +51,19 @@ namespace {
 //    other's MMAs.
 template <typename CT, bool k8Bit, int kD, bool kWarpSpecialized_ = false>
 struct Sm90MultiConfig {
-    static_assert(kD % 16 == 0 && kD <= 128, "whole k-steps of S; rows of at most one 128-dim tile row");
-    static constexpr int kDP = tileRowElems(kD);  // 64 or 128: the tiles' row and O's N (whole 128-byte blocks)
+    static_assert(kD % 16 == 0 && (kD <= 128 || kD == 256), "whole k-steps of S; rows of 64, 128 or 256 elements");
+    static constexpr int kDP = tileRowElems(kD);  // 64, 128 or 256: the tiles' row and O's N (whole 128-byte blocks)
     static constexpr bool kWarpSpecialized = kWarpSpecialized_;
-    static constexpr int kConsumerThreads = 256;
-    static constexpr int kThreads = kConsumerThreads + (kWarpSpecialized ? 128 : 0);  // + the producer warpgroup
-    static constexpr int kRows = 128;
+    // D = 256: the planner's row tile is 64 rows (multiTileRows), so one consumer warpgroup, whose O (64 x 256) takes
+    // 128 accumulator registers a thread; its KV tiles are 64 tokens (S is m64n64), so that Q and 3 stages of K and V
+    // (32 KB each) fit. No ping-pong: the tensor cores overlap its softmax only with its own P V.
+    static constexpr int kConsumerGroups = kD == 256 ? 1 : 2;
+    static constexpr int kGroupThreads = 128;  // a warpgroup
+    static constexpr int kConsumerThreads = kConsumerGroups * kGroupThreads;
+    static constexpr int kThreads = kConsumerThreads + (kWarpSpecialized ? kGroupThreads : 0);  // + the producer
+    static constexpr int kRows = 64 * kConsumerGroups;
     static_assert(kRows == multiTileRows(kD), "the planner's row tiles (attention_plan.cpp) are this kernel's");
-    static constexpr int kTile = 128;  // KV tokens per stage = N of S = Q K^T
+    static constexpr int kTile = kD == 256 ? 64 : 128;  // KV tokens per stage = N of S = Q K^T
     static constexpr int kNT = kTile / 8;
     static constexpr int kQBytes = kRows * kDP * 2;
     static constexpr int kKVTileBytes = kTile * kDP * 2;  // a 16-bit K or V tile as the MMAs read it
@@ -333,9 +338,17 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD>::kThreads, 1)
             __syncthreads();
             bool const isFp8 = p.cacheIsFp8 != 0;
             unsigned char* const conv = sm.conv();
-            convertTile8<CT, kD, kTile, Cfg::kConsumerThreads, kTile>(sm.rawK(j % Cfg::kStages), conv, isFp8, tid);
-            convertTile8<CT, kD, kTile, Cfg::kConsumerThreads, kTile>(
-                sm.rawV(j % Cfg::kStages), conv + (1 + (j & 1)) * Cfg::kKVTileBytes, isFp8, tid);
+            // the whole tile at once, or at D = 256 8 rows at a time: O's 128 registers a thread are live here, and
+            // a whole tile's 16 loads a thread spilled
+            constexpr int kConvRows = kD == 256 ? 8 : kTile;
+#pragma unroll 1
+            for (int r = 0; r < kTile; r += kConvRows) {
+                convertTile8<CT, kD, kConvRows, Cfg::kConsumerThreads, kTile>(sm.rawK(j % Cfg::kStages) + r * kD,
+                                                                              conv + r * 128, isFp8, tid);
+                convertTile8<CT, kD, kConvRows, Cfg::kConsumerThreads, kTile>(
+                    sm.rawV(j % Cfg::kStages) + r * kD, conv + (1 + (j & 1)) * Cfg::kKVTileBytes + r * 128, isFp8,
+                    tid);
+            }
         }
         wgmma::fenceProxyAsync();
         __syncthreads();
@@ -401,6 +414,7 @@ constexpr uint32_t kProducerBarrier = 5;  // named barrier: the producer warpgro
 // At D = 80 / 96 (rows of 10 / 12 16-byte chunks, copied in flat chunk order) the producer's copy loop needs more: it
 // spilled 44-128 bytes inside the tile loop at 56, so those head dims split 72 / 216 (128 x 72 + 256 x 216 = 64512);
 // the consumers then keep 20 bytes of loop invariants in local memory (3 loads per tile, off the MMA chain).
+// At D = 256 (256 threads) nothing is moved: every thread may hold 255 registers from the start.
 template <int kD>
 constexpr uint32_t kProducerRegisters = kD % 64 == 0 || kD == 32 ? 56 : 72;
 template <int kD>
@@ -417,8 +431,9 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads
     constexpr int kStages = Cfg::kStages;
     constexpr int kMmaStages = Cfg::kMmaStages;
     constexpr int kProducerWarps = (Cfg::kThreads - Cfg::kConsumerThreads) / 32;
-    constexpr int kWarpRows = kTile / kProducerWarps;  // a producer warp's rows of every tile
-    static_assert(kWarpRows == 32, "one lookup per lane: the two 16-row halves of a locateKVRowPair");
+    constexpr int kWarpRows = kTile / kProducerWarps;  // a producer warp's rows of every tile: 32, or 16 at D = 256
+    constexpr int kHalves = kWarpRows / 16;            // its 16-row halves (one lookup per lane for both)
+    static_assert(kWarpRows % 16 == 0 && kHalves <= 2, "a locateKVRowPair's one or two 16-row halves");
     constexpr int kConvRows = (8 * (kD / 8)) % 32 == 0 ? 8 : 16;  // rows per 8-bit conversion step
     extern __shared__ __align__(16) unsigned char smemRaw[];
 
@@ -449,7 +464,7 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads
 
     if (warp >= Cfg::kConsumerThreads / 32) {
         // ---- producer warpgroup
-        wgmma::setMaxRegisters<kProducerRegisters<kD>, false>();
+        if constexpr (Cfg::kConsumerGroups == 2) wgmma::setMaxRegisters<kProducerRegisters<kD>, false>();
         int32_t const row0 = (warp - Cfg::kConsumerThreads / 32) * kWarpRows;  // of each tile
         constexpr int kRowBytes = k8Bit ? kD : 128;  // a row's bytes in a staging tile / in column block 0
         // TMA (16-bit caches; sm90/kv_row_map.cuh): the first producer warp completes this CTA's tensor map in its
@@ -479,7 +494,7 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads
             auto locate = [&](int32_t j) {
                 bool const valid = j < numTiles;
                 int32_t const r = valid ? w.tiles.tile(j) * kTile + row0 : 0;
-                return locateKVRowPair<16>(p, src, valid, r, valid, r + 16, lane);
+                return locateKVRowPair<16>(p, src, valid, r, valid && kHalves == 2, r + 16, lane);
             };
             // tile j's rows (located one tile earlier) into stage (g + j) % kStages, positions into its slot
             KVRow ahead = locate(0);
@@ -489,7 +504,7 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads
                 uint32_t const kAddr = smemAddr(sm.rawK((g + j) % kStages)) + uint32_t(row0 * kRowBytes);
                 uint32_t const vAddr = smemAddr(sm.rawV((g + j) % kStages)) + uint32_t(row0 * kRowBytes);
 #pragma unroll
-                for (int half = 0; half < 2; ++half) {
+                for (int half = 0; half < kHalves; ++half) {
                     int32_t* const sPos = sm.pos(g + j) + row0 + 16 * half;
                     if constexpr (Cfg::kTma) {
                         // A half that is one run (16 rows of one page, every row holding a position): one box per
@@ -565,10 +580,17 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads
     }
 
     // ---- consumer warpgroups
-    wgmma::setMaxRegisters<kConsumerRegisters<kD>, true>();
+    if constexpr (Cfg::kConsumerGroups == 2) wgmma::setMaxRegisters<kConsumerRegisters<kD>, true>();
     int32_t const group = warpUniform(tid >> 7);
     uint32_t const sQ = smemAddr(sm.q());
     uint32_t const myTurn = 1 + uint32_t(group), otherTurn = 2 - uint32_t(group);
+    // The ping-pong turns between two consumer warpgroups; a single one (D = 256) issues whenever it is ready.
+    auto takeTurn = [&] {
+        if constexpr (Cfg::kConsumerGroups == 2) wgmma::namedBarrierSync(myTurn, Cfg::kConsumerThreads);
+    };
+    auto handTurn = [&] {
+        if constexpr (Cfg::kConsumerGroups == 2) wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads);
+    };
     int32_t g = 0;  // this CTA's tiles so far, as the producer counts them
     // Tile t has landed (every producer lane's copies and positions), and this thread's view of it is handed to the
     // async proxy its MMAs read through.
@@ -584,10 +606,10 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads
     // or loaded and converted through registers (8-bit).
     auto issueQ = [&](CtaWork const& w, int32_t kvHead) {
         if (!p.params.qFP8)
-            copyQRowsAsync<CT, kD, Cfg::kRows, Cfg::kConsumerThreads / 2>(p, sQ, w.rowBegin, w.rowEnd, kvHead,
+            copyQRowsAsync<CT, kD, Cfg::kRows, Cfg::kGroupThreads>(p, sQ, w.rowBegin, w.rowEnd, kvHead,
                                                                           tid & 127, 64 * group, 64);
         else
-            loadQRows<CT, kD, Cfg::kRows, Cfg::kConsumerThreads / 2, true>(p, sm.q(), w.rowBegin, w.rowEnd, kvHead,
+            loadQRows<CT, kD, Cfg::kRows, Cfg::kGroupThreads, true>(p, sm.q(), w.rowBegin, w.rowEnd, kvHead,
                                                                             tid & 127, 64 * group, 64);
         cpAsyncCommit();
     };
@@ -601,7 +623,7 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads
         int32_t const qb = rowQueryPos(w.seq, w.rowEnd - 1, p.groupSize);
         cpAsyncWait<0>();  // this thread's Q copies landed
         wgmma::fenceProxyAsync();
-        wgmma::namedBarrierSync(kQReadyBarrier + uint32_t(group), Cfg::kConsumerThreads / 2);  // ... everyone's
+        wgmma::namedBarrierSync(kQReadyBarrier + uint32_t(group), Cfg::kGroupThreads);  // ... everyone's
 
         Sm90Consumer<CT, kD, Cfg> cons(p, w, group, warp, lane);
         if (numTiles > 0) {
@@ -611,11 +633,11 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads
                     int32_t const t = g + i;
                     waitFull(t);
                     bool const needMask = tileNeedsMaskAt<kTile>(p, sm.pos(t), qa, qb, lane);
-                    wgmma::namedBarrierSync(myTurn, Cfg::kConsumerThreads);
+                    takeTurn();
                     cons.runS(sQ, sm.mmaK(t), [&] {
                         // warpgroup 1's last turn has no turn of warpgroup 0 after it
                         if (group == 0 || i + 1 < numTiles)
-                            wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads);
+                            handTurn();
                     });
                     cons.softmax(p, sm.pos(t), needMask);
                     cons.rescale();
@@ -626,8 +648,8 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads
             } else {
                 waitFull(g);
                 bool const needMask = tileNeedsMaskAt<kTile>(p, sm.pos(g), qa, qb, lane);
-                wgmma::namedBarrierSync(myTurn, Cfg::kConsumerThreads);
-                cons.runS(sQ, sm.mmaK(g), [&] { wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads); });
+                takeTurn();
+                cons.runS(sQ, sm.mmaK(g), [&] { handTurn(); });
                 cons.softmax(p, sm.pos(g), needMask);
                 cons.packP();
                 for (int32_t i = 0; i + 1 < numTiles; ++i) {
@@ -635,18 +657,18 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads
                     waitFull(t + 1);
                     // decided while this warpgroup waits for its turn, not between the MMAs' issue and the softmax
                     bool const nextMask = tileNeedsMaskAt<kTile>(p, sm.pos(t + 1), qa, qb, lane);
-                    wgmma::namedBarrierSync(myTurn, Cfg::kConsumerThreads);
+                    takeTurn();
                     cons.issueSAndPV(sQ, sm.mmaK(t + 1), sm.mmaV(t));
-                    wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads);
+                    handTurn();
                     cons.softmaxUnderPV(p, sm.pos(t + 1), nextMask);
                     release(t);
                     cons.rescale();
                     cons.packP();
                 }
-                wgmma::namedBarrierSync(myTurn, Cfg::kConsumerThreads);
+                takeTurn();
                 cons.runPV(sm.mmaV(g + numTiles - 1), [&] {
                     // The last turn: warpgroup 1 has no turn after it, so only warpgroup 0 hands one over.
-                    if (group == 0) wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads);
+                    if (group == 0) handTurn();
                 });
                 release(g + numTiles - 1);
             }
@@ -735,9 +757,9 @@ cudaError_t prepareOrLaunchSm90(int32_t& ctasPerSm, AttentionKernelParams const*
 
 // The variant: warp-specialized (the default; 1.35x the cooperative one at 4x2048 over 8192, bf16) unless the
 // cooperative one is chosen.
-// Every supported head dim whose tile rows fit one 128-dim block (D = 256 needs more shared memory than 3 stages).
+// Every supported head dim.
 constexpr bool sm90ServesHeadDim(int32_t headDim) {
-    return headDim == 32 || headDim == 64 || headDim == 80 || headDim == 96 || headDim == 128;
+    return headDim == 32 || headDim == 64 || headDim == 80 || headDim == 96 || headDim == 128 || headDim == 256;
 }
 
 cudaError_t dispatchSm90(IODType io, CacheDType cache, int32_t headDim, MultiKernelChoice choice, int32_t& ctasPerSm,
@@ -753,9 +775,10 @@ cudaError_t dispatchSm90(IODType io, CacheDType cache, int32_t headDim, MultiKer
             case 80: return prepareOrLaunchSm90<CT, k8Bit, 80, kWS>(ctasPerSm, kp, grid, stream);
             case 96: return prepareOrLaunchSm90<CT, k8Bit, 96, kWS>(ctasPerSm, kp, grid, stream);
             case 128: return prepareOrLaunchSm90<CT, k8Bit, 128, kWS>(ctasPerSm, kp, grid, stream);
+            case 256: return prepareOrLaunchSm90<CT, k8Bit, 256, kWS>(ctasPerSm, kp, grid, stream);
             default:
                 return invalidArgument("head_dim=" + std::to_string(headDim) +
-                                       ": expected 32, 64, 80, 96 or 128 (Hopper multi-token kernel)");
+                                       ": expected 32, 64, 80, 96, 128 or 256 (Hopper multi-token kernel)");
         }
     };
     auto byVariant = [&](auto ct, auto k8) -> cudaError_t {
