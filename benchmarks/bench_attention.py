@@ -22,9 +22,9 @@ each width forced through ``PAGEDKV_DECODE_WARPS`` (the note has each width's ti
 Head dims (``--cases headdim``): decode P16 64x4K and prefill P16 4x2048 over 8192 at D = 64 (Llama-3.2-1B), 80
 (Phi-2), 96 (Phi-3-mini) and 256 (Gemma), same H and KVH, each row's note with its time relative to ours at D = 128
 (the decode / prefill row of the same run, or timed for the purpose when those cases did not run); the peers are
-tried at those head dims too (a peer without a kernel for them reports its failure in the note). Not in the default
-cases: FlashInfer may JIT-compile (or refuse) these head dims, so .ci/gpu-run.sh runs them on their own, under their
-own timeout.
+tried at those head dims too (a peer without a kernel for them reports its failure in the note); ``--head-dims`` picks a
+subset. Not in the default cases: FlashInfer may JIT-compile (or refuse) these head dims, so .ci/gpu-run.sh runs them
+on their own, under their own timeout.
 
 Timing: median of ``triton.testing.do_bench`` (L2 flushed between repetitions) after warm-up, plain launches
 (no CUDA graphs: both libraries pay their Python launch cost, hidden behind the GPU time for these sizes).
@@ -291,7 +291,7 @@ def max_diff(ours_out, theirs_out) -> float:
     return (ours_out.float().view(-1) - theirs_out.float().reshape(-1)).abs().max().item()
 
 
-def run(which: set[str], peers: tuple[str, ...]) -> list[Result]:
+def run(which: set[str], peers: tuple[str, ...], head_dims: tuple[int, ...] = HEAD_DIMS) -> list[Result]:
     import torch
     import triton
 
@@ -442,7 +442,7 @@ def run(which: set[str], peers: tuple[str, ...]) -> list[Result]:
 
         base_decode = d128_us("decode P16 64x4096", decode_step)
         base_prefill = d128_us("prefill P16 4x2048 over 8192", prefill_step)
-        for d in HEAD_DIMS:
+        for d in head_dims:
             step = decode_step(d)
             ours = step.our_launcher()
             us = ours.us = time_us(ours, torch, triton)
@@ -506,6 +506,9 @@ def main() -> int:
     ap.add_argument("--json", help="write the results to this file")
     ap.add_argument("--cases", default="decode,fp8,plugin,prefill,llama",
                     help="comma-separated subset of: decode, fp8, plugin, prefill, headdim, llama, widths")
+    ap.add_argument("--head-dims", default=",".join(map(str, HEAD_DIMS)),
+                    help="--cases headdim: comma-separated subset of %(default)s (a peer's JIT build per head dim "
+                         "costs tens of seconds on the device)")
     ap.add_argument("--peers", default=",".join(DEFAULT_PEERS),
                     help=f"comma-separated FlashInfer paths to time, of: {', '.join(PEERS)} (default %(default)s)")
     args = ap.parse_args()
@@ -513,14 +516,20 @@ def main() -> int:
     unknown = which - {"decode", "fp8", "plugin", "prefill", "headdim", "llama", "widths"}
     if unknown:
         ap.error(f"--cases: unknown {sorted(unknown)}")
+    try:
+        head_dims = tuple(int(d) for d in args.head_dims.split(",") if d)
+    except ValueError:
+        ap.error(f"--head-dims={args.head_dims!r}: expected integers from {', '.join(map(str, HEAD_DIMS))}")
+    if not head_dims or set(head_dims) - set(HEAD_DIMS):
+        ap.error(f"--head-dims={args.head_dims!r}: expected a non-empty subset of {', '.join(map(str, HEAD_DIMS))}")
     peers = tuple(p for p in args.peers.split(",") if p)
     if set(peers) - set(PEERS):
         ap.error(f"--peers: unknown {sorted(set(peers) - set(PEERS))}")
     t0 = time.time()
-    results = run(which, peers)
+    results = run(which, peers, head_dims)
     print_table(results)
     print(f"\n{len(results)} rows in {time.time() - t0:.0f} s; reproduce: python benchmarks/bench_attention.py "
-          f"--cases {args.cases} --peers {args.peers}")
+          f"--cases {args.cases} --peers {args.peers}" + (f" --head-dims {args.head_dims}" if "headdim" in which else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump([asdict(r) for r in results], f, indent=1)

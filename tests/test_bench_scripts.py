@@ -60,6 +60,13 @@ def test_ab_attention_checks_its_arguments():
     assert "--rounds=0: expected >= 1" in run.stderr
 
 
+def test_bench_attention_checks_its_head_dims():
+    run = _run("bench_attention.py", "--cases", "headdim", "--head-dims", "64,72", expect=2)
+    assert "--head-dims='64,72': expected a non-empty subset of 64, 80, 96, 256" in run.stderr
+    run = _run("bench_attention.py", "--cases", "headdim", "--head-dims", "sixty", expect=2)
+    assert "--head-dims='sixty': expected integers from 64, 80, 96, 256" in run.stderr
+
+
 @pytest.mark.skipif(cuda.why_no_gpu() is None, reason="a GPU is present: the A/B tool would time its kernels")
 def test_ab_attention_says_why_without_a_gpu():
     run = _run("ab_attention.py", "--label", "base", expect=2)
