@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU suite, run on the device machine (H200) from the repository root:
 #   bash .ci/gpu-run.sh [stages...]      stages: setup build tests sanitize bench  (default: all)
-#   PAGEDKV_BENCHES="write attention runtime serving headdim" picks the benchmarks of the bench stage.
+#   PAGEDKV_BENCHES="write attention runtime serving headdim" picks the benchmarks of the bench stage;
+#   PAGEDKV_BENCH_HEAD_DIMS=64,256 the attention head dims of its headdim benchmark (each peer JIT-builds per head dim).
 # It installs the Python wheels the machine's image lacks from .whl/ (FlashInfer, the serve extra's closure and
 # the rest: fetch them here first with `bash .ci/fetch-gpu-wheels.sh`), builds pagedkv for sm_90 there (TensorRT
 # headers from the carried kernel-lens wheel: the machine has no network), runs the `gpu` tests, compute-sanitizer
@@ -132,6 +133,7 @@ if has bench; then
   for peer in ours tc_fa2 xqa fa3; do
     log "benchmark attention, head dims, ${peer}"
     timeout ${PAGEDKV_BENCH_HEADDIM_TIMEOUT:-300} python3 benchmarks/bench_attention.py --cases headdim \
+      --head-dims "${PAGEDKV_BENCH_HEAD_DIMS:-64,80,96,256}" \
       --peers "$([ $peer = ours ] || echo $peer)" --json "$OUT/bench_attention_headdim_$peer.json" \
       > "$OUT/bench_attention_headdim_$peer.log" 2>&1
     t=$?
