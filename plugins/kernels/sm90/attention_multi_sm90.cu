@@ -116,13 +116,13 @@ struct Sm90Smem {
     __device__ __forceinline__ int32_t* pos(int32_t j) const {  // tile j's positions
         return reinterpret_cast<int32_t*>(conv() + Cfg::kConvBytes) + (j % Cfg::kPosSlots) * Cfg::kTile;
     }
-    __device__ __forceinline__ uint32_t full(int stage) const {
-        return smemAddr(conv() + Cfg::kConvBytes + Cfg::kPosBytes) + 8u * uint32_t(stage);
-    }
-    __device__ __forceinline__ uint32_t empty(int stage) const { return full(Cfg::kMmaStages) + 8u * uint32_t(stage); }
-    __device__ __forceinline__ uint64_t* fullBar(int stage) const {  // full(stage) as a generic pointer (cuda::ptx)
+    // The mbarriers: full[kMmaStages], then empty[kMmaStages], 8 bytes each. full / empty give the shared-window
+    // addresses the mbarrier PTX takes; fullBar the generic pointer cuda::ptx takes.
+    __device__ __forceinline__ uint64_t* fullBar(int stage) const {
         return reinterpret_cast<uint64_t*>(conv() + Cfg::kConvBytes + Cfg::kPosBytes) + stage;
     }
+    __device__ __forceinline__ uint32_t full(int stage) const { return smemAddr(fullBar(stage)); }
+    __device__ __forceinline__ uint32_t empty(int stage) const { return smemAddr(fullBar(Cfg::kMmaStages + stage)); }
     __device__ __forceinline__ unsigned char* mapScratch() const { return base + Cfg::kMapScratchOffset; }
     // the tiles the MMAs of tile j read: its stage (16-bit caches) or the converted tiles (8-bit)
     __device__ __forceinline__ uint32_t mmaK(int32_t j) const {
