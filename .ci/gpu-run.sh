@@ -5,7 +5,8 @@
 #   PAGEDKV_BENCH_HEAD_DIMS=64,256 the attention head dims of its headdim benchmark (each peer JIT-builds per head dim).
 # It installs the Python wheels the machine's image lacks from .whl/ (FlashInfer, the serve extra's closure and
 # the rest: fetch them here first with `bash .ci/fetch-gpu-wheels.sh`), builds pagedkv for sm_90 there (TensorRT
-# headers from the carried kernel-lens wheel: the machine has no network), runs the `gpu` tests, compute-sanitizer
+# headers from the carried kernel-lens wheel: the machine has no network) or installs the wheel that
+# `bash .ci/prebuild-gpu-wheel.sh` built here from the same sources, runs the `gpu` tests, compute-sanitizer
 # memcheck and racecheck on the kernels, and the benchmarks side by side with FlashInfer. Logs go to $OUT (or ./out).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
@@ -38,7 +39,7 @@ fi
 BUILD_DIR=${PAGEDKV_GPU_BUILD_DIR:-/tmp/pkv-build}
 BUILT_HASHES=$BUILD_DIR/.pagedkv-source-hashes
 source_hashes() {  # "sha1  path" per compiled source, in C collation (comm compares them)
-  find CMakeLists.txt cmake plugins samples/cpp -type f -print0 | xargs -0 sha1sum | LC_ALL=C sort
+  bash .ci/source-hashes.sh compiled
 }
 touch_changed_sources() {
   [ -d "$BUILD_DIR" ] || return 0
@@ -59,12 +60,26 @@ if has build; then
   log "build (sm_90)"
   export PAGEDKV_KERNEL_LENS_WHEEL=$PWD/.whl/build/kernel_lens-2.0.1-py3-none-any.whl
   t0=$(date +%s)
-  touch_changed_sources
-  python3 -m pip install --no-build-isolation --no-deps --no-cache-dir . \
-      -Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90 -Cbuild-dir=$BUILD_DIR -Cbuild.verbose=false \
-      > "$OUT/build.log" 2>&1 || { log "BUILD FAILED"; tail -60 "$OUT/build.log"; exit 1; }
-  source_hashes > "$BUILT_HASHES"
-  log "build ok in $(( $(date +%s) - t0 )) s"
+  # A wheel built on the CPU machine (.ci/prebuild-gpu-wheel.sh) is installed instead when it was built from exactly
+  # the sources this tree has (its record and the tree's, compared in full); anything else builds here.
+  prebuilt=$(ls .whl/prebuilt/pagedkv-*.whl.xz 2>/dev/null | head -1)
+  if [ -n "$prebuilt" ] && [ -f .whl/prebuilt/source-hashes ] && \
+     bash .ci/source-hashes.sh wheel | cmp -s - .whl/prebuilt/source-hashes; then
+    wheel=/tmp/pagedkv-prebuilt/$(basename "$prebuilt" .xz)
+    mkdir -p /tmp/pagedkv-prebuilt && python3 -c "import lzma, shutil, sys; src = lzma.open(sys.argv[1]); dst = open(sys.argv[2], 'wb'); \
+      shutil.copyfileobj(src, dst); dst.close()" "$prebuilt" "$wheel" && \
+    python3 -m pip install --no-deps --no-cache-dir --force-reinstall "$wheel" > "$OUT/build.log" 2>&1 || \
+      { log "PREBUILT WHEEL INSTALL FAILED"; tail -30 "$OUT/build.log"; exit 1; }
+    log "prebuilt wheel $(basename "$prebuilt") installed in $(( $(date +%s) - t0 )) s (built from this tree's sources)"
+  else
+    [ -n "$prebuilt" ] && log "prebuilt wheel $(basename "$prebuilt") not used: the tree's sources differ from its record"
+    touch_changed_sources
+    python3 -m pip install --no-build-isolation --no-deps --no-cache-dir . \
+        -Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90 -Cbuild-dir=$BUILD_DIR -Cbuild.verbose=false \
+        > "$OUT/build.log" 2>&1 || { log "BUILD FAILED"; tail -60 "$OUT/build.log"; exit 1; }
+    source_hashes > "$BUILT_HASHES"
+    log "build ok in $(( $(date +%s) - t0 )) s"
+  fi
   (cd /tmp && python3 -m pagedkv.cli doctor && python3 -m pagedkv.cli selfcheck) 2>&1 | tee -a "$OUT/summary.txt"
 fi
 

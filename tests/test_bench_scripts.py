@@ -6,6 +6,7 @@ JSON, and ``--backend cuda`` without a GPU says why in one line.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -90,3 +91,30 @@ def test_gpu_ab_refuses_bad_variants_before_building(tmp_path):
     run = gpu_ab(str(stale))
     assert run.returncode == 2 and run.stderr == f"gpu-ab.sh: variant={stale}: does not apply to this tree\n"
     assert not (tmp_path / "out").exists()  # nothing built, nothing written
+
+
+def test_source_hashes_records_what_a_build_reads():
+    """.ci/source-hashes.sh is the record .ci/gpu-run.sh compares before it installs a prebuilt wheel: the wheel's list
+    holds every compiled source plus the packaged Python, one "sha1  path" line each, sorted, no bytecode."""
+    def hashes(what, expect=0):
+        r = subprocess.run(["bash", str(ROOT / ".ci" / "source-hashes.sh"), what], capture_output=True, text=True,
+                           timeout=60, cwd=ROOT)
+        assert r.returncode == expect, r.stderr
+        return r
+    compiled = hashes("compiled").stdout.splitlines()
+    wheel = hashes("wheel").stdout.splitlines()
+    assert set(compiled) < set(wheel) and wheel == sorted(wheel, key=lambda s: s.encode())
+    paths = {line[42:] for line in wheel}
+    assert {"CMakeLists.txt", "pyproject.toml", "plugins/kernels/attention_decode.cu", "src/pagedkv/_lib.py"} <= paths
+    assert all(len(line) > 42 and line[40:42] == "  " for line in wheel)
+    assert not any("__pycache__" in p or p.endswith(".pyc") for p in paths)
+    bad = hashes("everything", expect=2)
+    assert bad.stderr == "source-hashes.sh: what=everything: expected compiled or wheel\n"
+
+
+def test_prebuild_gpu_wheel_needs_the_tensorrt_headers(tmp_path):
+    missing = tmp_path / "kernel_lens.whl"
+    r = subprocess.run(["bash", str(ROOT / ".ci" / "prebuild-gpu-wheel.sh")], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT, env={**os.environ, "PAGEDKV_KERNEL_LENS_WHEEL": str(missing)})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert f"PAGEDKV_KERNEL_LENS_WHEEL={missing}: no such file" in r.stderr
