@@ -606,11 +606,11 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads
     // or loaded and converted through registers (8-bit).
     auto issueQ = [&](CtaWork const& w, int32_t kvHead) {
         if (!p.params.qFP8)
-            copyQRowsAsync<CT, kD, Cfg::kRows, Cfg::kGroupThreads>(p, sQ, w.rowBegin, w.rowEnd, kvHead,
-                                                                          tid & 127, 64 * group, 64);
+            copyQRowsAsync<CT, kD, Cfg::kRows, Cfg::kGroupThreads>(p, sQ, w.rowBegin, w.rowEnd, kvHead, tid & 127,
+                                                                   64 * group, 64);
         else
-            loadQRows<CT, kD, Cfg::kRows, Cfg::kGroupThreads, true>(p, sm.q(), w.rowBegin, w.rowEnd, kvHead,
-                                                                            tid & 127, 64 * group, 64);
+            loadQRows<CT, kD, Cfg::kRows, Cfg::kGroupThreads, true>(p, sm.q(), w.rowBegin, w.rowEnd, kvHead, tid & 127,
+                                                                    64 * group, 64);
         cpAsyncCommit();
     };
     MultiCell cell{};
@@ -756,45 +756,24 @@ cudaError_t prepareOrLaunchSm90(int32_t& ctasPerSm, AttentionKernelParams const*
 }
 
 // The variant: warp-specialized (the default; 1.35x the cooperative one at 4x2048 over 8192, bf16) unless the
-// cooperative one is chosen.
-// Every supported head dim.
-constexpr bool sm90ServesHeadDim(int32_t headDim) {
-    return headDim == 32 || headDim == 64 || headDim == 80 || headDim == 96 || headDim == 128 || headDim == 256;
-}
-
+// cooperative one is chosen; every head dim of the capability table, through the one dispatch point.
 cudaError_t dispatchSm90(IODType io, CacheDType cache, int32_t headDim, MultiKernelChoice choice, int32_t& ctasPerSm,
                          AttentionKernelParams const* kp, dim3 grid, cudaStream_t stream) {
     bool const warpSpecialized = choice != MultiKernelChoice::kSm90Cooperative;
-    auto byHeadDim = [&](auto ct, auto k8, auto ws) -> cudaError_t {
+    return dispatchAttention(io, isCache8Bit(cache), headDim, [&](auto ct, auto k8, auto d) -> cudaError_t {
         using CT = typename decltype(ct)::type;
         constexpr bool k8Bit = decltype(k8)::value;
-        constexpr bool kWS = decltype(ws)::value;
-        switch (headDim) {
-            case 32: return prepareOrLaunchSm90<CT, k8Bit, 32, kWS>(ctasPerSm, kp, grid, stream);
-            case 64: return prepareOrLaunchSm90<CT, k8Bit, 64, kWS>(ctasPerSm, kp, grid, stream);
-            case 80: return prepareOrLaunchSm90<CT, k8Bit, 80, kWS>(ctasPerSm, kp, grid, stream);
-            case 96: return prepareOrLaunchSm90<CT, k8Bit, 96, kWS>(ctasPerSm, kp, grid, stream);
-            case 128: return prepareOrLaunchSm90<CT, k8Bit, 128, kWS>(ctasPerSm, kp, grid, stream);
-            case 256: return prepareOrLaunchSm90<CT, k8Bit, 256, kWS>(ctasPerSm, kp, grid, stream);
-            default:
-                return invalidArgument("head_dim=" + std::to_string(headDim) +
-                                       ": expected 32, 64, 80, 96, 128 or 256 (Hopper multi-token kernel)");
-        }
-    };
-    auto byVariant = [&](auto ct, auto k8) -> cudaError_t {
-        return warpSpecialized ? byHeadDim(ct, k8, BoolTag<true>{}) : byHeadDim(ct, k8, BoolTag<false>{});
-    };
-    auto byCache = [&](auto ct) -> cudaError_t {
-        return isCache8Bit(cache) ? byVariant(ct, BoolTag<true>{}) : byVariant(ct, BoolTag<false>{});
-    };
-    return io == IODType::kBF16 ? byCache(TypeTag<__nv_bfloat16>{}) : byCache(TypeTag<__half>{});
+        constexpr int kD = decltype(d)::value;
+        return warpSpecialized ? prepareOrLaunchSm90<CT, k8Bit, kD, true>(ctasPerSm, kp, grid, stream)
+                               : prepareOrLaunchSm90<CT, k8Bit, kD, false>(ctasPerSm, kp, grid, stream);
+    });
 }
 
 }  // namespace
 
 bool multiKernelSm90Serves(IODType io, CacheDType cache, int32_t headDim, MultiKernelChoice choice) {
     (void)cache;  // every cache dtype: 8-bit tiles are converted in shared memory
-    if (!sm90ServesHeadDim(headDim)) return false;
+    if (!isSupportedHeadDim(headDim)) return false;  // the Hopper kernel serves every one
     if (io != IODType::kBF16 && io != IODType::kFP16) return false;
     if (choice == MultiKernelChoice::kMma) return false;
     int device = 0, major = 0, minor = 0;
