@@ -66,17 +66,21 @@ if has build; then
   if [ -n "$prebuilt" ] && [ -f .whl/prebuilt/source-hashes ] && \
      bash .ci/source-hashes.sh wheel | cmp -s - .whl/prebuilt/source-hashes; then
     wheel=/tmp/pagedkv-prebuilt/$(basename "$prebuilt" .xz)
-    mkdir -p /tmp/pagedkv-prebuilt && python3 -c "import lzma, shutil, sys; src = lzma.open(sys.argv[1]); dst = open(sys.argv[2], 'wb'); \
-      shutil.copyfileobj(src, dst); dst.close()" "$prebuilt" "$wheel" && \
-    python3 -m pip install --no-deps --no-cache-dir --force-reinstall "$wheel" > "$OUT/build.log" 2>&1 || \
+    mkdir -p /tmp/pagedkv-prebuilt && python3 -c "import lzma, shutil, sys
+with lzma.open(sys.argv[1]) as src, open(sys.argv[2], 'wb') as dst: shutil.copyfileobj(src, dst)" \
+      "$prebuilt" "$wheel" &&
+    python3 -m pip install --no-deps --no-cache-dir --force-reinstall "$wheel" > "$OUT/build.log" 2>&1 ||
       { log "PREBUILT WHEEL INSTALL FAILED"; tail -30 "$OUT/build.log"; exit 1; }
-    log "prebuilt wheel $(basename "$prebuilt") installed in $(( $(date +%s) - t0 )) s (built from this tree's sources)"
+    log "prebuilt wheel $(basename "$prebuilt") installed in $(( $(date +%s) - t0 )) s (built from this tree's" \
+        "sources)"
   else
-    [ -n "$prebuilt" ] && log "prebuilt wheel $(basename "$prebuilt") not used: the tree's sources differ from its record"
+    [ -n "$prebuilt" ] && log "prebuilt wheel $(basename "$prebuilt") not used: the tree's sources differ from" \
+                              "its record"
     touch_changed_sources
-    python3 -m pip install --no-build-isolation --no-deps --no-cache-dir . \
-        -Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90 -Cbuild-dir=$BUILD_DIR -Cbuild.verbose=false \
-        > "$OUT/build.log" 2>&1 || { log "BUILD FAILED"; tail -60 "$OUT/build.log"; exit 1; }
+    # shellcheck disable=SC1091
+    source .ci/gpu-build-options.sh
+    python3 -m pip install --no-build-isolation --no-deps --no-cache-dir . "${GPU_BUILD_OPTIONS[@]}" \
+        -Cbuild-dir=$BUILD_DIR > "$OUT/build.log" 2>&1 || { log "BUILD FAILED"; tail -60 "$OUT/build.log"; exit 1; }
     source_hashes > "$BUILT_HASHES"
     log "build ok in $(( $(date +%s) - t0 )) s"
   fi
@@ -148,7 +152,7 @@ if has bench; then
   for peer in ours tc_fa2 xqa fa3; do
     log "benchmark attention, head dims, ${peer}"
     timeout ${PAGEDKV_BENCH_HEADDIM_TIMEOUT:-300} python3 benchmarks/bench_attention.py --cases headdim \
-      --head-dims "${PAGEDKV_BENCH_HEAD_DIMS:-64,80,96,256}" \
+      ${PAGEDKV_BENCH_HEAD_DIMS:+--head-dims "$PAGEDKV_BENCH_HEAD_DIMS"} \
       --peers "$([ $peer = ours ] || echo $peer)" --json "$OUT/bench_attention_headdim_$peer.json" \
       > "$OUT/bench_attention_headdim_$peer.log" 2>&1
     t=$?

@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
 # Builds, on this CPU machine, the pagedkv wheel the GPU machine's build stage would build (sm_90, the options of
-# .ci/gpu-run.sh) into .whl/prebuilt/, beside the hashes of the sources it was built from (.ci/source-hashes.sh
-# wheel). On the device, `gpu-run.sh build` installs that wheel instead of compiling when the tree it receives has
-# exactly those sources (a fresh machine's build is ~110-150 s of the session's device time), and builds as before
-# when anything differs (a variant patch applied, a file edited since). Incremental: the build folder is kept.
+# .ci/gpu-build-options.sh) into .whl/prebuilt/, beside the hashes of the sources it was built from
+# (.ci/source-hashes.sh wheel). On the device, `gpu-run.sh build` installs that wheel instead of compiling when the
+# tree it receives has exactly those sources (a fresh machine's build is ~110-150 s of the session's device time),
+# and builds as before when anything differs (a variant patch applied, a file edited since). Incremental: the build
+# folder is kept.
 #   bash .ci/prebuild-gpu-wheel.sh        (after .ci/fetch-gpu-wheels.sh; PYTHON picks the interpreter)
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 lens=${PAGEDKV_KERNEL_LENS_WHEEL:-$PWD/.whl/build/kernel_lens-2.0.1-py3-none-any.whl}  # the TensorRT headers
-[ -f "$lens" ] || { echo "prebuild-gpu-wheel.sh: PAGEDKV_KERNEL_LENS_WHEEL=$lens: no such file (run .ci/fetch-gpu-wheels.sh first)" >&2; exit 2; }
+if [ ! -f "$lens" ]; then
+  echo "prebuild-gpu-wheel.sh: PAGEDKV_KERNEL_LENS_WHEEL=$lens: no such file (run .ci/fetch-gpu-wheels.sh first)" >&2
+  exit 2
+fi
 export PATH="/usr/local/cuda-13.0/bin:/usr/local/cuda/bin:$PATH" PAGEDKV_KERNEL_LENS_WHEEL=$lens
 hashes=$(bash .ci/source-hashes.sh wheel)
 out=$(mktemp -d)
 trap 'rm -rf "$out" .whl/prebuilt.tmp' EXIT
-"${PYTHON:-python3}" -m pip wheel -q --no-deps --no-cache-dir . -w "$out" \
-  -Ccmake.define.CMAKE_CUDA_ARCHITECTURES=90 -Cbuild-dir="${PAGEDKV_PREBUILD_DIR:-/tmp/pkv-prebuild}" \
-  -Cbuild.verbose=false
+# shellcheck disable=SC1091
+source .ci/gpu-build-options.sh
+"${PYTHON:-python3}" -m pip wheel -q --no-deps --no-cache-dir . -w "$out" "${GPU_BUILD_OPTIONS[@]}" \
+  -Cbuild-dir="${PAGEDKV_PREBUILD_DIR:-/tmp/pkv-prebuild}"
 if [ "$(bash .ci/source-hashes.sh wheel)" != "$hashes" ]; then
   echo "prebuild-gpu-wheel.sh: the sources changed during the build; nothing written (run it again)" >&2
   exit 1
