@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU suite, run on the device machine (H200) from the repository root:
 #   bash .ci/gpu-run.sh [stages...]      stages: setup build tests sanitize bench  (default: all)
-#   PAGEDKV_BENCHES="write attention runtime serving headdim" picks the benchmarks of the bench stage;
+#   PAGEDKV_BENCHES="write attention runtime serving headdim" picks the benchmarks of the bench stage ("splits", not
+#   in the default: the decode split sweep beside the decode rows and their peers, one process);
 #   PAGEDKV_BENCH_HEAD_DIMS=64,256 the attention head dims of its headdim benchmark (each peer JIT-builds per head dim).
 # It installs the Python wheels the machine's image lacks from .whl/ (FlashInfer, the serve extra's closure and
 # the rest: fetch them here first with `bash .ci/fetch-gpu-wheels.sh`), builds pagedkv for sm_90 there (TensorRT
@@ -132,7 +133,13 @@ if has bench; then
   for b in ${PAGEDKV_BENCHES:-write attention runtime serving headdim}; do
     [ "$b" = headdim ] && continue
     extra=""; [ "$b" = runtime ] && extra="--backend cuda"  # + the kernels' decode step, eager vs CUDA graph
-    if [ -f benchmarks/bench_$b.py ]; then
+    if [ "$b" = splits ]; then
+      log "benchmark attention, decode splits"
+      timeout ${PAGEDKV_BENCH_TIMEOUT:-540} python3 benchmarks/bench_attention.py --cases decode,splits \
+        --peers tc_fa2,xqa --json "$OUT/bench_attention_splits.json" > "$OUT/bench_attention_splits.log" 2>&1
+      t=$?; [ $t -ne 0 ] && { log "bench splits exit $t"; rc=$t; }
+      tail -64 "$OUT/bench_attention_splits.log" | tee -a "$OUT/summary.txt"
+    elif [ -f benchmarks/bench_$b.py ]; then
       log "benchmark $b"
       timeout ${PAGEDKV_BENCH_TIMEOUT:-540} python3 benchmarks/bench_$b.py $extra --json "$OUT/bench_$b.json" > "$OUT/bench_$b.log" 2>&1
       t=$?; [ $t -ne 0 ] && { log "bench $b exit $t"; rc=$t; }

@@ -19,6 +19,11 @@ Llama-3 shapes (``llama``, in the default cases): decode P16 64x4K and both pref
 KV heads (70B-like) and at the default 32 / 8 (8B-like), D = 128, against the same peers.
 Decode widths (``--cases widths``): P16 batches around the plan's CTA-width switch points, ours as planned and at
 each width forced through ``PAGEDKV_DECODE_WARPS`` (the note has each width's time, split and ratio), no peers.
+Decode splits (``--cases splits``): the batches the plan splits or runs as one wave (1x32K, 1x128K, 4x16K, 8x8K,
+12x8K, 16x8K; P16 and P64), ours as planned, then at each width the split forced through ``PAGEDKV_DECODE_CHUNKS``
+over the chunk counts worth timing (``split_counts``): a row per width with its fastest count, every count's time and
+the largest max |forced - planned| in the note, no peers. What it asks: whether a split the model never picks (more
+waves of shorter CTAs, which the hardware balances) beats the one-wave plans where xqa ties us.
 Head dims (``--cases headdim``): decode P16 64x4K and prefill P16 4x2048 over 8192 at D = 64 (Llama-3.2-1B), 80
 (Phi-2), 96 (Phi-3-mini) and 256 (Gemma), same H and KVH, each row's note with its time relative to ours at D = 128
 (the decode / prefill row of the same run, or timed for the purpose when those cases did not run); the peers are
@@ -57,6 +62,9 @@ DECODE_SHAPES = [(1, 32768), (1, 131072), (16, 8192), (64, 4096), (128, 2048), (
 # --cases widths: batches around the decode plan's CTA-width switch points (attention_plan.cpp, chooseDecodeWidth)
 WIDTH_SWEEP_SHAPES = [(1, 32768), (4, 16384), (8, 8192), (12, 8192), (16, 8192), (24, 8192), (32, 4096), (48, 4096),
                       (64, 4096), (80, 4096), (96, 2048), (128, 2048), (192, 2048), (256, 1024), (512, 512)]
+# --cases splits: the batches the decode plan splits, or runs as one wave of 8-warp CTAs, and the forced chunk counts
+SPLIT_SWEEP_SHAPES = [(1, 32768), (1, 131072), (4, 16384), (8, 8192), (12, 8192), (16, 8192)]
+SPLIT_COUNTS = (1, 2, 3, 4, 6, 8, 11, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 512)
 PREFILLS = [dict(num_seqs=4, chunk=2048, cached=8192), dict(num_seqs=1, chunk=8192, cached=0)]
 LLAMA_HEADS = ((64, 8), (32, 8))  # --cases llama: (query heads, KV heads) of Llama-3-70B and -8B
 DEFAULT_PEERS = ("tc_fa2", "xqa", "fa3")
@@ -283,6 +291,19 @@ def decode_warps(warps: int):
     return launch_setting("PAGEDKV_DECODE_WARPS", str(warps))
 
 
+def decode_chunks(chunks: int):
+    """The decode split's chunk count (PAGEDKV_DECODE_CHUNKS) instead of the split model's choice."""
+    return launch_setting("PAGEDKV_DECODE_CHUNKS", str(chunks))
+
+
+def split_counts(batch: int, length: int, kv_heads: int = KVH) -> list[int]:
+    """The forced decode chunk counts worth timing for `batch` sequences of `length` tokens: whole, or cut into at
+    most the span's 256-token chunks (the plan's floor) with at least half a wave of the widest CTAs (66 on 132 SMs)
+    and at most 4096 CTAs."""
+    units = batch * kv_heads
+    return [n for n in SPLIT_COUNTS if n == 1 or (n <= length // 256 and 66 <= units * n <= 4096)]
+
+
 def plan_note(plan: dict) -> str:
     return f"[split {plan['decode_grid'][2]}, {plan['decode_warps']} warps]"
 
@@ -383,6 +404,45 @@ def run(which: set[str], peers: tuple[str, ...], head_dims: tuple[int, ...] = HE
                 tbs=step.kv_bytes / (us * 1e-6) / 1e12, extra=plan_note(ours.plan))
             del step
             torch.cuda.empty_cache()
+
+    if "splits" in which:
+        # The decode split forced (PAGEDKV_DECODE_CHUNKS) at each width (PAGEDKV_DECODE_WARPS): ours as planned, then a
+        # row per width with its fastest chunk count (the count the grid really has), no peers.
+        for page in (16, 64):
+            for batch, length in SPLIT_SWEEP_SHAPES:
+                name, step = decode_case(torch, batch, length, page)
+                name = name.replace("decode", "decode splits")
+                ours = step.our_launcher()
+                us = ours.us = time_us(ours, torch, triton)
+                row(name, "pagedkv bf16, planned", step, ours, us, {}, [], tbs=step.kv_bytes / (us * 1e-6) / 1e12,
+                    extra=plan_note(ours.plan))
+                ours()
+                planned_out = step.out.clone()
+                for warps in DECODE_WIDTHS:
+                    timed, notes, worst = {}, [], 0.0
+                    with decode_warps(warps):
+                        for n in split_counts(batch, length):
+                            with decode_chunks(n):
+                                try:
+                                    forced = step.our_launcher()
+                                    forced_us = time_us(forced, torch, triton)
+                                    forced()
+                                except Exception as exc:  # noqa: BLE001 - a width this GPU cannot host is a note
+                                    notes.append(f"{warps} warps, {n} chunks: {type(exc).__name__}: {str(exc)[:80]}")
+                                    break
+                            worst = max(worst, max_diff(step.out, planned_out))
+                            timed.setdefault(forced.plan["decode_grid"][2], forced_us)
+                    if not timed:
+                        results.append(Result(name, f"pagedkv bf16, {warps} warps", math.nan, note="; ".join(notes)))
+                        continue
+                    best = min(timed, key=timed.get)
+                    every = " ".join(f"{n}:{t:.1f}" for n, t in sorted(timed.items()))
+                    row(name, f"pagedkv bf16, {warps} warps, best split", step, None, timed[best], {},
+                        notes + [f"chunks:us {every}", f"max|forced - planned| {worst:.4f}"],
+                        tbs=step.kv_bytes / (timed[best] * 1e-6) / 1e12,
+                        extra=f"[split {best}, {warps} warps] x{timed[best] / us:.3f} of planned")
+                del step
+                torch.cuda.empty_cache()
 
     prefill_peers = [p for p in peers if p in ("fa2_prefill", "fa3", "fa3_ragged")]
     if "prefill" in which:
@@ -505,7 +565,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", help="write the results to this file")
     ap.add_argument("--cases", default="decode,fp8,plugin,prefill,llama",
-                    help="comma-separated subset of: decode, fp8, plugin, prefill, headdim, llama, widths")
+                    help="comma-separated subset of: decode, fp8, plugin, prefill, headdim, llama, widths, splits")
     ap.add_argument("--head-dims", default=",".join(map(str, HEAD_DIMS)),
                     help="--cases headdim: comma-separated subset of %(default)s (a peer's JIT build per head dim "
                          "costs tens of seconds on the device)")
@@ -513,7 +573,7 @@ def main() -> int:
                     help=f"comma-separated FlashInfer paths to time, of: {', '.join(PEERS)} (default %(default)s)")
     args = ap.parse_args()
     which = set(args.cases.split(","))
-    unknown = which - {"decode", "fp8", "plugin", "prefill", "headdim", "llama", "widths"}
+    unknown = which - {"decode", "fp8", "plugin", "prefill", "headdim", "llama", "widths", "splits"}
     if unknown:
         ap.error(f"--cases: unknown {sorted(unknown)}")
     try:

@@ -247,12 +247,13 @@ def test_decode_widths_mirror_the_compiled_widths():
                 assert all(t in (0, 32 * w) for t, w in zip(s["decode_width_threads"], A.DECODE_WIDTHS)), s
 
 
-def _plan(cfg, *, io=A.IODType.BF16, T, B, MB, max_q, max_kv, ws=None, sm=132, dec=2, multi=2):
+def _plan(cfg, *, io=A.IODType.BF16, T, B, MB, max_q, max_kv, ws=None, sm=132, dec=2, multi=2, chunks=0):
     if ws is None:
         ws = A.attention_workspace_bytes(T, B, cfg.num_q_heads, cfg.pool.head_dim, max_kv, cfg.pool.page_size)
     params = A.attention_params(cfg, io_dtype=io, num_tokens=T, num_seqs=B, max_blocks=MB, max_q_len=max_q,
                                 max_kv_len=max_kv, workspace_bytes=ws)
-    return A.attention_plan(params, sm_count=sm, decode_ctas_per_sm=dec, multi_ctas_per_sm=multi), ws
+    return A.attention_plan(params, sm_count=sm, decode_ctas_per_sm=dec, multi_ctas_per_sm=multi,
+                            decode_chunks=chunks), ws
 
 
 @pytest.mark.parametrize("shape", [dict(T=1, B=1, MB=2048, max_q=1, max_kv=32768),
@@ -415,9 +416,57 @@ def test_decode_occupancies_are_checked(dec, needle):
     params = A.attention_params(cfg, io_dtype=A.IODType.BF16, num_tokens=1, num_seqs=1, max_blocks=64, max_q_len=1,
                                 max_kv_len=1024)
     info = _structs.struct("PagedKVAttentionPlanInfo")()
-    rc = A._capi().pagedkv_attention_plan(ctypes.byref(params), 132, None, 2, ctypes.byref(info))
+    rc = A._capi().pagedkv_attention_plan(ctypes.byref(params), 132, None, 2, 0, ctypes.byref(info))
     with pytest.raises(_lib.CapiError, match="decode_ctas_per_sm=NULL: expected 3 occupancies"):
         _lib.check(rc, "pagedkv_attention_plan")
+
+
+def _grid_chunks(span: int, n: int) -> int:
+    """The chunks a grid holds when the plan cuts `span` tokens into n: lengths are whole 64-token tiles."""
+    length = -(-(-(-span // n)) // 64) * 64
+    return -(-span // length)
+
+
+@pytest.mark.parametrize("B, L, n", [
+    (16, 8192, 8),     # the one-wave 8-warp batch cut into 8: 1024 CTAs at the plan's own width
+    (16, 8192, 3),     # 2731 -> 2752-token chunks: 3 in the grid
+    (1, 32768, 128),   # 256-token chunks, the shortest the plan cuts
+    (1, 32768, 1),     # the split batch forced whole: no merge
+    (12, 8192, 11),    # the twelfth session's faster 2-warp plan at 12 x 8K
+    (64, 4096, 60),    # 4096 / 60 -> 128-token chunks are below the 256-token floor: 16 chunks
+])
+def test_forced_decode_chunks(B, L, n):
+    # PAGEDKV_DECODE_CHUNKS (PlanSettings::decodeChunks): the split asked for, at the width the plan picks anyway,
+    # within the bounds the split model keeps (256-token chunks at least, 64-token multiples).
+    cfg = _cfg()
+    free, _ = _plan(cfg, T=B, B=B, MB=L // 16, max_q=1, max_kv=L, dec=H200_DECODE_16BIT_D128)
+    plan, _ = _plan(cfg, T=B, B=B, MB=L // 16, max_q=1, max_kv=L, dec=H200_DECODE_16BIT_D128, chunks=n)
+    expected = _grid_chunks(L, min(n, L // 256))
+    assert plan["decode_warps"] == free["decode_warps"]
+    assert plan["decode_grid"] == [B, 8, expected]
+    assert plan["run_merge"] == (expected > 1)
+    if expected > 1:
+        assert plan["decode_chunk_len"] * (expected - 1) < L <= plan["decode_chunk_len"] * expected
+        assert plan["partial_chunks"] == expected
+
+
+def test_forced_decode_chunks_stay_within_the_workspace():
+    # A workspace with room for 3 chunks of partial rows (besides the KV row maps' region, its tail) caps a forced
+    # split of 32 at 3; none at all leaves the batch whole.
+    cfg = _cfg()
+    rows = 16 * cfg.num_q_heads
+    ws = 3 * rows * (cfg.pool.head_dim + 1) * 4 + 128 * 1024
+    plan, _ = _plan(cfg, T=16, B=16, MB=512, max_q=1, max_kv=8192, ws=ws, dec=2, chunks=32)
+    assert plan["decode_grid"][2] == 3 and plan["workspace_bytes"] <= ws
+    plan, _ = _plan(cfg, T=16, B=16, MB=512, max_q=1, max_kv=8192, ws=0, dec=2, chunks=32)
+    assert plan["decode_grid"][2] == 1 and not plan["run_merge"]
+
+
+@pytest.mark.parametrize("chunks", [-1, 1025])
+def test_forced_decode_chunks_are_checked(chunks):
+    expected = rf"decode_chunks={chunks}: expected in \[0, 1024\] \(0: the plan's split\)$"
+    with pytest.raises(_lib.CapiError, match=expected):
+        _plan(_cfg(), T=1, B=1, MB=64, max_q=1, max_kv=1024, chunks=chunks)
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -566,6 +615,27 @@ def test_schedule_counts_every_visible_pair_once_and_writes_every_row_once(case,
     assert np.all((direct == 1) ^ (partial > 0)), "every row: exactly one of a direct write or partials"
     assert np.all(direct <= 1)
     assert np.array_equal(partial, merged), "the merge combines exactly the chunks that were written"
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), chunks=st.integers(1, 80))
+def test_schedule_with_forced_decode_chunks_covers_every_pair_once(seed, chunks):
+    # Any forced decode split (PAGEDKV_DECODE_CHUNKS) keeps the kernels' contract: every visible pair once, every row
+    # written once, the merge combining exactly the chunks written. Decode batches with drafts, windows and holes.
+    rng = np.random.default_rng(seed)
+    seqs = tuple((int(rng.integers(0, 3000)), int(rng.choice([1, 1, 2, 4]))) for _ in range(int(rng.integers(1, 5))))
+    window = int(rng.choice([0, 0, 200]))
+    case = Case(seqs, 1, int(rng.choice([1, 4, 8])), int(rng.choice(capabilities().head_dims)),
+                int(rng.choice([16, 24, 64])), window=window, sinks=int(rng.choice([0, 4])) if window else 0,
+                holes=int(rng.choice([0, 2])), sm_count=int(rng.choice([4, 132])), seed=seed % 1000)
+    cfg, meta, num_blocks = _build(case)
+    max_pos = max(int(meta.kv_lens.max()), 1)
+    res = A.schedule_check(cfg, meta, num_blocks, io_dtype=A.IODType.FP16, sm_count=case.sm_count, max_pos=max_pos,
+                           decode_ctas_per_sm=H200_DECODE_16BIT_D128, decode_chunks=chunks)
+    assert np.array_equal(res["coverage"], _expected_coverage(cfg, meta, num_blocks, max_pos))
+    assert np.all(res["poisoned"] == 0)
+    assert np.all((res["direct_writes"] == 1) ^ (res["partial_writes"] > 0))
+    assert np.array_equal(res["partial_writes"], res["merged_chunks"])
 
 
 def test_schedule_splits_when_the_gpu_is_large():

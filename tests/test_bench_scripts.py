@@ -68,6 +68,39 @@ def test_bench_attention_checks_its_head_dims():
     assert "--head-dims='sixty': expected integers from 64, 80, 96, 256" in run.stderr
 
 
+def test_bench_attention_split_sweep_forces_plans_the_launcher_makes():
+    # --cases splits times each of split_counts through PAGEDKV_DECODE_CHUNKS: the plan the launcher then makes (the
+    # same planAttention, given the count) cuts each shape into at most that many chunks of >= 256 tokens, at the
+    # width the sweep forces, with one plan per count that differs from the unsplit one.
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_attention as bench
+    finally:
+        sys.path.pop(0)
+    from pagedkv.config import AttentionConfig, PoolConfig
+    from pagedkv.kernels import attention as A
+    from pagedkv.layout import CacheDType
+
+    assert "splits" in _run("bench_attention.py", "--help").stdout
+    assert "--cases: unknown ['split']" in _run("bench_attention.py", "--cases", "splits,split", expect=2).stderr
+    cfg = AttentionConfig(num_q_heads=bench.H, pool=PoolConfig(num_kv_heads=bench.KVH, head_dim=bench.D, page_size=16,
+                                                                num_layers=1, layer_index=0,
+                                                                cache_dtype=CacheDType.BF16))
+    for batch, length in bench.SPLIT_SWEEP_SHAPES:
+        counts = bench.split_counts(batch, length)
+        assert counts[0] == 1 and len(counts) >= 8, (batch, length, counts)
+        ws = A.attention_workspace_bytes(batch, batch, bench.H, bench.D, length, 16)
+        params = A.attention_params(cfg, io_dtype=A.IODType.BF16, num_tokens=batch, num_seqs=batch,
+                                    max_blocks=length // 16, max_q_len=1, max_kv_len=length, workspace_bytes=ws)
+        for warps, occupancy in zip(A.DECODE_WIDTHS, ((4, 0, 0), (0, 2, 0), (0, 0, 1)), strict=True):
+            for n in counts:
+                plan = A.attention_plan(params, decode_ctas_per_sm=occupancy, decode_chunks=n)
+                grid = plan["decode_grid"][2]
+                assert plan["decode_warps"] == warps and 1 <= grid <= n, (batch, length, warps, n, grid)
+                assert grid == 1 or plan["decode_chunk_len"] >= 256
+                assert (grid > 1) == (n > 1), "every count past 1 splits: the sweep never times the plan twice"
+
+
 @pytest.mark.skipif(cuda.why_no_gpu() is None, reason="a GPU is present: the A/B tool would time its kernels")
 def test_ab_attention_says_why_without_a_gpu():
     run = _run("ab_attention.py", "--label", "base", expect=2)

@@ -56,9 +56,9 @@ void fillPlanInfo(attn::AttentionPlan const& plan, PagedKVAttentionPlanInfo* out
 
 static_assert(PAGEDKV_DECODE_WIDTHS == attn::kNumDecodeWidths, "the C API's decode widths are the schedule's");
 
-// The device facts of a what-if plan: the caller's occupancies, checked.
-cudaError_t hostFacts(int32_t smCount, int32_t const* decodeCtasPerSm, int32_t multiCtasPerSm,
-                      attn::DeviceFacts& facts) {
+// The device facts and settings of a what-if plan: the caller's occupancies and forced decode split, checked.
+cudaError_t hostFacts(int32_t smCount, int32_t const* decodeCtasPerSm, int32_t multiCtasPerSm, int32_t decodeChunks,
+                      attn::DeviceFacts& facts, attn::PlanSettings& settings) {
     PKV_REQUIRE(smCount > 0, "sm_count", smCount, "> 0");
     if (decodeCtasPerSm == nullptr)
         return invalidArgument("decode_ctas_per_sm=NULL: expected " + std::to_string(attn::kNumDecodeWidths) +
@@ -74,6 +74,9 @@ cudaError_t hostFacts(int32_t smCount, int32_t const* decodeCtasPerSm, int32_t m
     PKV_REQUIRE(multiCtasPerSm > 0, "multi_ctas_per_sm", multiCtasPerSm, "> 0");
     facts.smCount = smCount;
     facts.multiCtasPerSm = multiCtasPerSm;
+    PKV_REQUIRE(decodeChunks >= 0 && decodeChunks <= attn::kMaxGridChunks, "decode_chunks", decodeChunks,
+                "in [0, " + std::to_string(attn::kMaxGridChunks) + "] (0: the plan's split)");
+    settings.decodeChunks = decodeChunks;
     return cudaSuccess;
 }
 
@@ -107,16 +110,17 @@ int64_t pagedkv_attention_workspace_bytes(int32_t num_tokens, int32_t num_seqs, 
 }
 
 int32_t pagedkv_attention_plan(const AttentionParams* params, int32_t sm_count, const int32_t* decode_ctas_per_sm,
-                               int32_t multi_ctas_per_sm, PagedKVAttentionPlanInfo* out) {
+                               int32_t multi_ctas_per_sm, int32_t decode_chunks, PagedKVAttentionPlanInfo* out) {
     clearLastError();
     if (out == nullptr) return invalidArgument("out=NULL: expected a PagedKVAttentionPlanInfo");
     attn::DeviceFacts facts{};
-    cudaError_t err = hostFacts(sm_count, decode_ctas_per_sm, multi_ctas_per_sm, facts);
+    attn::PlanSettings settings{};
+    cudaError_t err = hostFacts(sm_count, decode_ctas_per_sm, multi_ctas_per_sm, decode_chunks, facts, settings);
     AttentionParams p;
     if (err == cudaSuccess) err = hostParams(params, p);
     if (err == cudaSuccess) err = attn::validateAttentionParams(p);
     if (err != cudaSuccess) return err;
-    fillPlanInfo(attn::planAttention(p, facts), out);
+    fillPlanInfo(attn::planAttention(p, facts, settings), out);
     return 0;
 }
 
@@ -160,12 +164,15 @@ int32_t pagedkv_attention_kernel_shapes(int32_t io_dtype, int32_t cache_dtype, i
 }
 
 int32_t pagedkv_attention_schedule_check(const AttentionParams* params, int64_t num_blocks, int32_t sm_count,
-                                         const int32_t* decode_ctas_per_sm, int32_t multi_ctas_per_sm, int32_t max_pos,
-                                         int32_t* coverage, int32_t* direct_writes, int32_t* partial_writes,
-                                         int32_t* merged_chunks, int32_t* poisoned) {
+                                         const int32_t* decode_ctas_per_sm, int32_t multi_ctas_per_sm,
+                                         int32_t decode_chunks, int32_t max_pos, int32_t* coverage,
+                                         int32_t* direct_writes, int32_t* partial_writes, int32_t* merged_chunks,
+                                         int32_t* poisoned) {
     clearLastError();
     attn::DeviceFacts facts{};
-    cudaError_t const bad = hostFacts(sm_count, decode_ctas_per_sm, multi_ctas_per_sm, facts);
+    attn::PlanSettings settings{};
+    cudaError_t const bad =
+        hostFacts(sm_count, decode_ctas_per_sm, multi_ctas_per_sm, decode_chunks, facts, settings);
     if (bad != cudaSuccess) return bad;
     PKV_REQUIRE(num_blocks >= 0, "num_blocks", num_blocks, ">= 0");
     PKV_REQUIRE(coverage && direct_writes && partial_writes && merged_chunks && poisoned, "outputs", 0,
@@ -174,7 +181,7 @@ int32_t pagedkv_attention_schedule_check(const AttentionParams* params, int64_t 
     cudaError_t const err = hostParams(params, p);  // the replay validates p as the launcher does
     if (err != cudaSuccess) return err;
     attn::ScheduleReplay const replay{max_pos, coverage, direct_writes, partial_writes, merged_chunks, poisoned};
-    return attn::replayAttentionSchedule(p, num_blocks, facts, replay);
+    return attn::replayAttentionSchedule(p, num_blocks, facts, settings, replay);
 }
 
 }  // extern "C"

@@ -40,13 +40,15 @@ struct PagedKVAttentionPlanInfo {
 
 // decode_ctas_per_sm: PAGEDKV_DECODE_WIDTHS entries, the decode kernel's resident CTAs per SM at 2, 4 and 8 warps per
 // CTA; 0 for a width the device does not host (pagedkv_attention_kernel_shapes says which widths are compiled).
+// decode_chunks: 0, or the decode split forced as PAGEDKV_DECODE_CHUNKS forces it at a launch (capped by what the plan
+// can split into).
 #define PAGEDKV_DECODE_WIDTHS 3
 PAGEDKV_EXPORT int32_t pagedkv_attention_plan(const pagedkv::AttentionParams* params, int32_t sm_count,
                                               const int32_t* decode_ctas_per_sm, int32_t multi_ctas_per_sm,
-                                              PagedKVAttentionPlanInfo* out);
+                                              int32_t decode_chunks, PagedKVAttentionPlanInfo* out);
 
 // The plan a launch of `params` makes on the current device (its SM count and the kernels' occupancy, as the
-// launcher gathers them: PAGEDKV_DECODE_WARPS included). Queries the device, launches nothing. For benchmark reports.
+// launcher gathers them: PAGEDKV_DECODE_WARPS and PAGEDKV_DECODE_CHUNKS included). Queries the device, launches nothing. For benchmark reports.
 PAGEDKV_EXPORT int32_t pagedkv_attention_device_plan(const pagedkv::AttentionParams* params,
                                                      PagedKVAttentionPlanInfo* out);
 
@@ -76,7 +78,8 @@ PAGEDKV_EXPORT int32_t pagedkv_attention_kernel_shapes(int32_t io_dtype, int32_t
 // Returns 0, or cudaErrorInvalidValue with the reason (also for a position >= max_pos).
 PAGEDKV_EXPORT int32_t pagedkv_attention_schedule_check(const pagedkv::AttentionParams* params, int64_t num_blocks,
                                                         int32_t sm_count, const int32_t* decode_ctas_per_sm,
-                                                        int32_t multi_ctas_per_sm, int32_t max_pos,
+                                                        int32_t multi_ctas_per_sm, int32_t decode_chunks,
+                                                        int32_t max_pos,
                                                         int32_t* coverage, int32_t* direct_writes,
                                                         int32_t* partial_writes, int32_t* merged_chunks,
                                                         int32_t* poisoned);

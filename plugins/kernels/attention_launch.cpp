@@ -70,6 +70,22 @@ cudaError_t restrictDecodeWidth(AttentionParams const& p, int32_t (&ctasPerSm)[k
     return cudaSuccess;
 }
 
+// PAGEDKV_DECODE_CHUNKS, read at every launch (A/B benchmarks of the decode split; the tests that run forced
+// splits): unset or empty, the split model picks the chunk count; a whole number in [1, kMaxGridChunks] asks for that
+// many chunks (PlanSettings::decodeChunks: capped by what the plan can split into).
+cudaError_t decodeChunksSetting(PlanSettings& settings) {
+    char const* const value = std::getenv("PAGEDKV_DECODE_CHUNKS");
+    std::string const v = value != nullptr ? value : "";
+    if (v.empty()) return cudaSuccess;
+    bool const digits = v.size() <= 4 && v.find_first_not_of("0123456789") == std::string::npos;
+    int32_t const n = digits ? std::stoi(v) : 0;
+    if (n < 1 || n > kMaxGridChunks)
+        return invalidArgument("PAGEDKV_DECODE_CHUNKS=" + v + ": expected a whole number in [1, " +
+                               std::to_string(kMaxGridChunks) + "] (or unset: the plan's split)");
+    settings.decodeChunks = n;
+    return cudaSuccess;
+}
+
 }  // namespace
 
 cudaError_t planOnCurrentDevice(AttentionParams const& params, AttentionPlan& plan) {
@@ -77,17 +93,19 @@ cudaError_t planOnCurrentDevice(AttentionParams const& params, AttentionPlan& pl
     // to know which kernels' occupancy to ask for, then plan with the facts.
     DeviceFacts facts{smCountOfCurrentDevice(), {0, 0, 0}, 1};
     plan = planAttention(params, facts);
+    PlanSettings settings{};
     cudaError_t err = cudaSuccess;
     if (plan.runDecode) {
         err = decodeKernelOccupancies(params.ioDType, params.cacheDType, params.headDim, facts.decodeCtasPerSm);
         if (err == cudaSuccess) err = restrictDecodeWidth(params, facts.decodeCtasPerSm);
+        if (err == cudaSuccess) err = decodeChunksSetting(settings);
         if (err != cudaSuccess) return err;
     }
     if (plan.runMulti) {
         err = multiKernelOccupancy(params.ioDType, params.cacheDType, params.headDim, facts.multiCtasPerSm);
         if (err != cudaSuccess) return err;
     }
-    plan = planAttention(params, facts);
+    plan = planAttention(params, facts, settings);
     return cudaSuccess;
 }
 

@@ -90,7 +90,7 @@ cudaError_t validate(AttentionParams const& p) {
 
 cudaError_t validateAttentionParams(AttentionParams const& p) { return validate(p); }
 
-AttentionPlan planAttention(AttentionParams const& p, DeviceFacts const& facts) {
+AttentionPlan planAttention(AttentionParams const& p, DeviceFacts const& facts, PlanSettings const& settings) {
     AttentionPlan plan{};
     int32_t const T = p.meta.numTokens, B = p.meta.numSeqs, H = p.numQHeads, KVH = p.numKVHeads, D = p.headDim;
     int32_t const G = H / KVH;
@@ -182,7 +182,11 @@ AttentionPlan planAttention(AttentionParams const& p, DeviceFacts const& facts) 
     if (plan.runDecode) {
         int64_t const units = int64_t(B) * KVH;
         int32_t const width = chooseDecodeWidth(units);
-        int32_t const n = chooseDecodeChunks(units, facts.decodeCtasPerSm[width]);
+        // A forced chunk count (PlanSettings) within the bounds the model's choice also keeps.
+        int32_t const n = settings.decodeChunks > 0
+                              ? int32_t(std::max<int64_t>(1, std::min({int64_t(settings.decodeChunks), spanChunks,
+                                                                       wsChunks, int64_t(kMaxGridChunks)})))
+                              : chooseDecodeChunks(units, facts.decodeCtasPerSm[width]);
         plan.decodeWarps = kDecodeWidthWarps[width];
         plan.split.decodeChunkLen = chunkLenFor(n);
         plan.split.decodeGridChunks = gridChunksFor(n, plan.split.decodeChunkLen);

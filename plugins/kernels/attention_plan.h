@@ -28,6 +28,16 @@ struct DeviceFacts {
     int32_t multiCtasPerSm;
 };
 
+// Settings a plan takes from its caller rather than from the device: A/B knobs the launcher reads from the
+// environment (planOnCurrentDevice), which a what-if plan (the C API's) may also pass. Zero: the plan decides.
+struct PlanSettings {
+    // > 0: the decode split's chunk count (PAGEDKV_DECODE_CHUNKS) instead of the split model's choice, capped by what
+    // the plan could split into (the span's 256-token chunks, the workspace's partial rows, kMaxGridChunks); the CTA
+    // width is still the plan's (or PAGEDKV_DECODE_WARPS's). The grid may hold fewer chunks than asked: chunk
+    // lengths are whole kChunkAlign tiles.
+    int32_t decodeChunks;
+};
+
 struct AttentionPlan {
     int32_t groupSize;     // G = H / KVH
     int32_t maxSpan;       // host bound on any sequence's KV span (virtual indices)
@@ -46,11 +56,12 @@ struct AttentionPlan {
 };
 
 // The one scheduling decision. `p` must be valid (validateAttentionParams).
-AttentionPlan planAttention(AttentionParams const& p, DeviceFacts const& facts);
+AttentionPlan planAttention(AttentionParams const& p, DeviceFacts const& facts, PlanSettings const& settings = {});
 
 // The plan a launch of `p` makes on the current device: its facts gathered as the launcher gathers them (SM count,
-// the kernels' occupancy; PAGEDKV_DECODE_WARPS). The one function of this header that asks the device (no launch,
-// no sync); defined with the launcher (attention_launch.cpp). `p` must be valid.
+// the kernels' occupancy; PAGEDKV_DECODE_WARPS), its settings from PAGEDKV_DECODE_CHUNKS. The one function of this
+// header that asks the device (no launch, no sync); defined with the launcher (attention_launch.cpp). `p` must be
+// valid.
 cudaError_t planOnCurrentDevice(AttentionParams const& p, AttentionPlan& plan);
 
 // Host replay of the kernels' work decomposition for the CPU tests (attention_schedule_check.cpp). `p`'s
@@ -65,7 +76,7 @@ struct ScheduleReplay {
     int32_t* poisoned;
 };
 cudaError_t replayAttentionSchedule(AttentionParams const& p, int64_t numBlocks, DeviceFacts const& facts,
-                                    ScheduleReplay const& out);
+                                    PlanSettings const& settings, ScheduleReplay const& out);
 
 // Workspace layout: partial outputs float [partialChunks][T][H][D], then their log2-sum-exps
 // float [partialChunks][T][H]; and, when the multi-token kernel runs and the workspace holds it, the KV row maps'

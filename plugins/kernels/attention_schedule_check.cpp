@@ -14,7 +14,7 @@ namespace pagedkv {
 namespace attn {
 
 cudaError_t replayAttentionSchedule(AttentionParams const& p, int64_t numBlocks, DeviceFacts const& facts,
-                                    ScheduleReplay const& out) {
+                                    PlanSettings const& settings, ScheduleReplay const& out) {
     cudaError_t err = validateAttentionParams(p);
     if (err != cudaSuccess) return err;
     int32_t const T = p.meta.numTokens, B = p.meta.numSeqs, H = p.numQHeads, D = p.headDim;
@@ -25,7 +25,7 @@ cudaError_t replayAttentionSchedule(AttentionParams const& p, int64_t numBlocks,
         std::memset(a, 0, size_t(rows) * sizeof(int32_t));
     if (T == 0) return cudaSuccess;
 
-    AttentionPlan const plan = planAttention(p, facts);
+    AttentionPlan const plan = planAttention(p, facts, settings);
     int32_t const G = plan.groupSize;
     int32_t const MB = p.meta.maxBlocks;
     StepView const view{p.meta.cuQLens, p.meta.pastLens, B, G, p.window, p.attentionSinks};

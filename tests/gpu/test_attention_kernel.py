@@ -410,6 +410,39 @@ def test_decode_width_choice_is_checked(cache, io, head_dim, warps, offered, mon
         paged_attention_numpy(q, meta, pool, cfg)
 
 
+# Forced decode splits (PAGEDKV_DECODE_CHUNKS, read at every launch): what the split sweep (bench_attention.py --cases
+# splits) times must stay exact at any chunk count -- whole, an odd count, and far more chunks than the model picks
+# (capped at the span's 256-token chunks) -- on the 16-bit widths, the 8-bit path, D = 256, a window with sinks.
+DECODE_SPLIT_CASES = [
+    Case(((32767, 1), (8191, 1)), seed=134),
+    Case(((12000, 1), (7, 1), (3000, 1)), num_q_heads=4, num_kv_heads=1, head_dim=64, cache=CacheDType.FP16,
+         io="float16", page_size=64, seed=135),
+    Case(((20000, 1), (513, 1)), head_dim=128, cache=CacheDType.FP8_E4M3, io="bfloat16", seed=136),
+    Case(((9000, 1), (2, 1)), num_q_heads=16, num_kv_heads=8, head_dim=256, page_size=24, seed=137),
+    Case(((9000, 1), (600, 2)), window=1000, sinks=4, seed=138),
+]
+
+
+@pytest.mark.parametrize("chunks", ["1", "3", "200"])
+@pytest.mark.parametrize("case", DECODE_SPLIT_CASES, ids=[c.id for c in DECODE_SPLIT_CASES])
+def test_forced_decode_splits_match_reference(case, chunks, monkeypatch):
+    monkeypatch.setenv("PAGEDKV_DECODE_CHUNKS", chunks)
+    check(case)
+
+
+@pytest.mark.parametrize("chunks", ["0", "1025", "4x", "-3"])
+def test_forced_decode_split_is_checked(chunks, monkeypatch):
+    from pagedkv import _lib
+    from pagedkv.kernels.attention import paged_attention_numpy
+
+    cfg, meta, pool, q = build(Case(((300, 1),), seed=112))
+    monkeypatch.setenv("PAGEDKV_DECODE_CHUNKS", chunks)
+    expected = (f"PAGEDKV_DECODE_CHUNKS={chunks}: expected a whole number in \\[1, 1024\\] "
+                "\\(or unset: the plan's split\\)$")
+    with pytest.raises(_lib.CapiError, match=expected):
+        paged_attention_numpy(q, meta, pool, cfg)
+
+
 def test_unknown_multi_kernel_choice_is_refused(monkeypatch):
     from pagedkv import _lib
     from pagedkv.kernels.attention import paged_attention_numpy

@@ -59,10 +59,11 @@ def _capi() -> ctypes.CDLL:
     return _lib.declare(_lib.capi(), {
         "pagedkv_attention": ([params, ctypes.c_void_p], i32),
         "pagedkv_attention_workspace_bytes": ([i32] * 6, ctypes.c_int64),
-        "pagedkv_attention_plan": ([params, i32, i32p, i32, p(_structs.struct("PagedKVAttentionPlanInfo"))], i32),
+        "pagedkv_attention_plan": ([params, i32, i32p, i32, i32, p(_structs.struct("PagedKVAttentionPlanInfo"))],
+                                   i32),
         "pagedkv_attention_device_plan": ([params, p(_structs.struct("PagedKVAttentionPlanInfo"))], i32),
         "pagedkv_attention_kernel_shapes": ([i32] * 3 + [p(_structs.struct("PagedKVAttentionKernelShapes"))], i32),
-        "pagedkv_attention_schedule_check": ([params, ctypes.c_int64, i32, i32p, i32, i32] + [i32p] * 5, i32),
+        "pagedkv_attention_schedule_check": ([params, ctypes.c_int64, i32, i32p, i32, i32, i32] + [i32p] * 5, i32),
     })
 
 
@@ -157,21 +158,22 @@ def _decode_occupancies(params: ctypes.Structure, decode_ctas_per_sm: int | Sequ
 
 
 def attention_plan(params: ctypes.Structure, *, sm_count: int = 132, decode_ctas_per_sm: int | Sequence[int] = 2,
-                   multi_ctas_per_sm: int = 2) -> dict:
+                   multi_ctas_per_sm: int = 2, decode_chunks: int = 0) -> dict:
     """The launcher's scheduling decision for ``params`` on a device with ``sm_count`` SMs (no GPU needed).
     ``decode_ctas_per_sm``: the decode kernel's occupancy per width of DECODE_WIDTHS (0: not hosted), or one number
-    for the default width alone."""
+    for the default width alone. ``decode_chunks`` > 0: the decode split forced, as PAGEDKV_DECODE_CHUNKS forces it
+    at a launch."""
     info_type = _structs.struct("PagedKVAttentionPlanInfo")
     info = info_type()
     rc = _capi().pagedkv_attention_plan(ctypes.byref(params), sm_count, _decode_occupancies(params, decode_ctas_per_sm),
-                                        multi_ctas_per_sm, ctypes.byref(info))
+                                        multi_ctas_per_sm, decode_chunks, ctypes.byref(info))
     _lib.check(rc, "pagedkv_attention_plan")
     return _as_dict(info)
 
 
 def device_plan(params: ctypes.Structure) -> dict:
     """The plan a launch of ``params`` makes on the current CUDA device (its occupancy queries; launches nothing):
-    what attention_plan returns for that device's facts, PAGEDKV_DECODE_WARPS included."""
+    what attention_plan returns for that device's facts, PAGEDKV_DECODE_WARPS and PAGEDKV_DECODE_CHUNKS included."""
     info = _structs.struct("PagedKVAttentionPlanInfo")()
     _lib.check(_capi().pagedkv_attention_device_plan(ctypes.byref(params), ctypes.byref(info)),
                "pagedkv_attention_device_plan")
@@ -190,7 +192,7 @@ def _host_ptr(a: np.ndarray) -> int:
 
 def schedule_check(cfg: AttentionConfig, meta: StepMetadata, num_blocks: int, *, io_dtype: IODType = IODType.FP16,
                    max_q_len: int | None = None, max_kv_len: int | None = None, sm_count: int = 132,
-                   decode_ctas_per_sm: int | Sequence[int] = 2, multi_ctas_per_sm: int = 2,
+                   decode_ctas_per_sm: int | Sequence[int] = 2, multi_ctas_per_sm: int = 2, decode_chunks: int = 0,
                    workspace_bytes: int | None = None,
                    max_pos: int | None = None) -> dict[str, np.ndarray]:
     """Host replay of the kernels' work decomposition on ``meta`` (see capi_attention.h). Returns
@@ -215,7 +217,7 @@ def schedule_check(cfg: AttentionConfig, meta: StepMetadata, num_blocks: int, *,
     ptr = {k: v.ctypes.data_as(i32p) for k, v in out.items()}
     rc = _capi().pagedkv_attention_schedule_check(
         ctypes.byref(params), int(num_blocks), sm_count, _decode_occupancies(params, decode_ctas_per_sm),
-        multi_ctas_per_sm, max_pos,
+        multi_ctas_per_sm, decode_chunks, max_pos,
         ptr["coverage"], ptr["direct_writes"], ptr["partial_writes"], ptr["merged_chunks"], ptr["poisoned"])
     _lib.check(rc, "pagedkv_attention_schedule_check")
     return out
