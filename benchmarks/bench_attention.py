@@ -14,7 +14,8 @@ reference, not a peer: ``BatchPrefillWithRaggedKVCacheWrapper(backend="fa3")`` o
 whose loads are TMA tiles where the paged fa3 gathers rows by cp.async -- what the same family of kernel reaches
 without a page table, kept out of the best-peer ratio (it solves an easier problem). Each bf16 prefill also times our
 other multi-token kernels on the same tensors (the Hopper kernel's cooperative variant and the mma.sync kernel,
-``PAGEDKV_MULTI_KERNEL``), and P16 an fp8 e4m3 cache on all three.
+``PAGEDKV_MULTI_KERNEL``), and P16 an fp8 e4m3 cache on all three, beside the paged peers on the same fp8 values
+(FlashInfer's paths for bf16 queries over an fp8 cache; one it lacks reports its failure in the note).
 Llama-3 shapes (``llama``, in the default cases): decode P16 64x4K and both prefills (P16) at 64 query heads over 8
 KV heads (70B-like) and at the default 32 / 8 (8B-like), D = 128, against the same peers.
 Decode widths (``--cases widths``): P16 batches around the plan's CTA-width switch points, ours as planned and at
@@ -218,7 +219,7 @@ class Peers:
         backend = {"fa2_prefill": "fa2", "fa3": "fa3"}[peer]
         wrapper = self.fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=backend)
         wrapper.plan(step.cu_q_lens, indptr, indices, last, step.h, step.kvh, step.head_dim, step.page_size, causal=True,
-                     q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+                     q_data_type=torch.bfloat16, kv_data_type=kv.dtype)
         q = step.q.view(step.tokens, step.h, step.head_dim)
 
         def launch():
@@ -471,13 +472,16 @@ def run(which: set[str], peers: tuple[str, ...], head_dims: tuple[int, ...] = HE
                     step = Step(torch, num_seqs=shape["num_seqs"], q_len=shape["chunk"], past_len=shape["cached"],
                                 page_size=page, cache="fp8", seed=7)
                     fp8 = step.our_launcher()
-                    fp8_us = time_us(fp8, torch, triton)
+                    fp8_us = fp8.us = time_us(fp8, torch, triton)
+                    # the paged peers on the same fp8 values (a path FlashInfer lacks for bf16 queries is a note)
+                    fp8_times, fp8_notes = time_peers(step, fp8, "prefill",
+                                                      [p for p in prefill_peers if p not in REFERENCES], flops)
                     others = []
                     for choice, label in (("sm90-cooperative", "Hopper cooperative"), ("mma", "mma.sync")):
                         with multi_kernel(choice):
                             other_us = time_us(step.our_launcher(), torch, triton)
                         others.append(f"{label} kernel {other_us:.1f} us ({other_us / fp8_us:.2f}x)")
-                    row(name, "pagedkv fp8 e4m3 cache", step, fp8, fp8_us, {}, [],
+                    row(name, "pagedkv fp8 e4m3 cache", step, fp8, fp8_us, fp8_times, fp8_notes,
                         tflops=flops / (fp8_us * 1e-6) / 1e12, extra="; ".join(others) + f"; bf16 {us:.1f} us")
                     del step
                 torch.cuda.empty_cache()

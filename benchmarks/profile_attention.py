@@ -7,8 +7,9 @@ Only the timed launches run inside a profiler range (cudaProfilerStart / Stop), 
 skips the step's set-up kernels (random values, page shuffles) whatever their names, and ``--launch-skip`` counts
 the case's own launches (a peer's step may be more than one kernel: print them with ``--print-summary per-kernel``).
 
-Cases are bench_attention.py's: ``prefill`` (4 x 2048 over 8192, page 16; ``--prefill 1``: 1 x 8192 over 0), ``decode`` (bf16, 64 x 4096,
-page 16) and ``fp8`` (the same with an fp8 e4m3 cache); ``--batch`` / ``--kv-len`` pick another decode shape (e.g.
+Cases are bench_attention.py's: ``prefill`` (4 x 2048 over 8192, page 16; ``--prefill 1``: 1 x 8192 over 0;
+``--cache fp8``: over an fp8 e4m3 cache), ``decode`` (bf16, 64 x 4096, page 16) and ``fp8`` (the same with an fp8
+e4m3 cache); ``--batch`` / ``--kv-len`` pick another decode shape (e.g.
 16 x 8192, one unsplit wave) and ``--page`` the page size. ``--impl tc_fa2`` / ``xqa`` launches that FlashInfer
 decode path on the same step instead of ours (its kernels: ``regex:BatchPrefillWithPagedKVCache`` for tc_fa2), to
 profile both side by side. The timing figures belong to bench_attention.py; this script only launches.
@@ -34,11 +35,15 @@ def main() -> int:
                     help="prefill: which of bench_attention.py's prefill shapes (0: 4 x 2048 over 8192, 1: 1 x 8192)")
     ap.add_argument("--batch", type=int, default=64, help="decode / fp8: sequences in the step")
     ap.add_argument("--kv-len", type=int, default=4096, help="decode / fp8: each sequence's KV length after the step")
+    ap.add_argument("--cache", choices=["bf16", "fp8"], default="bf16",
+                    help="prefill: the cache dtype (fp8: e4m3, its 8-bit tiles converted in shared memory)")
     ap.add_argument("--impl", choices=["ours", "tc_fa2", "xqa"], default="ours",
                     help="whose decode to launch (the peers: FlashInfer's, on the same K/V values)")
     args = ap.parse_args()
     if args.impl != "ours" and args.case != "decode":
         ap.error(f"--impl {args.impl}: only with the decode case")
+    if args.cache != "bf16" and args.case != "prefill":
+        ap.error(f"--cache {args.cache}: only with the prefill case (the fp8 case is the decode's)")
     for name in ("page", "batch", "kv_len"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')}={getattr(args, name)}: expected >= 1")
@@ -47,7 +52,7 @@ def main() -> int:
     if args.case == "prefill":
         shape = PREFILLS[args.prefill]
         step = Step(torch, num_seqs=shape["num_seqs"], q_len=shape["chunk"], past_len=shape["cached"],
-                    page_size=args.page, seed=7)
+                    page_size=args.page, cache=args.cache, seed=7)
     else:
         step = Step(torch, num_seqs=args.batch, q_len=1, past_len=args.kv_len - 1, page_size=args.page,
                     cache="fp8" if args.case == "fp8" else "bf16")

@@ -68,6 +68,13 @@ def test_bench_attention_checks_its_head_dims():
     assert "--head-dims='sixty': expected integers from 64, 80, 96, 256" in run.stderr
 
 
+def test_profile_attention_checks_its_arguments():
+    run = _run("profile_attention.py", "decode", "--cache", "fp8", expect=2)
+    assert "--cache fp8: only with the prefill case (the fp8 case is the decode's)" in run.stderr
+    run = _run("profile_attention.py", "prefill", "--impl", "xqa", expect=2)
+    assert "--impl xqa: only with the decode case" in run.stderr
+
+
 def test_bench_attention_split_sweep_forces_plans_the_launcher_makes():
     # --cases splits times each of split_counts through PAGEDKV_DECODE_CHUNKS: the plan the launcher then makes (the
     # same planAttention, given the count) cuts each shape into at most that many chunks of >= 256 tokens, at the
