@@ -259,11 +259,13 @@ def decode_case(torch, batch: int, length: int, page: int) -> tuple[str, Step]:
                                                     page_size=page, seed=batch + page)
 
 
-def prefill_case(torch, shape: dict, page: int) -> tuple[str, Step]:
-    """A prefill row's name and step (bf16 cache) for one of PREFILLS."""
+def prefill_case(torch, shape: dict, page: int, cache: str = "bf16") -> tuple[str, Step]:
+    """A prefill row's name and step (a bf16 cache, or `cache`) for one of PREFILLS."""
     name = f"prefill P{page} {shape['num_seqs']}x{shape['chunk']} over {shape['cached']}"
+    if cache != "bf16":
+        name += f" {cache} cache"
     return name, Step(torch, num_seqs=shape["num_seqs"], q_len=shape["chunk"], past_len=shape["cached"],
-                      page_size=page, seed=7)
+                      page_size=page, cache=cache, seed=7)
 
 
 @contextlib.contextmanager
@@ -469,8 +471,7 @@ def run(which: set[str], peers: tuple[str, ...], head_dims: tuple[int, ...] = HE
                         extra=f"default kernel {other_us / us:.2f}x faster; max|diff| to the default {diff:.4f}")
                 del step
                 if page == 16:  # an fp8 e4m3 cache: 8-bit tiles converted in shared memory by either kernel
-                    step = Step(torch, num_seqs=shape["num_seqs"], q_len=shape["chunk"], past_len=shape["cached"],
-                                page_size=page, cache="fp8", seed=7)
+                    step = prefill_case(torch, shape, page, cache="fp8")[1]
                     fp8 = step.our_launcher()
                     fp8_us = fp8.us = time_us(fp8, torch, triton)
                     # the paged peers on the same fp8 values (a path FlashInfer lacks for bf16 queries is a note)
