@@ -73,9 +73,10 @@ cudaError_t launchMultiKernel(AttentionKernelParams const& kp, IODType io, Cache
 enum class MultiKernelChoice { kDefault, kMma, kSm90Cooperative, kSm90WarpSpecialized };
 cudaError_t readMultiKernelChoice(MultiKernelChoice& choice);
 
-// The Hopper multi-token kernel (sm90/attention_multi_sm90.cu, compiled for sm_90a when the build targets sm_90):
-// whether it serves (ioDType, cacheDType, headDim) on the current device under `choice`, its occupancy and its
-// launch. The multi-token entry points above route to it themselves; nothing else calls these.
+// The Hopper multi-token kernel (sm90/attention_multi_sm90.cu, its kernels in attention_multi_sm90.cuh; compiled for
+// sm_90a, a translation unit per head dim, when the build targets sm_90): whether it serves (ioDType, cacheDType,
+// headDim) on the current device under `choice`, its occupancy and its launch. The multi-token entry points above
+// route to it themselves; nothing else calls these.
 bool multiKernelSm90Serves(IODType io, CacheDType cache, int32_t headDim, MultiKernelChoice choice);
 cudaError_t multiKernelSm90Occupancy(IODType io, CacheDType cache, int32_t headDim, MultiKernelChoice choice,
                                      int32_t& ctasPerSm);

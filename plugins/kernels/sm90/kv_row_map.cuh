@@ -4,7 +4,7 @@
 // The map. In the HND page layout ([KVH, P, D] per (block, layer, K|V)) every row of D elements starts a whole number
 // of rows from the pool's base: each stride of the layout is a multiple of strideToken = D. So the pool is one 2-D
 // tensor {D, rows} of 16-bit elements with a row pitch of 2 D bytes, and a run of 16 consecutive rows of one page (a
-// producer warp's half tile, attention_multi_sm90.cu) is one box {64, 16} per 64-column block, its rows landing 128
+// producer warp's half tile, attention_multi_sm90.cuh) is one box {64, 16} per 64-column block, its rows landing 128
 // bytes apart in 128-byte-swizzled order -- the blocked tile wgmma reads (chunk ^ (row & 7), blocks on 1024-byte
 // boundaries: sm90/wgmma.cuh). The host encodes a template (kvRowMapTemplate: element type, rank, pitch, box,
 // swizzle; a placeholder address and row count), passed as a __grid_constant__ parameter; each CTA copies it into
