@@ -91,10 +91,10 @@ fi
 if has tests; then
   log "gpu tests"
   timeout ${PAGEDKV_GPU_TEST_TIMEOUT:-420} python3 -m pytest -q -m gpu -n ${PAGEDKV_GPU_TEST_WORKERS:-8} \
-    -p no:cacheprovider --timeout=300 -rfEs --junitxml="$OUT/gpu-tests.xml" ${PAGEDKV_GPU_TESTS:-tests} \
+    -p no:cacheprovider --timeout=300 -rfEs --durations=30 --junitxml="$OUT/gpu-tests.xml" ${PAGEDKV_GPU_TESTS:-tests} \
     > "$OUT/gpu-tests.log" 2>&1
   t=$?; [ $t -ne 0 ] && rc=$t
-  tail -40 "$OUT/gpu-tests.log" | tee -a "$OUT/summary.txt"
+  tail -75 "$OUT/gpu-tests.log" | tee -a "$OUT/summary.txt"  # the 30 slowest (what the device's ~290 s go to)
   log "device-wide memory check, alone on the GPU"
   PAGEDKV_SERIAL_GPU_TEST=1 python3 -m pytest -q -p no:cacheprovider \
     tests/gpu/test_kvcache_gpu.py::test_memory_returns_to_baseline_after_many_sequences \
