@@ -134,5 +134,24 @@ __device__ __forceinline__ uint4 dequant8x8(uint2 raw, bool isFp8) {
     return out;
 }
 
+// Eight 8-bit stored values -> eight values of type T, fp8 vs int8 fixed at compile time. For f16, fp8 goes through
+// the hardware conversion (e4m3x4ToHalfPairs: one instruction a pair where fp8x4ToPairs' bit moves take five), the
+// same values for every code the write side stores.
+template <typename T, bool kFp8>
+__device__ __forceinline__ uint4 dequant8x8As(uint2 raw) {
+    uint4 out;
+    if constexpr (kFp8 && std::is_same_v<T, __half>) {
+        e4m3x4ToHalfPairs(raw.x, out.x, out.y);
+        e4m3x4ToHalfPairs(raw.y, out.z, out.w);
+    } else if constexpr (kFp8) {
+        fp8x4ToPairs<T>(raw.x, out.x, out.y);
+        fp8x4ToPairs<T>(raw.y, out.z, out.w);
+    } else {
+        int8x4ToPairs<T>(raw.x, out.x, out.y);
+        int8x4ToPairs<T>(raw.y, out.z, out.w);
+    }
+    return out;
+}
+
 }  // namespace attn
 }  // namespace pagedkv

@@ -348,6 +348,38 @@ __device__ __forceinline__ void convertTile8(unsigned char const* staging, unsig
     }
 }
 
+// The same conversion for kRows rows of a K and a V staging tile at once, by one warp, into blocked tiles (the
+// warp-specialized Hopper producer): every load of both tiles is issued before any conversion, and fp8 vs int8 is
+// decided once. Written as convertTile8 twice, ptxas kept each chunk a dependent load -> branch -> convert -> store
+// step (it cannot move a shared-memory load above a store to shared memory that may alias it), one load latency
+// per 16-byte chunk on the producer's critical path. K becomes KT values, V VT values (dequant8x8As).
+template <typename KT, typename VT, int kD, int kRows, int kBlockRows>
+__device__ __forceinline__ void convertKVRows8(unsigned char const* stagingK, unsigned char const* stagingV,
+                                               unsigned char* tileK, unsigned char* tileV, bool isFp8,
+                                               int32_t lane) {
+    constexpr int kChunks8 = kD / 8;  // 8-element groups per row
+    constexpr int kPerLane = kRows * kChunks8 / 32;
+    static_assert((kRows * kChunks8) % 32 == 0, "conversion must split evenly over the lanes");
+    uint2 rawK[kPerLane], rawV[kPerLane];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+        int const q = lane + i * 32;
+        rawK[i] = *reinterpret_cast<uint2 const*>(stagingK + (q / kChunks8) * kD + (q % kChunks8) * 8);
+        rawV[i] = *reinterpret_cast<uint2 const*>(stagingV + (q / kChunks8) * kD + (q % kChunks8) * 8);
+    }
+    auto store = [&](auto fp8) {
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) {
+            int const q = lane + i * 32;
+            uint32_t const dst = blockedTileChunk<kBlockRows>(q / kChunks8, q % kChunks8);
+            *reinterpret_cast<uint4*>(tileK + dst) = dequant8x8As<KT, decltype(fp8)::value>(rawK[i]);
+            *reinterpret_cast<uint4*>(tileV + dst) = dequant8x8As<VT, decltype(fp8)::value>(rawV[i]);
+        }
+    };
+    if (isFp8) store(std::true_type{});
+    else store(std::false_type{});
+}
+
 // Element offset in q of chunk ch (8 elements) of global row R (token R / G, head kvHead * G + R % G).
 template <int kD>
 __device__ __forceinline__ int64_t qRowElem(AttentionKernelParams const& p, int32_t row, int32_t kvHead, int32_t ch) {

@@ -29,6 +29,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "attention_dispatch.cuh"
 #include "attention_kernels.h"
 #include "attention_multi_sm90_launch.h"
@@ -71,6 +73,10 @@ struct Sm90MultiConfig {
     static constexpr int kNT = kTile / 8;
     static constexpr int kQBytes = kRows * kDP * 2;
     static constexpr int kKVTileBytes = kTile * kDP * 2;  // a 16-bit K or V tile as the MMAs read it
+    // The type of P and V in O += P V. 8-bit caches: f16 whatever the compute type, as in the decode kernel -- every
+    // e4m3 and int8 value is exact in f16, P in [0, 2^kMaxSlack] is more precise there than in bf16, and fp8 V tiles
+    // convert with one hardware instruction a pair instead of five bit operations (the producer converts every tile).
+    using PVType = std::conditional_t<k8Bit, __half, CT>;
     // Stages of the tiles as loaded (8-bit caches: [token][kD] bytes). The warp-specialized 8-bit variant keeps 2
     // of them and 2 converted (K, V) stages the MMAs read: 3 of each do not fit at D = 128.
     static constexpr bool kWS8 = k8Bit && kWarpSpecialized;
@@ -186,7 +192,7 @@ struct Sm90Consumer {
     __device__ __forceinline__ void issuePV(uint32_t vTileAddr) {
 #pragma unroll
         for (int kt = 0; kt < kTile / 16; ++kt)
-            wgmma::Mma<CT, kDP>::rs(o, pa[kt], wgmma::mnMajor<kTile>(vTileAddr, kt), true);
+            wgmma::Mma<typename Cfg::PVType, kDP>::rs(o, pa[kt], wgmma::mnMajor<kTile>(vTileAddr, kt), true);
     }
     __device__ __forceinline__ void softmax(AttentionKernelParams const& p, int32_t const* tilePos, bool needMask) {
         withSoftmaxVariant(p.useSoftcap != 0, needMask, [&](auto capped, auto masked) {
@@ -233,7 +239,7 @@ struct Sm90Consumer {
     }
     __device__ __forceinline__ void packP() {
 #pragma unroll
-        for (int kt = 0; kt < kTile / 16; ++kt) probFragment<CT, kNT>(s, kt, pa[kt]);
+        for (int kt = 0; kt < kTile / 16; ++kt) probFragment<typename Cfg::PVType, kNT>(s, kt, pa[kt]);
     }
     // O's real columns: its first kD / 8 accumulator tiles
     __device__ __forceinline__ float (&realO())[kD / 8][4] { return reinterpret_cast<float(&)[kD / 8][4]>(o); }
@@ -349,7 +355,7 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD>::kThreads, 1)
             for (int r = 0; r < kTile; r += kConvRows) {
                 convertTile8<CT, kD, kConvRows, Cfg::kConsumerThreads, kTile>(sm.rawK(j % Cfg::kStages) + r * kD,
                                                                               conv + r * 128, isFp8, tid);
-                convertTile8<CT, kD, kConvRows, Cfg::kConsumerThreads, kTile>(
+                convertTile8<typename Cfg::PVType, kD, kConvRows, Cfg::kConsumerThreads, kTile>(
                     sm.rawV(j % Cfg::kStages) + r * kD, conv + (1 + (j & 1)) * Cfg::kKVTileBytes + r * 128, isFp8,
                     tid);
             }
@@ -562,15 +568,15 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads
                     cpAsyncCommit();
                     cpAsyncWait<1>();  // tile t's copies (this lane's) landed
                     __syncwarp();      // ... and every lane's of this warp: its rows
-                    // 8 rows at a time (the swizzle repeats every 8 rows): 56 registers hold one group's loads; at
-                    // D = 80 (10 groups of 8 elements a row) 16 rows, so that the 32 lanes split them evenly
+                    // 8 rows of K and V at a time (the swizzle repeats every 8 rows), all their loads issued first:
+                    // 56 registers hold one group's; at D = 80 (10 groups of 8 elements a row) 16 rows, so that the
+                    // 32 lanes split them evenly
 #pragma unroll 1
                     for (int r = row0; r < row0 + kWarpRows; r += kConvRows) {
                         unsigned char* const convK = sm.conv() + stage * 2 * Cfg::kKVTileBytes + r * 128;
-                        convertTile8<CT, kD, kConvRows, 32, kTile>(sm.rawK(t % kStages) + r * kD, convK, isFp8,
-                                                                   lane);
-                        convertTile8<CT, kD, kConvRows, 32, kTile>(sm.rawV(t % kStages) + r * kD,
-                                                                   convK + Cfg::kKVTileBytes, isFp8, lane);
+                        convertKVRows8<CT, typename Cfg::PVType, kD, kConvRows, kTile>(
+                            sm.rawK(t % kStages) + r * kD, sm.rawV(t % kStages) + r * kD, convK,
+                            convK + Cfg::kKVTileBytes, isFp8, lane);
                     }
                     wgmma::fenceProxyAsync();
                     wgmma::mbarrierArrive(sm.full(stage));
