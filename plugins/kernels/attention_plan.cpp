@@ -121,6 +121,8 @@ AttentionPlan planAttention(AttentionParams const& p, DeviceFacts const& facts, 
     int64_t const wsChunks = partialRoom / (int64_t(T) * H * rowBytes);
     int64_t const spanChunks = ceilDiv64(maxSpan, kMinChunkTokens);
     int64_t const smCount = std::max(facts.smCount, 1);
+    // The most chunks any split may cut a span into: the span's chunks, the workspace's partial rows, the grid.
+    int64_t const chunkBound = std::min({spanChunks, wsChunks, int64_t(kMaxGridChunks)});
 
     // Split-K of the multi-token kernel: when its CTAs can't fill `waves` waves of the GPU, cut every
     // sequence's span into chunks so that they can (bounded by the span, the workspace and the grid).
@@ -129,7 +131,7 @@ AttentionPlan planAttention(AttentionParams const& p, DeviceFacts const& facts, 
         int64_t capacity = smCount * std::max<int64_t>(ctasPerSm, 1) * waves;
         if (units >= capacity) return 1;
         int64_t want = ceilDiv64(capacity, std::max<int64_t>(units, 1));
-        int64_t n = std::min({want, spanChunks, wsChunks, int64_t(kMaxGridChunks)});
+        int64_t n = std::min(want, chunkBound);
         return int32_t(std::max<int64_t>(n, 1));
     };
     auto gridChunksFor = [&](int32_t n, int32_t len) { return n <= 1 ? 1 : int32_t(ceilDiv64(maxSpan, len)); };
@@ -142,8 +144,7 @@ AttentionPlan planAttention(AttentionParams const& p, DeviceFacts const& facts, 
     // ties to fewer chunks (less merge work, fewer prologues).
     auto chooseDecodeChunks = [&](int64_t units, int64_t ctasPerSm) -> int32_t {
         int64_t const slots = smCount * std::max<int64_t>(ctasPerSm, 1);
-        int64_t const nMax = std::min({spanChunks, wsChunks, int64_t(kMaxGridChunks),
-                                       ceilDiv64(kDecodeMaxWaves * slots, std::max<int64_t>(units, 1))});
+        int64_t const nMax = std::min(chunkBound, ceilDiv64(kDecodeMaxWaves * slots, std::max<int64_t>(units, 1)));
         int32_t best = 1;
         int64_t bestCost = ceilDiv64(units, slots) * (int64_t(maxSpan) + kDecodeCtaCostTokens);
         for (int64_t n = 2; n <= nMax; ++n) {
@@ -184,8 +185,7 @@ AttentionPlan planAttention(AttentionParams const& p, DeviceFacts const& facts, 
         int32_t const width = chooseDecodeWidth(units);
         // A forced chunk count (PlanSettings) within the bounds the model's choice also keeps.
         int32_t const n = settings.decodeChunks > 0
-                              ? int32_t(std::max<int64_t>(1, std::min({int64_t(settings.decodeChunks), spanChunks,
-                                                                       wsChunks, int64_t(kMaxGridChunks)})))
+                              ? int32_t(std::max<int64_t>(1, std::min(int64_t(settings.decodeChunks), chunkBound)))
                               : chooseDecodeChunks(units, facts.decodeCtasPerSm[width]);
         plan.decodeWarps = kDecodeWidthWarps[width];
         plan.split.decodeChunkLen = chunkLenFor(n);
