@@ -10,7 +10,8 @@ the case's own launches (a peer's step may be more than one kernel: print them w
 Cases are bench_attention.py's: ``prefill`` (4 x 2048 over 8192, page 16; ``--prefill 1``: 1 x 8192 over 0;
 ``--cache fp8``: over an fp8 e4m3 cache), ``decode`` (bf16, 64 x 4096, page 16) and ``fp8`` (the same with an fp8
 e4m3 cache); ``--batch`` / ``--kv-len`` pick another decode shape (e.g.
-16 x 8192, one unsplit wave) and ``--page`` the page size. ``--impl tc_fa2`` / ``xqa`` launches that FlashInfer
+16 x 8192, one unsplit wave), ``--page`` the page size and ``--head-dim`` another head dim (bench_attention.py's
+``headdim`` rows: D = 64's prefill trails fa3). ``--impl tc_fa2`` / ``xqa`` launches that FlashInfer
 decode path on the same step instead of ours (its kernels: ``regex:BatchPrefillWithPagedKVCache`` for tc_fa2), to
 profile both side by side. The timing figures belong to bench_attention.py; this script only launches.
 """
@@ -39,6 +40,8 @@ def main() -> int:
                     help="prefill: the cache dtype (fp8: e4m3, its 8-bit tiles converted in shared memory)")
     ap.add_argument("--impl", choices=["ours", "tc_fa2", "xqa"], default="ours",
                     help="whose decode to launch (the peers: FlashInfer's, on the same K/V values)")
+    ap.add_argument("--head-dim", type=int, default=None,
+                    help="the head dim (default: bench_attention.py's 128); one the kernels are compiled for")
     args = ap.parse_args()
     if args.impl != "ours" and args.case != "decode":
         ap.error(f"--impl {args.impl}: only with the decode case")
@@ -47,15 +50,22 @@ def main() -> int:
     for name in ("page", "batch", "kv_len"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')}={getattr(args, name)}: expected >= 1")
+    dims = {}
+    if args.head_dim is not None:
+        from pagedkv.capabilities import capabilities
+
+        if args.head_dim not in capabilities().head_dims:
+            ap.error(f"--head-dim={args.head_dim}: expected one of {capabilities().head_dims}")
+        dims = dict(head_dim=args.head_dim)
     import torch
 
     if args.case == "prefill":
         shape = PREFILLS[args.prefill]
         step = Step(torch, num_seqs=shape["num_seqs"], q_len=shape["chunk"], past_len=shape["cached"],
-                    page_size=args.page, cache=args.cache, seed=7)
+                    page_size=args.page, cache=args.cache, seed=7, **dims)
     else:
         step = Step(torch, num_seqs=args.batch, q_len=1, past_len=args.kv_len - 1, page_size=args.page,
-                    cache="fp8" if args.case == "fp8" else "bf16")
+                    cache="fp8" if args.case == "fp8" else "bf16", **dims)
     if args.impl == "ours":
         launch = step.our_launcher()
     else:
