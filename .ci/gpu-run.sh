@@ -61,22 +61,21 @@ if has build; then
   log "build (sm_90)"
   export PAGEDKV_KERNEL_LENS_WHEEL=$PWD/.whl/build/kernel_lens-2.0.1-py3-none-any.whl
   t0=$(date +%s)
-  # A wheel built on the CPU machine (.ci/prebuild-gpu-wheel.sh) is installed instead when it was built from exactly
-  # the sources this tree has (its record and the tree's, compared in full); anything else builds here.
-  prebuilt=$(ls .whl/prebuilt/pagedkv-*.whl.xz 2>/dev/null | head -1)
-  if [ -n "$prebuilt" ] && [ -f .whl/prebuilt/source-hashes ] && \
-     bash .ci/source-hashes.sh wheel | cmp -s - .whl/prebuilt/source-hashes; then
-    wheel=/tmp/pagedkv-prebuilt/$(basename "$prebuilt" .xz)
-    mkdir -p /tmp/pagedkv-prebuilt && python3 -c "import lzma, shutil, sys
-with lzma.open(sys.argv[1]) as src, open(sys.argv[2], 'wb') as dst: shutil.copyfileobj(src, dst)" \
-      "$prebuilt" "$wheel" &&
-    python3 -m pip install --no-deps --no-cache-dir --force-reinstall "$wheel" > "$OUT/build.log" 2>&1 ||
+  # A wheel built on the CPU machine (.ci/prebuild-gpu-wheel.sh: the tree's, and its variants') is installed instead
+  # when one was built from exactly the sources this tree has (its record and the tree's, compared in full); anything
+  # else builds here.
+  prebuilt=""
+  if [ -f .whl/prebuilt/wheels.tar.xz ]; then
+    bash .ci/source-hashes.sh wheel > /tmp/pagedkv-tree-record
+    prebuilt=$(python3 .ci/prebuilt_wheels.py find .whl/prebuilt/wheels.tar.xz /tmp/pagedkv-tree-record \
+               /tmp/pagedkv-prebuilt) || prebuilt=""
+  fi
+  if [ -n "$prebuilt" ]; then
+    python3 -m pip install --no-deps --no-cache-dir --force-reinstall "${prebuilt#* }" > "$OUT/build.log" 2>&1 ||
       { log "PREBUILT WHEEL INSTALL FAILED"; tail -30 "$OUT/build.log"; exit 1; }
-    log "prebuilt wheel $(basename "$prebuilt") installed in $(( $(date +%s) - t0 )) s (built from this tree's" \
-        "sources)"
+    log "prebuilt wheel of ${prebuilt%% *} installed in $(( $(date +%s) - t0 )) s (built from this tree's sources)"
   else
-    [ -n "$prebuilt" ] && log "prebuilt wheel $(basename "$prebuilt") not used: the tree's sources differ from" \
-                              "its record"
+    [ -f .whl/prebuilt/wheels.tar.xz ] && log "no prebuilt wheel used: none was built from this tree's sources"
     touch_changed_sources
     # shellcheck disable=SC1091
     source .ci/gpu-build-options.sh

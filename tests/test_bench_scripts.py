@@ -160,3 +160,51 @@ def test_prebuild_gpu_wheel_needs_the_tensorrt_headers(tmp_path):
                        timeout=60, cwd=ROOT, env={**os.environ, "PAGEDKV_KERNEL_LENS_WHEEL": str(missing)})
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert f"PAGEDKV_KERNEL_LENS_WHEEL={missing}: no such file" in r.stderr
+
+
+def _fake_wheel(folder, payload: bytes, record: str):
+    # a zip with a library-sized repeated payload (what the archive's shared dictionary is for) and its record
+    import zipfile
+
+    folder.mkdir(parents=True)
+    with zipfile.ZipFile(folder / "pagedkv-0.1.0-py3-none-linux_x86_64.whl", "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("pagedkv/lib/libpagedkv_capi.so", payload)
+        info = zipfile.ZipInfo("pagedkv/lib/pagedkv_testhost")
+        info.external_attr = 0o755 << 16
+        z.writestr(info, b"#!host")
+    (folder / "source-hashes").write_text(record)
+
+
+def test_prebuilt_wheels_archive_finds_the_build_of_a_record(tmp_path):
+    """.ci/prebuilt_wheels.py: the tree's wheel and a variant's in one archive; `find` extracts the one whose record is
+    the tree's (a valid wheel, entries stored, modes kept), exits 1 when none is, and bad entries are refused."""
+    import zipfile
+
+    tool = ROOT / ".ci" / "prebuilt_wheels.py"
+    base = os.urandom(1 << 18)  # incompressible alone: only the shared dictionary makes the second copy cheap
+    _fake_wheel(tmp_path / "tree", base, "aaaa  plugins/a.cu\n")
+    _fake_wheel(tmp_path / "var", base[:1000] + b"variant" + base[1007:], "bbbb  plugins/a.cu\n")
+    archive = tmp_path / "out" / "wheels.tar.xz"
+
+    def tool_run(*args, expect=0):
+        r = subprocess.run([sys.executable, str(tool), *map(str, args)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == expect, r.stdout + r.stderr
+        return r
+
+    tool_run("pack", archive, f"tree={tmp_path / 'tree'}", f"ws8-x={tmp_path / 'var'}")
+    assert archive.stat().st_size < 1.1 * len(base)  # two wheels of it: the second copy comes almost free
+    assert tool_run("list", archive).stdout.split() == ["tree", "pagedkv-0.1.0-py3-none-linux_x86_64.whl",
+                                                         "ws8-x", "pagedkv-0.1.0-py3-none-linux_x86_64.whl"]
+    for label in ("tree", "ws8-x"):
+        src = tmp_path / ("tree" if label == "tree" else "var")
+        found = tool_run("find", archive, src / "source-hashes", tmp_path / "found").stdout.split()
+        assert found[0] == label
+        with zipfile.ZipFile(found[1]) as got, zipfile.ZipFile(src / "pagedkv-0.1.0-py3-none-linux_x86_64.whl") as want:
+            assert [i.compress_type for i in got.infolist()] == [zipfile.ZIP_STORED] * 2
+            assert {n: got.read(n) for n in got.namelist()} == {n: want.read(n) for n in want.namelist()}
+            assert got.getinfo("pagedkv/lib/pagedkv_testhost").external_attr >> 16 == 0o755
+    (tmp_path / "other").write_text("cccc  plugins/a.cu\n")
+    assert tool_run("find", archive, tmp_path / "other", tmp_path / "none", expect=1).stdout == ""
+    bad = tool_run("pack", tmp_path / "bad.tar.xz", f"tree={tmp_path / 'tree'}", f"tree={tmp_path / 'var'}", expect=2)
+    assert bad.stderr.startswith("prebuilt_wheels.py: entry='tree=") and bad.stderr.count("\n") == 1
+    assert not (tmp_path / "bad.tar.xz").exists()
