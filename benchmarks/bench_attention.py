@@ -259,13 +259,15 @@ def decode_case(torch, batch: int, length: int, page: int) -> tuple[str, Step]:
                                                     page_size=page, seed=batch + page)
 
 
-def prefill_case(torch, shape: dict, page: int, cache: str = "bf16") -> tuple[str, Step]:
-    """A prefill row's name and step (a bf16 cache, or `cache`) for one of PREFILLS."""
+def prefill_case(torch, shape: dict, page: int, cache: str = "bf16", head_dim: int = D) -> tuple[str, Step]:
+    """A prefill row's name and step (a bf16 cache, or `cache`; D = 128, or `head_dim`) for one of PREFILLS."""
     name = f"prefill P{page} {shape['num_seqs']}x{shape['chunk']} over {shape['cached']}"
+    if head_dim != D:
+        name += f" D{head_dim}"
     if cache != "bf16":
         name += f" {cache} cache"
     return name, Step(torch, num_seqs=shape["num_seqs"], q_len=shape["chunk"], past_len=shape["cached"],
-                      page_size=page, cache=cache, seed=7)
+                      page_size=page, cache=cache, head_dim=head_dim, seed=7)
 
 
 @contextlib.contextmanager
