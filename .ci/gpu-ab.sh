@@ -8,7 +8,7 @@
 # the build logs (through .ci/gpu-run.sh, which also rebuilds whatever a patch changed: its source record). A build
 # that `bash .ci/prebuild-gpu-wheel.sh variant.diff ...` made on the CPU machine is installed instead (~1 s, not
 # ~60-150 s of device time): carry .whl with its prebuilt/wheels.tar.xz (FlashInfer's wheel may stay behind: an A/B
-# does not use it, and the 64 MiB a call carries then holds several variants).
+# does not use it: beside it and the tracked files the 64 MiB a call carries hold the tree's wheel and two variants).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 usage() { echo "usage: bash .ci/gpu-ab.sh [--cases prefill,decode] [--rounds N] variant.diff [variant.diff ...]" >&2; exit 2; }
