@@ -182,8 +182,8 @@ def test_prebuilt_wheels_archive_finds_the_build_of_a_record(tmp_path):
 
     tool = ROOT / ".ci" / "prebuilt_wheels.py"
     base = os.urandom(1 << 18)  # incompressible alone: only the shared dictionary makes the second copy cheap
-    _fake_wheel(tmp_path / "tree", base, "aaaa  plugins/a.cu\n")
-    _fake_wheel(tmp_path / "var", base[:1000] + b"variant" + base[1007:], "bbbb  plugins/a.cu\n")
+    _fake_wheel(tmp_path / "tree", base, "aaaa  plugins/kernels/attention_plan.cpp\n")
+    _fake_wheel(tmp_path / "var", base[:1000] + b"variant" + base[1007:], "bbbb  plugins/kernels/attention_plan.cpp\n")
     archive = tmp_path / "out" / "wheels.tar.xz"
 
     def tool_run(*args, expect=0):
@@ -203,7 +203,7 @@ def test_prebuilt_wheels_archive_finds_the_build_of_a_record(tmp_path):
             assert [i.compress_type for i in got.infolist()] == [zipfile.ZIP_STORED] * 2
             assert {n: got.read(n) for n in got.namelist()} == {n: want.read(n) for n in want.namelist()}
             assert got.getinfo("pagedkv/lib/pagedkv_testhost").external_attr >> 16 == 0o755
-    (tmp_path / "other").write_text("cccc  plugins/a.cu\n")
+    (tmp_path / "other").write_text("cccc  plugins/kernels/attention_plan.cpp\n")
     assert tool_run("find", archive, tmp_path / "other", tmp_path / "none", expect=1).stdout == ""
     bad = tool_run("pack", tmp_path / "bad.tar.xz", f"tree={tmp_path / 'tree'}", f"tree={tmp_path / 'var'}", expect=2)
     assert bad.stderr.startswith("prebuilt_wheels.py: entry='tree=") and bad.stderr.count("\n") == 1
