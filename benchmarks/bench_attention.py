@@ -505,7 +505,7 @@ def run(which: set[str], peers: tuple[str, ...], head_dims: tuple[int, ...] = HE
             return Step(torch, num_seqs=64, q_len=1, past_len=4095, page_size=16, head_dim=d, seed=80 + d)
 
         def prefill_step(d):
-            return Step(torch, num_seqs=4, q_len=2048, past_len=8192, page_size=16, head_dim=d, seed=7)
+            return prefill_case(torch, PREFILLS[0], 16, head_dim=d)[1]
 
         base_decode = d128_us("decode P16 64x4096", decode_step)
         base_prefill = d128_us("prefill P16 4x2048 over 8192", prefill_step)
