@@ -68,14 +68,17 @@ if has build; then
   if [ -f .whl/prebuilt/wheels.tar.xz ]; then
     bash .ci/source-hashes.sh wheel > /tmp/pagedkv-tree-record
     prebuilt=$(python3 .ci/prebuilt_wheels.py find .whl/prebuilt/wheels.tar.xz /tmp/pagedkv-tree-record \
-               /tmp/pagedkv-prebuilt) || prebuilt=""
+               /tmp/pagedkv-prebuilt)
+    found=$?  # 1: no build of this tree in it; anything else but 0: the archive could not be read (said above)
+    [ $found -ne 0 ] && prebuilt=""
+    [ $found -gt 1 ] && log "prebuilt archive unreadable (exit $found): building here"
   fi
   if [ -n "$prebuilt" ]; then
     python3 -m pip install --no-deps --no-cache-dir --force-reinstall "${prebuilt#* }" > "$OUT/build.log" 2>&1 ||
       { log "PREBUILT WHEEL INSTALL FAILED"; tail -30 "$OUT/build.log"; exit 1; }
     log "prebuilt wheel of ${prebuilt%% *} installed in $(( $(date +%s) - t0 )) s (built from this tree's sources)"
   else
-    [ -f .whl/prebuilt/wheels.tar.xz ] && log "no prebuilt wheel used: none was built from this tree's sources"
+    [ "${found:-}" = 1 ] && log "no prebuilt wheel used: none was built from this tree's sources"
     touch_changed_sources
     # shellcheck disable=SC1091
     source .ci/gpu-build-options.sh

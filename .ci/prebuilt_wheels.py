@@ -4,7 +4,8 @@
         DIR holds one pagedkv-*.whl and the source-hashes record of the tree it was built from (.ci/source-hashes.sh
         wheel); every wheel is rewritten with stored entries and all of them go into ARCHIVE (written atomically).
     python3 .ci/prebuilt_wheels.py find ARCHIVE RECORD DEST
-        the wheel whose record equals the file RECORD, extracted into DEST; prints "LABEL PATH" (exit 1: none).
+        the wheel whose record equals the file RECORD, extracted into DEST (atomically); prints "LABEL PATH" (exit 1:
+        none; 2: a bad argument, one line naming it).
     python3 .ci/prebuilt_wheels.py list ARCHIVE
         "LABEL WHEEL" per entry.
 
@@ -83,10 +84,14 @@ def pack(archive: pathlib.Path, specs: list[str]) -> None:
 def _members(archive: pathlib.Path):
     """(label, name, file object) per entry, streamed: records precede their wheels."""
     # tarfile's own "r|xz" reads the decompressor 10 KB at a time: ~40 s for 200 MB where 4 MB reads take ~1 s.
-    with lzma.open(archive) as xz, tarfile.open(fileobj=io.BufferedReader(xz, buffer_size=4 << 20), mode="r|") as tar:
-        for info in tar:
-            label, _, name = info.name.partition("/")
-            yield label, name, tar.extractfile(info)
+    try:
+        with lzma.open(archive) as xz, \
+                tarfile.open(fileobj=io.BufferedReader(xz, buffer_size=4 << 20), mode="r|") as tar:
+            for info in tar:
+                label, _, name = info.name.partition("/")
+                yield label, name, tar.extractfile(info)
+    except (EOFError, lzma.LZMAError, tarfile.TarError) as e:  # a cut or damaged archive: one line, exit 2
+        _fail(f"archive={archive}: unreadable ({type(e).__name__}: {e})")
 
 
 def find(archive: pathlib.Path, record: pathlib.Path, dest: pathlib.Path) -> int:
@@ -98,11 +103,19 @@ def find(archive: pathlib.Path, record: pathlib.Path, dest: pathlib.Path) -> int
         elif match == label and name.endswith(".whl"):
             out = dest / label / name
             out.parent.mkdir(parents=True, exist_ok=True)
-            with open(out, "wb") as w:
+            part = out.with_name(out.name + ".part")
+            with open(part, "wb") as w:
                 shutil.copyfileobj(f, w)
+            part.replace(out)
             print(label, out)
             return 0
     return 1
+
+
+def _existing(what: str, path: str) -> pathlib.Path:
+    if not pathlib.Path(path).is_file():
+        _fail(f"{what}={path}: no such file")
+    return pathlib.Path(path)
 
 
 def main(argv: list[str]) -> int:
@@ -110,9 +123,9 @@ def main(argv: list[str]) -> int:
         pack(pathlib.Path(argv[1]), argv[2:])
         return 0
     if len(argv) == 4 and argv[0] == "find":
-        return find(pathlib.Path(argv[1]), pathlib.Path(argv[2]), pathlib.Path(argv[3]))
+        return find(_existing("archive", argv[1]), _existing("record", argv[2]), pathlib.Path(argv[3]))
     if len(argv) == 2 and argv[0] == "list":
-        for label, name, _ in _members(pathlib.Path(argv[1])):
+        for label, name, _ in _members(_existing("archive", argv[1])):
             if name.endswith(".whl"):
                 print(label, name)
         return 0

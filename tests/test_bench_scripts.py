@@ -163,7 +163,7 @@ def test_prebuild_gpu_wheel_needs_the_tensorrt_headers(tmp_path):
 
 
 def _fake_wheel(folder, payload: bytes, record: str):
-    # a zip with a library-sized repeated payload (what the archive's shared dictionary is for) and its record
+    # a wheel-named zip whose library is `payload`, an executable beside it, and the record of its sources
     import zipfile
 
     folder.mkdir(parents=True)
@@ -208,3 +208,11 @@ def test_prebuilt_wheels_archive_finds_the_build_of_a_record(tmp_path):
     bad = tool_run("pack", tmp_path / "bad.tar.xz", f"tree={tmp_path / 'tree'}", f"tree={tmp_path / 'var'}", expect=2)
     assert bad.stderr.startswith("prebuilt_wheels.py: entry='tree=") and bad.stderr.count("\n") == 1
     assert not (tmp_path / "bad.tar.xz").exists()
+    missing = tool_run("find", tmp_path / "nope.tar.xz", tmp_path / "other", tmp_path / "none", expect=2)
+    assert missing.stderr == f"prebuilt_wheels.py: archive={tmp_path / 'nope.tar.xz'}: no such file\n"
+    assert not (tmp_path / "none").exists()
+    cut = tmp_path / "cut.tar.xz"
+    cut.write_bytes(archive.read_bytes()[:len(base) // 2])
+    damaged = tool_run("find", cut, tmp_path / "var" / "source-hashes", tmp_path / "none", expect=2)
+    assert damaged.stderr.startswith(f"prebuilt_wheels.py: archive={cut}: unreadable (") and damaged.stderr.count("\n") == 1
+    assert not (tmp_path / "none" / "ws8-x" / "pagedkv-0.1.0-py3-none-linux_x86_64.whl").exists()
