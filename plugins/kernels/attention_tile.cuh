@@ -433,6 +433,69 @@ __device__ __forceinline__ void copyQRowsAsync(AttentionKernelParams const& p, u
     }
 }
 
+// 16 bf16 query rows into the f16 blocked tile of kRows rows that the warp-specialized Hopper kernel's S = Q K^T
+// reads over an 8-bit cache (K in f16: the hardware converts fp8 to f16, not to bf16). One warp loads local rows
+// [firstRow, firstRow + 16) -- the rows of one consumer warp's S accumulators, so the power of two they are scaled by
+// is that warp's alone and needs no exchange beyond its lanes: 2^shift puts their largest |q| in [2^14, 2^15), as in
+// loadQRowsK8 (no overflow; every value above max|q| * 2^-28 converts exactly). Rows at or past rowEnd are zero.
+// Returns 2^-shift, the factor this warp's logits must be multiplied by.
+template <int kD, int kRows>
+__device__ __forceinline__ float loadQRowsScaledF16(AttentionKernelParams const& p, unsigned char* sQ,
+                                                    int32_t rowBegin, int32_t rowEnd, int32_t kvHead, int32_t lane,
+                                                    int32_t firstRow) {
+    constexpr int kChunks = kD / 8;  // 16-byte chunks per row
+    constexpr int kPerLane = 16 * kChunks / 32;
+    static_assert((16 * kChunks) % 32 == 0, "16 rows' chunks split evenly over a warp");
+    // The chunks stay in registers between the two passes up to D = 128 (32 registers); at D = 256 O's 128
+    // accumulators a thread are live here and 64 more spilled, so the second pass loads them again (L1 hits).
+    constexpr bool kKeep = kPerLane <= 8;
+    auto load = [&](int i) {
+        int const q = lane + 32 * i;
+        int32_t const row = rowBegin + firstRow + q / kChunks;
+        if (row >= rowEnd) return make_uint4(0u, 0u, 0u, 0u);
+        return __ldg(reinterpret_cast<uint4 const*>(static_cast<__nv_bfloat16 const*>(p.params.q) +
+                                                    qRowElem<kD>(p, row, kvHead, q % kChunks)));
+    };
+    auto toFloat2 = [](uint32_t pair) { return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 const*>(&pair)); };
+    uint4 kept[kKeep ? kPerLane : 1];
+    float maxAbs = 0.f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+        uint4 const v = load(i);
+        if constexpr (kKeep) kept[i] = v;
+        uint32_t const w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            float2 const f = toFloat2(w[t]);
+            maxAbs = fmaxf(maxAbs, fmaxf(fabsf(f.x), fabsf(f.y)));
+        }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) maxAbs = fmaxf(maxAbs, __shfl_xor_sync(0xffffffffu, maxAbs, off));
+    // floor(log2(maxAbs)) from the exponent field, the shift clamped so that both powers of two are normal (as
+    // loadQRowsK8)
+    int32_t const ex = int32_t((__float_as_uint(maxAbs) >> 23) & 0xFFu) - 127;
+    int32_t const shift = max(-100, min(100, 14 - ex));
+    float const qScale = __uint_as_float(uint32_t(127 + shift) << 23);
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+        uint4 v;
+        if constexpr (kKeep) v = kept[i];
+        else v = load(i);
+        uint32_t const w[4] = {v.x, v.y, v.z, v.w};
+        uint32_t h[4];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            float2 const f = toFloat2(w[t]);
+            h[t] = Mma<__half>::pack(f.x * qScale, f.y * qScale);  // exact power-of-two scaling, then RN
+        }
+        int const q = lane + 32 * i;
+        *reinterpret_cast<uint4*>(sQ + blockedTileChunk<kRows>(firstRow + q / kChunks, q % kChunks)) =
+            make_uint4(h[0], h[1], h[2], h[3]);
+    }
+    return __uint_as_float(uint32_t(127 - shift) << 23);
+}
+
 // ---- query rows for the 8-bit decode path, which runs Q K^T as an f16 MMA (8-bit K values are exact in f16
 // and convert with one cvt per pair). Like loadQRows, but (1) logical dim kl of the tile holds physical dim
 // Frag8<kD>::physDimK(kl) (pairs kl, kl + 1 of even kl are physical neighbours), and (2) the tile is f16:

@@ -54,6 +54,7 @@ class Case:
     pool_index: int = 0
     loose_bounds: bool = False     # max_q_len = T, max_kv_len = MB * page_size, like the TensorRT plugin
     q_pow2: int = 0                # q *= 2**q_pow2 (exact): magnitudes outside the f16 range
+    q_token_pow2: int = 0          # each token's q *= 2**u, u uniform in [-q_token_pow2, q_token_pow2] (exact)
     seed: int = 0
 
     def __post_init__(self):
@@ -73,7 +74,8 @@ class Case:
         more = f"+{len(self.seqs) - 3}more" if len(self.seqs) > 3 else ""
         s = "+".join(f"{p}:{q}" for p, q in self.seqs[:3]) + more
         extra = [n for n, on in (("fp8q", self.q_fp8), ("evict", self.evict_below_window), ("loose", self.loose_bounds),
-                                 (f"q2^{self.q_pow2}", self.q_pow2 != 0)) if on]
+                                 (f"q2^{self.q_pow2}", self.q_pow2 != 0),
+                                 (f"qtok2^+-{self.q_token_pow2}", self.q_token_pow2 != 0)) if on]
         return (f"H{self.num_q_heads}kv{self.num_kv_heads}D{self.head_dim}P{self.page_size}-{self.cache.name}-{self.io}"
                 f"-{self.layout.name}-w{self.window}s{self.sinks}ring{self.cyclic_pages}-cap{self.softcap:g}"
                 f"-L{self.layer}/{self.num_layers}-{'-'.join(extra)}-[{s}]")
@@ -146,7 +148,10 @@ def build(case: Case):
     if case.q_fp8:
         q = quantize(q * 4 * cfg.q_scale, CacheDType.FP8_E4M3, cfg.q_scale)
     else:
-        q = (q * 2.0**case.q_pow2).astype(case.io_dtype)
+        q = q * 2.0**case.q_pow2
+        if case.q_token_pow2:
+            q = q * 2.0 ** rng.integers(-case.q_token_pow2, case.q_token_pow2 + 1, size=(meta.num_tokens, 1))
+        q = q.astype(case.io_dtype)
     return cfg, meta, pool, q
 
 
@@ -271,6 +276,15 @@ CASES = [
     Case(_decode_lengths(16), cache=CacheDType.FP8_E4M3, io="bfloat16", q_pow2=-30,
          softmax_scale=2.0**30 / np.sqrt(128), seed=53),
     Case(((900, 1), (500, 3), (40, 1)), window=100, sinks=4, cache=CacheDType.FP8_E4M3, io="bfloat16", seed=54),
+    # multi-token rows over 8-bit caches with bf16 queries (the Hopper kernel's f16 S: a power of two per 16 rows):
+    # outside the f16 range both ways, and per-token magnitudes 2^-16 .. 2^16 apart, so that the rows of one CTA
+    # take different scales
+    Case(((300, 200), (0, 129)), cache=CacheDType.FP8_E4M3, io="bfloat16", q_pow2=20,
+         softmax_scale=2.0**-20 / np.sqrt(128), seed=57),
+    Case(((300, 200),), cache=CacheDType.INT8, io="bfloat16", head_dim=256, q_pow2=-30,
+         softmax_scale=2.0**30 / np.sqrt(256), seed=58),
+    Case(((64, 300), (5, 40)), cache=CacheDType.FP8_E4M3, io="bfloat16", q_token_pow2=16, seed=59),
+    Case(((0, 333),), head_dim=80, cache=CacheDType.INT8, io="bfloat16", q_token_pow2=16, seed=83),
     # the 8-bit decode loader (two lanes per row, own page lookups): NHD rows, a non-power-of-two page, and
     # a sliding window whose span starts mid-page over evicted pages
     Case(_decode_lengths(16), cache=CacheDType.INT8, io="float16", layout=PageLayout.NHD, page_size=24, seed=55),

@@ -13,7 +13,7 @@
 //    warp-specialized one (the default) a producer warpgroup loads and the consumer warpgroups take turns on the
 //    tensor cores (one warpgroup at D = 256: its softmax overlaps only its own P V).
 // Head dims 32, 64, 80, 96, 128 and 256, every cache dtype (8-bit tiles are converted into 16-bit ones in shared
-// memory, as the mma.sync kernel does). Tiles hold rows of kDP = tileRowElems(kD) elements (64, 128 or 256: whole
+// memory, as the mma.sync kernel does; in the warp-specialized kernel f16 ones, Sm90MultiConfig::QKType). Tiles hold rows of kDP = tileRowElems(kD) elements (64, 128 or 256: whole
 // 128-byte column blocks, the shared tile contract of attention_schedule.h): S takes the kD / 16 k-steps of the real
 // dims, so the padding of Q and K is never read; O = P V runs at N = kDP, so V's padding columns (never written) only
 // reach O's padding columns, which are never rescaled nor stored. Other GPUs stay on attention_multi.cu's mma.sync
@@ -80,6 +80,11 @@ struct Sm90MultiConfig {
     // Stages of the tiles as loaded (8-bit caches: [token][kD] bytes). The warp-specialized 8-bit variant keeps 2
     // of them and 2 converted (K, V) stages the MMAs read: 3 of each do not fit at D = 128.
     static constexpr bool kWS8 = k8Bit && kWarpSpecialized;
+    // The type of Q and K in S = Q K^T. The warp-specialized kernel over an 8-bit cache: f16 too, so that its producer
+    // converts fp8 K with the hardware instruction as it does V (5 bit operations a pair into bf16). bf16 queries are
+    // then scaled into f16 by a power of two per consumer warp's 16 rows (loadQRowsScaledF16), undone on the logits.
+    using QKType = std::conditional_t<kWS8, __half, CT>;
+    static constexpr bool kScaledQ = kWS8 && std::is_same_v<CT, __nv_bfloat16>;
     static constexpr int kStages = kWS8 ? 2 : 3;
     static constexpr int kRawTileBytes = k8Bit ? kTile * kD : kKVTileBytes;
     // converted tiles: cooperative one K, two V (tile j's V at 1 + (j & 1)); warp-specialized 2 x (K, V)
@@ -163,6 +168,8 @@ struct Sm90Consumer {
     float s[kNT][4];
     uint32_t pa[kTile / 16][4];
     float m[2], l[2], alpha[2];
+    // The logits' factor undoing this warp's power-of-two Q scaling (Cfg::kScaledQ; 1 otherwise)
+    float qUnscale = 1.f;
     int32_t qPos[2];
     int32_t groupRow0, warpRow0, lane;
 
@@ -186,7 +193,7 @@ struct Sm90Consumer {
     __device__ __forceinline__ void issueS(uint32_t sQ, uint32_t kTileAddr) {  // async; the caller commits
 #pragma unroll
         for (int kk = 0; kk < kD / 16; ++kk)
-            wgmma::Mma<CT, kTile>::ss(s, wgmma::kMajor<Cfg::kRows>(sQ, groupRow0, kk),
+            wgmma::Mma<typename Cfg::QKType, kTile>::ss(s, wgmma::kMajor<Cfg::kRows>(sQ, groupRow0, kk),
                                       wgmma::kMajor<kTile>(kTileAddr, 0, kk), kk > 0);
     }
     __device__ __forceinline__ void issuePV(uint32_t vTileAddr) {
@@ -197,7 +204,7 @@ struct Sm90Consumer {
     __device__ __forceinline__ void softmax(AttentionKernelParams const& p, int32_t const* tilePos, bool needMask) {
         withSoftmaxVariant(p.useSoftcap != 0, needMask, [&](auto capped, auto masked) {
             softmaxStepFixed<kNT, decltype(capped)::value, decltype(masked)::value, kMaxSlack>(
-                p, s, tilePos, qPos[0], qPos[1], lane, m, l, alpha);
+                p, s, tilePos, qPos[0], qPos[1], lane, m, l, alpha, Cfg::kScaledQ ? qUnscale : 1.f);
         });
     }
     // S alone, or P V alone: issued, committed and waited for; `whileRunning` runs between the commit and the wait
@@ -574,7 +581,7 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads
 #pragma unroll 1
                     for (int r = row0; r < row0 + kWarpRows; r += kConvRows) {
                         unsigned char* const convK = sm.conv() + stage * 2 * Cfg::kKVTileBytes + r * 128;
-                        convertKVRows8<CT, typename Cfg::PVType, kD, kConvRows, kTile>(
+                        convertKVRows8<typename Cfg::QKType, typename Cfg::PVType, kD, kConvRows, kTile>(
                             sm.rawK(t % kStages) + r * kD, sm.rawV(t % kStages) + r * kD, convK,
                             convK + Cfg::kKVTileBytes, isFp8, lane);
                     }
@@ -613,20 +620,26 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads
     // reporting the other lanes' reads against those writes.
     auto release = [&](int32_t t) { wgmma::mbarrierArrive(sm.empty(t % kMmaStages)); };
     // This warpgroup's 64 rows of a cell's Q: copied while the previous cell's outputs are stored (16-bit queries),
-    // or loaded and converted through registers (8-bit).
+    // or loaded and converted through registers (8-bit; bf16 into an f16 S: scaled, Cfg::kScaledQ). Returns the
+    // logits' factor for this thread's rows.
     auto issueQ = [&](CtaWork const& w, int32_t kvHead) {
-        if (!p.params.qFP8)
+        float qUnscale = 1.f;
+        if (p.params.qFP8)
+            loadQRows<typename Cfg::QKType, kD, Cfg::kRows, Cfg::kGroupThreads, true>(
+                p, sm.q(), w.rowBegin, w.rowEnd, kvHead, tid & 127, 64 * group, 64);
+        else if constexpr (Cfg::kScaledQ)
+            qUnscale = loadQRowsScaledF16<kD, Cfg::kRows>(p, sm.q(), w.rowBegin, w.rowEnd, kvHead, lane,
+                                                         64 * group + 16 * (warp & 3));
+        else
             copyQRowsAsync<CT, kD, Cfg::kRows, Cfg::kGroupThreads>(p, sQ, w.rowBegin, w.rowEnd, kvHead, tid & 127,
                                                                    64 * group, 64);
-        else
-            loadQRows<CT, kD, Cfg::kRows, Cfg::kGroupThreads, true>(p, sm.q(), w.rowBegin, w.rowEnd, kvHead, tid & 127,
-                                                                    64 * group, 64);
         cpAsyncCommit();
+        return qUnscale;
     };
     MultiCell cell{};
     CtaWork w{};
     bool haveCell = nextActiveCell(cell, w);
-    if (haveCell) issueQ(w, cell.kvHead);
+    float qUnscale = haveCell ? issueQ(w, cell.kvHead) : 1.f;
     while (haveCell) {
         int32_t const numTiles = warpUniform(w.tiles.count());
         int32_t const qa = rowQueryPos(w.seq, w.rowBegin, p.groupSize);
@@ -636,6 +649,7 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads
         wgmma::namedBarrierSync(kQReadyBarrier + uint32_t(group), Cfg::kGroupThreads);  // ... everyone's
 
         Sm90Consumer<CT, kD, Cfg> cons(p, w, group, warp, lane);
+        cons.qUnscale = qUnscale;
         if (numTiles > 0) {
             if (group == 1) wgmma::namedBarrierArrive(1, Cfg::kConsumerThreads);  // warpgroup 0 takes the first turn
             if constexpr (k8Bit) {
@@ -687,7 +701,7 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads
         MultiCell nextCell{};
         CtaWork nextWork{};
         bool const haveNext = nextActiveCell(nextCell, nextWork);
-        if (haveNext) issueQ(nextWork, nextCell.kvHead);
+        if (haveNext) qUnscale = issueQ(nextWork, nextCell.kvHead);
         cons.store(p, w, cell.kvHead, cell.z);
         g += numTiles;
         cell = nextCell;
