@@ -120,30 +120,12 @@ __device__ __forceinline__ void tokenPairsToHalf(uint32_t x, uint32_t y, uint32_
     }
 }
 
-// Eight 8-bit stored values -> eight compute-type values (one 16-byte chunk). `isFp8` is uniform per launch.
-template <typename CT>
-__device__ __forceinline__ uint4 dequant8x8(uint2 raw, bool isFp8) {
-    uint4 out;
-    if (isFp8) {
-        fp8x4ToPairs<CT>(raw.x, out.x, out.y);
-        fp8x4ToPairs<CT>(raw.y, out.z, out.w);
-    } else {
-        int8x4ToPairs<CT>(raw.x, out.x, out.y);
-        int8x4ToPairs<CT>(raw.y, out.z, out.w);
-    }
-    return out;
-}
-
-// Eight 8-bit stored values -> eight values of type T, fp8 vs int8 fixed at compile time. For f16, fp8 goes through
-// the hardware conversion (e4m3x4ToHalfPairs: one instruction a pair where fp8x4ToPairs' bit moves take five), the
-// same values for every code the write side stores.
+// Eight 8-bit stored values -> eight values of type T by bit moves (fp8x4ToPairs / int8x4ToPairs), fp8 vs int8 fixed
+// at compile time: the one spelling of the conversion that both entry points below reach.
 template <typename T, bool kFp8>
-__device__ __forceinline__ uint4 dequant8x8As(uint2 raw) {
+__device__ __forceinline__ uint4 dequant8x8Bits(uint2 raw) {
     uint4 out;
-    if constexpr (kFp8 && std::is_same_v<T, __half>) {
-        e4m3x4ToHalfPairs(raw.x, out.x, out.y);
-        e4m3x4ToHalfPairs(raw.y, out.z, out.w);
-    } else if constexpr (kFp8) {
+    if constexpr (kFp8) {
         fp8x4ToPairs<T>(raw.x, out.x, out.y);
         fp8x4ToPairs<T>(raw.y, out.z, out.w);
     } else {
@@ -151,6 +133,27 @@ __device__ __forceinline__ uint4 dequant8x8As(uint2 raw) {
         int8x4ToPairs<T>(raw.y, out.z, out.w);
     }
     return out;
+}
+
+// Eight 8-bit stored values -> eight compute-type values (one 16-byte chunk). `isFp8` is uniform per launch.
+template <typename CT>
+__device__ __forceinline__ uint4 dequant8x8(uint2 raw, bool isFp8) {
+    return isFp8 ? dequant8x8Bits<CT, true>(raw) : dequant8x8Bits<CT, false>(raw);
+}
+
+// Eight 8-bit stored values -> eight values of type T, fp8 vs int8 fixed at compile time. For f16, fp8 goes through
+// the hardware conversion (e4m3x4ToHalfPairs: one instruction a pair where fp8x4ToPairs' bit moves take five), the
+// same values for every code the write side stores.
+template <typename T, bool kFp8>
+__device__ __forceinline__ uint4 dequant8x8As(uint2 raw) {
+    if constexpr (kFp8 && std::is_same_v<T, __half>) {
+        uint4 out;
+        e4m3x4ToHalfPairs(raw.x, out.x, out.y);
+        e4m3x4ToHalfPairs(raw.y, out.z, out.w);
+        return out;
+    } else {
+        return dequant8x8Bits<T, kFp8>(raw);
+    }
 }
 
 }  // namespace attn
