@@ -5,6 +5,7 @@ JSON, and ``--backend cuda`` without a GPU says why in one line.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -216,3 +217,38 @@ def test_prebuilt_wheels_archive_finds_the_build_of_a_record(tmp_path):
     damaged = tool_run("find", cut, tmp_path / "var" / "source-hashes", tmp_path / "none", expect=2)
     assert damaged.stderr.startswith(f"prebuilt_wheels.py: archive={cut}: unreadable (") and damaged.stderr.count("\n") == 1
     assert not (tmp_path / "none" / "ws8-x" / "pagedkv-0.1.0-py3-none-linux_x86_64.whl").exists()
+
+
+def _ncu_export(path: Path) -> Path:
+    """A small source export in ncu's format: the kernel line, the header, three SASS rows."""
+    header = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Warp Stall Sampling (Not-issued Samples)",
+              "Instructions Executed", "stall_long_sb", "stall_wait", "stall_barrier", "stall_wait (Not Issued)"]
+    rows = [["0x10", "  HGMMA.64x128x16.F32.BF16 R24, gdesc[UR28], RZ, !UPT", "30", "25", "100", "", "10", "20", "9"],
+            ["0x20", "  MUFU.EX2 R49, R49", "60", "50", "400", "", "60", "", "55"],
+            ["0x30", "  @!P0 BRA 0x40", "10", "10", "50", "10", "", "", ""]]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, quoting=csv.QUOTE_ALL)
+        w.writerow(["Kernel Name", "void attentionMultiKernelSm90WS<__nv_bfloat16, 0, 64>(...)"])
+        w.writerow(header)
+        w.writerows(rows)
+    return path
+
+
+def test_ncu_hotspots_ranks_instructions_and_reasons(tmp_path):
+    run = _run("ncu_hotspots.py", str(_ncu_export(tmp_path / "sass.csv")), "--top", "2")
+    lines = run.stdout.splitlines()
+    assert lines[1] == "# 3 SASS instructions, 100 samples"
+    assert lines[2] == "# samples by reason: wait 70, barrier 20, long_sb 10"  # the "(Not Issued)" column left out
+    top = lines[4:]
+    assert len(top) == 2 and "MUFU.EX2" in top[0] and "HGMMA" in top[1]
+    assert top[0].split()[1:4] == ["60", "60.0", "400"] and "wait 60" in top[0]
+    assert "barrier 20, wait 10" in top[1]
+
+
+def test_ncu_hotspots_rejects_what_is_not_an_export(tmp_path):
+    bad = tmp_path / "log.txt"
+    bad.write_text("==PROF== Connected to process 1\n")
+    run = _run("ncu_hotspots.py", str(bad), expect=2)
+    assert run.stderr == f"ncu_hotspots.py: {bad}: not an ncu source export (its first line is not \"Kernel Name\",...)\n"
+    run = _run("ncu_hotspots.py", str(tmp_path / "sass.csv"), "--top", "0", expect=2)
+    assert "--top=0: expected >= 1" in run.stderr
