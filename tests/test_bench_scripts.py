@@ -249,6 +249,7 @@ def test_ncu_hotspots_rejects_what_is_not_an_export(tmp_path):
     bad = tmp_path / "log.txt"
     bad.write_text("==PROF== Connected to process 1\n")
     run = _run("ncu_hotspots.py", str(bad), expect=2)
-    assert run.stderr == f"ncu_hotspots.py: {bad}: not an ncu source export (its first line is not \"Kernel Name\",...)\n"
+    expected = f"ncu_hotspots.py: {bad}: not an ncu source export (its first line is not \"Kernel Name\",...)\n"
+    assert run.stderr == expected
     run = _run("ncu_hotspots.py", str(tmp_path / "sass.csv"), "--top", "0", expect=2)
     assert "--top=0: expected >= 1" in run.stderr

@@ -13,12 +13,12 @@
 //    warp-specialized one (the default) a producer warpgroup loads and the consumer warpgroups take turns on the
 //    tensor cores (one warpgroup at D = 256: its softmax overlaps only its own P V).
 // Head dims 32, 64, 80, 96, 128 and 256, every cache dtype (8-bit tiles are converted into 16-bit ones in shared
-// memory, as the mma.sync kernel does; in the warp-specialized kernel f16 ones, Sm90MultiConfig::QKType). Tiles hold rows of kDP = tileRowElems(kD) elements (64, 128 or 256: whole
-// 128-byte column blocks, the shared tile contract of attention_schedule.h): S takes the kD / 16 k-steps of the real
-// dims, so the padding of Q and K is never read; O = P V runs at N = kDP, so V's padding columns (never written) only
-// reach O's padding columns, which are never rescaled nor stored. Other GPUs stay on attention_multi.cu's mma.sync
-// kernel (multiKernelSm90Serves). Design, byte and FLOP counts, measurements: benchmarks/NOTES-attention.md, "the
-// Hopper multi-token kernel".
+// memory, as the mma.sync kernel does; the warp-specialized kernel's are f16, Sm90MultiConfig::QKType). Tiles hold
+// rows of kDP = tileRowElems(kD) elements (64, 128 or 256: whole 128-byte column blocks, the shared tile contract of
+// attention_schedule.h): S takes the kD / 16 k-steps of the real dims, so the padding of Q and K is never read; O = P V
+// runs at N = kDP, so V's padding columns (never written) only reach O's padding columns, which are never rescaled nor
+// stored. Other GPUs stay on attention_multi.cu's mma.sync kernel (multiKernelSm90Serves). Design, byte and FLOP
+// counts, measurements: benchmarks/NOTES-attention.md, "the Hopper multi-token kernel".
 //
 // The kernels and one instance's launch (launchSm90Instance). Each head dim's instances are compiled in a translation
 // unit of their own (attention_multi_sm90_d<D>.cu: PKV_SM90_INSTANCES), so that nvcc builds them in parallel; the
@@ -287,12 +287,12 @@ __device__ __forceinline__ bool tileNeedsMaskAt(AttentionKernelParams const& p, 
     return warpUniform(tileNeedsMask(__all_sync(0xffffffffu, lowest >= 0), pMin, pMax, qa, qb, p.params.window)) != 0;
 }
 
-// ---- cooperative kernel (PAGEDKV_MULTI_KERNEL=sm90-cooperative). Pipeline (FlashAttention-3's intra-warpgroup overlap): iteration i issues
-// S(i + 1) and PV(i) back to back, runs softmax(i + 1) while PV(i) is in flight, then rescales O. Commit groups at
-// iteration i's wait: tiles [0, i + 2), so waiting for all of them lands tile i + 1; the barrier after it also
-// means every warpgroup finished PV(i - 1), which frees tile i - 1's stage for tile i + 2. The MMAs sit in
-// straight-line code under uniform conditions: every warpgroup runs every tile (a tile holding no position, or a
-// warpgroup past the rows, is masked / never stored).
+// ---- cooperative kernel (PAGEDKV_MULTI_KERNEL=sm90-cooperative). Pipeline (FlashAttention-3's intra-warpgroup
+// overlap): iteration i issues S(i + 1) and PV(i) back to back, runs softmax(i + 1) while PV(i) is in flight, then
+// rescales O. Commit groups at iteration i's wait: tiles [0, i + 2), so waiting for all of them lands tile i + 1; the
+// barrier after it also means every warpgroup finished PV(i - 1), which frees tile i - 1's stage for tile i + 2. The
+// MMAs sit in straight-line code under uniform conditions: every warpgroup runs every tile (a tile holding no position,
+// or a warpgroup past the rows, is masked / never stored).
 template <typename CT, bool k8Bit, int kD>
 __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD>::kThreads, 1)
     attentionMultiKernelSm90(__grid_constant__ AttentionKernelParams const p) {
@@ -713,7 +713,8 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads
 
 // ---- one instance's launch (or, without kp, its occupancy): the TMA loads' host side is attention_multi_sm90.cu's
 template <typename CT, bool k8Bit, int kD, bool kWarpSpecialized>
-cudaError_t prepareOrLaunchVariant(int32_t& ctasPerSm, AttentionKernelParams const* kp, dim3 grid, cudaStream_t stream) {
+cudaError_t prepareOrLaunchVariant(int32_t& ctasPerSm, AttentionKernelParams const* kp, dim3 grid,
+                                  cudaStream_t stream) {
     using Cfg = Sm90MultiConfig<CT, k8Bit, kD, kWarpSpecialized>;
     static KernelSetup setup;
     auto const kernel = [] {
