@@ -46,13 +46,15 @@ def read_export(path: Path) -> tuple[str, list[Instruction]]:
         if needed not in col:
             raise ValueError(f"{path}: no column {needed!r} (export with --set full and --print-source sass)")
     reasons = [h for h in header if h.startswith("stall_") and not h.endswith("(Not Issued)")]
+    def number(row: list[str], name: str) -> int:
+        return int(row[col[name]] or 0)  # empty cells are 0
+
     out = []
     for row in rows[2:]:
         if len(row) < len(header):
             continue
-        number = lambda name: int(row[col[name]] or 0)  # noqa: E731 - empty cells are 0
-        out.append(Instruction(row[col["Address"]], row[col["Source"]], number(SAMPLES), number(EXECUTED),
-                               {r[len("stall_"):]: number(r) for r in reasons if number(r) > 0}))
+        out.append(Instruction(row[col["Address"]], row[col["Source"]], number(row, SAMPLES), number(row, EXECUTED),
+                               {r[len("stall_"):]: number(row, r) for r in reasons if number(row, r) > 0}))
     return rows[0][1], out
 
 

@@ -253,3 +253,44 @@ def test_ncu_hotspots_rejects_what_is_not_an_export(tmp_path):
     assert run.stderr == expected
     run = _run("ncu_hotspots.py", str(tmp_path / "sass.csv"), "--top", "0", expect=2)
     assert "--top=0: expected >= 1" in run.stderr
+
+
+def test_decode_balance_model_on_a_measured_launch(tmp_path):
+    # The 16 x 8K P64 launch measured at 045fe8b: one CTA a unit, so the static schedule is the slowest CTA's run,
+    # and a schedule that keeps every SM busy to the end can only be faster.
+    measured = ROOT / "benchmarks" / "results" / "h100-045fe8b-diag-decode-cta-16x8K-P64.json"
+    out = tmp_path / "model.json"
+    run = _run("decode_balance_model.py", str(measured), "--units", "128", "--json", str(out))
+    r = json.loads(out.read_text())
+    assert r["sms_measured"] == 128 and r["static"] == pytest.approx(r["run_max"]) == pytest.approx(189.2, abs=0.05)
+    assert 160 < r["bound"] < r["static"]
+    guided = r["queue"]["guided"]
+    assert len(guided) == 3 and all(r["bound"] <= g["us"] < r["static"] for g in guided)
+    assert all(g["items"] > r["units"] for g in guided)  # every unit cut at least once
+    assert run.stdout.startswith("# h100-045fe8b-diag-decode-cta-16x8K-P64.json: 128 SMs measured")
+
+
+def test_decode_balance_model_fits_a_sweep_and_rejects_bad_input(tmp_path):
+    # 100 SMs at 100 us a unit, 32 at 80 us: one unit each is the slow SMs' 100 us; the bound is 132 / sum(rates).
+    per_sm = {str(sm): {"median_run_us": 100.0 if sm < 100 else 80.0} for sm in range(132)}
+    reduced = tmp_path / "cta.json"
+    reduced.write_text(json.dumps({"per_sm": per_sm}))
+    out = tmp_path / "model.json"
+    _run("decode_balance_model.py", str(reduced), "--units", "132", "--sweep", "1:110,2:112,4:115", "--json", str(out))
+    r = json.loads(out.read_text())
+    assert r["static"] == pytest.approx(100.0) and r["bound"] == pytest.approx(132 / (100 / 100 + 32 / 80))
+    fit = r["split_fit"]
+    assert [row["chunks"] for row in fit["rows"]] == [1, 2, 4] and fit["rms"] < 5
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"samples": []}))
+    run = _run("decode_balance_model.py", str(bad), "--units", "8", expect=2)
+    assert run.stderr == (f"decode_balance_model.py: {bad}: neither 'raw' nor 'per_sm' "
+                          "(not a decode_cta_times.py JSON)\n")
+    bad.write_text(json.dumps({"per_sm": {"3": {"run": 1}}}))
+    run = _run("decode_balance_model.py", str(bad), "--units", "8", expect=2)
+    assert run.stderr.startswith(f"decode_balance_model.py: {bad}: a malformed entry (KeyError")
+    assert run.stderr.count("\n") == 1
+    run = _run("decode_balance_model.py", str(reduced), "--units", "8", "--sweep", "2:10", expect=2)
+    assert "--sweep=2:10: expected chunks:us pairs including 1 and at least two more" in run.stderr
+    run = _run("decode_balance_model.py", str(reduced), "--units", "0", expect=2)
+    assert "--units=0: expected >= 1" in run.stderr

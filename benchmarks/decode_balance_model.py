@@ -1,0 +1,247 @@
+"""What balancing the decode's work across SMs could give, modelled from measured per-SM rates.
+
+``benchmarks/variants/diag-decode-cta-times.diff`` measures every decode CTA's run and its SM; on the H100s and the
+H200 measured so far an SM's rate is a fixed property of the SM (24 of 132 SMs run their CTAs ~25 % faster, launch
+after launch), so a launch of equal CTAs ends when the slow SMs do while the fast ones idle. This model takes those
+per-SM rates and compares three schedules of one launch's work (``units`` equal (sequence, KV head) units):
+
+* ``static``: what the kernel does now -- one CTA per unit, all CTAs resident at once (``slots`` per SM); the launch
+  takes the slowest CTA's run. It should reproduce the measured window: the check of the model.
+* ``split n``: each unit cut into n equal pieces, n x units CTAs handed to slots as they free up (the block
+  scheduler), each piece paying ``ramp`` (its prologue and pipeline fill, unhidden), then a merge kernel of
+  ``merge_per_piece`` x pieces. ``--sweep`` fits ramp and merge_per_piece to a measured split sweep (least squares).
+* ``queue f``: persistent takers (one per slot) that take items in order from a queue: the units whole, except the
+  last fraction f of the work cut into pieces of ``--piece`` units; a taker pays ``ramp`` once (its later items'
+  loads are issued under the current item's tail) plus ``item_cost`` per item, and every piece ``merge_per_piece``
+  (read back and folded by the unit's last arrival).
+
+A slot's rate is its SM's: with k CTAs resident on an SM, each of its slots runs at 1/k of what the SM streams, which
+is what the measured runs already say (they were measured k at a time). SMs that held no CTA in the measurement get
+the median rate. Bandwidth does not shift when SMs idle (the measured groups keep their rates), so this is the bound
+side of the estimate, not a prediction of a kernel.
+
+    python benchmarks/decode_balance_model.py benchmarks/results/h100-ec6d24b-diag-decode-cta-64x4K-P16.json \\
+        --units 512 --slots 4 --sweep 1:374.4,2:378.3,3:380.7,4:383.5,6:386.2,8:388.2
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def per_sm_runs(path: Path) -> dict[int, float]:
+    """SM -> median run of its CTAs (us), from decode_cta_times.py's JSON: its ``raw`` stamps (ns, per launch:
+    [index, sm, entry, ready, loop, exit]) or a reduced ``per_sm`` table."""
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict) or ("per_sm" not in data and "raw" not in data):
+        raise ValueError(f"{path}: neither 'raw' nor 'per_sm' (not a decode_cta_times.py JSON)")
+    try:
+        if "per_sm" in data:
+            runs = {int(sm): float(v["median_run_us"]) for sm, v in data["per_sm"].items()}
+        else:
+            stamps: dict[int, list[float]] = {}
+            for launch in data["raw"]:
+                for _index, sm, _entry, ready, _loop, exit_ in launch:
+                    stamps.setdefault(int(sm), []).append((exit_ - ready) * 1e-3)
+            runs = {sm: statistics.median(v) for sm, v in stamps.items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{path}: a malformed entry ({type(exc).__name__}: {exc})") from None
+    if not runs or min(runs.values()) <= 0:
+        raise ValueError(f"{path}: no positive run times")
+    return runs
+
+
+def slot_speeds(runs: dict[int, float], sms: int, slots: int) -> list[float]:
+    """Work units (one unit = one CTA's work in the measurement) per us of every slot, in the order the block
+    scheduler fills them: every SM's first slot, then every SM's second, ... (so that 512 CTAs over 132 x 4 slots
+    leave 16 SMs with 3, as measured)."""
+    fallback = statistics.median(runs.values())
+    return [1.0 / runs.get(sm, fallback) for _ in range(slots) for sm in range(sms)]
+
+
+def list_schedule(costs_at, speeds: list[float], count: int) -> float:
+    """Items 0..count-1 handed in order to whichever slot frees first; costs_at(i, speed) is item i's time on a slot
+    of that speed. Returns when the last item ends."""
+    free = [(0.0, s) for s in range(len(speeds))]
+    heapq.heapify(free)
+    end = 0.0
+    for i in range(count):
+        t, s = heapq.heappop(free)
+        t += costs_at(i, speeds[s])
+        end = max(end, t)
+        heapq.heappush(free, (t, s))
+    return end
+
+
+def static_time(speeds: list[float], units: int) -> float:
+    """One CTA a unit, handed out in order (with every CTA resident at once when units <= slots)."""
+    return list_schedule(lambda i, v: 1.0 / v, speeds, units)
+
+
+def split_time(speeds: list[float], units: int, n: int, ramp: float, merge_per_piece: float) -> float:
+    pieces = units * n
+    body = list_schedule(lambda i, v: ramp + (1.0 / n) / v, speeds, pieces)
+    return body + (merge_per_piece * pieces if n > 1 else 0.0)
+
+
+def tail_items(units: int, tail: float, piece: float) -> list[float]:
+    """Whole units for the first 1 - tail of the work, then pieces of `piece` units."""
+    whole = round(units * (1.0 - tail))
+    per_unit = max(1, round(1.0 / piece))
+    return [1.0] * whole + [1.0 / per_unit] * ((units - whole) * per_unit)
+
+
+def guided_items(units: int, takers: int, divisor: float = 2.0, smallest: float = 1 / 32) -> list[float]:
+    """Guided self-scheduling within units: each item is what is left of the whole launch over divisor x takers,
+    at least `smallest` and at most what is left of its unit (an item never spans two units)."""
+    sizes, left = [], float(units)
+    unit_left = 1.0
+    while left > 1e-9:
+        size = min(unit_left, max(smallest, left / (divisor * takers)))
+        sizes.append(size)
+        left -= size
+        unit_left -= size
+        if unit_left <= 1e-9:
+            unit_left = 1.0
+    return sizes
+
+
+def queue_time(takers: list[float], sizes: list[float], ramp: float, item_cost: float,
+               merge_per_piece: float) -> float:
+    """Persistent takers of the given speeds take the items (sizes in units) in order; each taker pays `ramp` once,
+    `item_cost` an item and `merge_per_piece` for an item that is less than a whole unit."""
+    started: set[int] = set()
+    free = [(0.0, s) for s in range(len(takers))]
+    heapq.heapify(free)
+    end = 0.0
+    for size in sizes:
+        t, s = heapq.heappop(free)
+        t += size / takers[s] + item_cost + (merge_per_piece if size < 1.0 else 0.0) + (0.0 if s in started else ramp)
+        started.add(s)
+        end = max(end, t)
+        heapq.heappush(free, (t, s))
+    return end
+
+
+def fit_split(speeds: list[float], units: int, sweep: dict[int, float]) -> tuple[float, float, float]:
+    """ramp, merge_per_piece (us) and the rms error (us) that fit split_time to the measured sweep, by grid search
+    (the model is monotone in both; a grid keeps it dependency-free and exact enough for a bound)."""
+    best = (float("inf"), 0.0, 0.0)
+    for ramp10 in range(201):  # 0 .. 20 us in 0.1 us
+        for merge1000 in range(101):  # 0 .. 0.1 us a piece (a merge kernel's time over its pieces)
+            ramp, merge = ramp10 / 10, merge1000 / 1000
+            # the measured times include a fixed offset (launch, the dependency wait): fitted as the mean residual
+            model = {n: split_time(speeds, units, n, ramp, merge) for n in sweep}
+            offset = statistics.mean(sweep[n] - model[n] for n in sweep)
+            err = statistics.mean((sweep[n] - model[n] - offset) ** 2 for n in sweep) ** 0.5
+            if err < best[0]:
+                best = (err, ramp, merge)
+    return best[1], best[2], best[0]
+
+
+def model(runs: dict[int, float], units: int, slots: int, sms: int, sweep: dict[int, float] | None, ramp: float,
+          merge: float, item_cost: float, takers_per_sm: int) -> dict:
+    """Every schedule's time (us); one unit of the launch = one measured CTA's work (the runs were measured at this
+    shape)."""
+    speeds = slot_speeds(runs, sms, slots)
+    out: dict = {"sms_measured": len(runs), "run_min": min(runs.values()), "run_max": max(runs.values()),
+                 "units": units, "slots": slots, "sms": sms, "static": static_time(speeds, units),
+                 "bound": units / sum(speeds)}
+    if sweep:
+        ramp, merge, err = fit_split(speeds, units, sweep)
+        offset = statistics.mean(sweep[n] - split_time(speeds, units, n, ramp, merge) for n in sweep)
+        out["split_fit"] = {"ramp": ramp, "merge_per_piece": merge, "offset": offset, "rms": err,
+                            "rows": [{"chunks": n, "measured": sweep[n],
+                                      "model": split_time(speeds, units, n, ramp, merge) + offset}
+                                     for n in sorted(sweep)]}
+    # Persistent takers: takers_per_sm a SM, each at its share of what the SM streams (the measured CTAs ran `slots`
+    # at a time, so an SM streams slots / run units an us).
+    sm_speed = [slots * v for v in slot_speeds(runs, sms, 1)]
+    takers = [v / takers_per_sm for _ in range(takers_per_sm) for v in sm_speed]
+    out["queue"] = {"takers": len(takers), "ramp": ramp, "item_cost": item_cost, "merge_per_piece": merge,
+                    "tail": [{"tail": tail, "piece": piece,
+                              "us": queue_time(takers, tail_items(units, tail, piece), ramp, item_cost, merge)}
+                             for tail in (1.0, 0.5, 0.25) for piece in (0.5, 0.25, 0.125, 0.0625)],
+                    "guided": []}
+    for divisor in (1.0, 2.0, 4.0):
+        sizes = guided_items(units, len(takers), divisor)
+        out["queue"]["guided"].append({"divisor": divisor, "items": len(sizes),
+                                       "us": queue_time(takers, sizes, ramp, item_cost, merge)})
+    return out
+
+
+def report(name: str, r: dict) -> str:
+    def pct(t: float) -> str:
+        return f"{100 * (t / r['static'] - 1):+5.1f} %"
+
+    lines = [(f"# {name}: {r['sms_measured']} SMs measured, runs {r['run_min']:.1f}-{r['run_max']:.1f} us; "
+              f"{r['units']} units over {r['sms']} x {r['slots']} slots"),
+             f"static (one CTA a unit, as now)      {r['static']:8.1f} us  (the measured window's model)",
+             f"every slot busy to the end (bound)   {r['bound']:8.1f} us  ({pct(r['bound'])})"]
+    if "split_fit" in r:
+        f = r["split_fit"]
+        lines.append(f"split sweep fit: ramp {f['ramp']:.1f} us a CTA, merge {1000 * f['merge_per_piece']:.1f} ns a "
+                     f"piece, fixed {f['offset']:.1f} us, rms {f['rms']:.2f} us")
+        lines += [f"  split {row['chunks']:3d}: measured {row['measured']:7.1f}  model {row['model']:7.1f}"
+                  for row in f["rows"]]
+    q = r["queue"]
+    lines.append(f"queue: {q['takers']} takers, ramp {q['ramp']:g} us once, {q['item_cost']:g} us an item, "
+                 f"{1000 * q['merge_per_piece']:.1f} ns a piece")
+    for tail in (1.0, 0.5, 0.25):
+        cells = [f"1/{round(1 / c['piece'])}: {c['us']:6.1f} ({pct(c['us'])})" for c in q["tail"] if c["tail"] == tail]
+        lines.append(f"  {'all units cut' if tail == 1.0 else f'last {100 * tail:g} % cut':14s} " + "  ".join(cells))
+    lines += [f"  guided, left / ({g['divisor']:g} x takers), >= 1/32: {g['items']} items, {g['us']:6.1f} "
+              f"({pct(g['us'])})" for g in q["guided"]]
+    return "\n".join(lines)
+
+
+def parse_sweep(text: str) -> dict[int, float]:
+    out = {}
+    try:
+        for pair in text.split(","):
+            n, _, us = pair.partition(":")
+            out[int(n)] = float(us)
+    except ValueError:
+        raise ValueError(f"--sweep={text}: expected chunks:us pairs, e.g. 1:374.4,2:378.3,4:383.5") from None
+    if 1 not in out or len(out) < 3:
+        raise ValueError(f"--sweep={text}: expected chunks:us pairs including 1 and at least two more")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("cta_json", type=Path, help="decode_cta_times.py --json output (raw stamps or per_sm table)")
+    ap.add_argument("--units", type=int, required=True, help="(sequence, KV head) units of the launch")
+    ap.add_argument("--slots", type=int, default=1, help="CTAs resident per SM in the measurement (default 1)")
+    ap.add_argument("--sms", type=int, default=132, help="SMs of the GPU (default %(default)s)")
+    ap.add_argument("--sweep", help="measured split sweep, chunks:us pairs (fits ramp and merge cost)")
+    ap.add_argument("--ramp", type=float, default=2.0, help="us a CTA or taker pays before streaming (without --sweep)")
+    ap.add_argument("--merge-per-piece", type=float, default=0.005, help="us of merge per piece (without --sweep)")
+    ap.add_argument("--item-cost", type=float, default=0.3, help="us a queue item costs a taker (claim, Q, epilogue)")
+    ap.add_argument("--takers-per-sm", type=int, default=1, help="persistent takers a SM (default %(default)s)")
+    ap.add_argument("--json", type=Path, help="also write the figures to this file")
+    args = ap.parse_args()
+    for name in ("units", "slots", "sms", "takers_per_sm"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')}={getattr(args, name)}: expected >= 1")
+    try:
+        runs = per_sm_runs(args.cta_json)
+        sweep = parse_sweep(args.sweep) if args.sweep else None
+    except (OSError, ValueError) as exc:
+        print(f"decode_balance_model.py: {exc}", file=sys.stderr)
+        return 2
+    result = model(runs, args.units, args.slots, args.sms, sweep, args.ramp, args.merge_per_piece, args.item_cost,
+                   args.takers_per_sm)
+    print(report(args.cta_json.name, result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
