@@ -433,12 +433,25 @@ __device__ __forceinline__ void copyQRowsAsync(AttentionKernelParams const& p, u
     }
 }
 
+// The power of two 2^shift that puts maxAbs (a max |q| over bf16 queries) in [2^14, 2^15) for an f16 tile: no
+// overflow, and every value above maxAbs * 2^-28 keeps all 8 of its bf16 significant bits in f16 (11 bits).
+// floor(log2(maxAbs)) comes from the exponent field (0 and subnormals read as -127; inf/NaN as 128 and stay inf/NaN
+// whatever the scale); the shift is clamped so that both powers of two are normal. `scale` multiplies the queries,
+// `unscale` (2^-shift) the logits.
+struct F16QueryScale {
+    float scale, unscale;
+};
+__device__ __forceinline__ F16QueryScale f16QueryScale(float maxAbs) {
+    int32_t const ex = int32_t((__float_as_uint(maxAbs) >> 23) & 0xFFu) - 127;
+    int32_t const shift = max(-100, min(100, 14 - ex));
+    return {__uint_as_float(uint32_t(127 + shift) << 23), __uint_as_float(uint32_t(127 - shift) << 23)};
+}
+
 // 16 bf16 query rows into the f16 blocked tile of kRows rows that the warp-specialized Hopper kernel's S = Q K^T
 // reads over an 8-bit cache (K in f16: the hardware converts fp8 to f16, not to bf16). One warp loads local rows
 // [firstRow, firstRow + 16) -- the rows of one consumer warp's S accumulators, so the power of two they are scaled by
-// is that warp's alone and needs no exchange beyond its lanes: 2^shift puts their largest |q| in [2^14, 2^15), as in
-// loadQRowsK8 (no overflow; every value above max|q| * 2^-28 converts exactly). Rows at or past rowEnd are zero.
-// Returns 2^-shift, the factor this warp's logits must be multiplied by.
+// is that warp's alone and needs no exchange beyond its lanes (f16QueryScale of their max |q|, as loadQRowsK8's of
+// its CTA's). Rows at or past rowEnd are zero. Returns 2^-shift, the factor this warp's logits must be multiplied by.
 template <int kD, int kRows>
 __device__ __forceinline__ float loadQRowsScaledF16(AttentionKernelParams const& p, unsigned char* sQ,
                                                     int32_t rowBegin, int32_t rowEnd, int32_t kvHead, int32_t lane,
@@ -472,11 +485,7 @@ __device__ __forceinline__ float loadQRowsScaledF16(AttentionKernelParams const&
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) maxAbs = fmaxf(maxAbs, __shfl_xor_sync(0xffffffffu, maxAbs, off));
-    // floor(log2(maxAbs)) from the exponent field, the shift clamped so that both powers of two are normal (as
-    // loadQRowsK8)
-    int32_t const ex = int32_t((__float_as_uint(maxAbs) >> 23) & 0xFFu) - 127;
-    int32_t const shift = max(-100, min(100, 14 - ex));
-    float const qScale = __uint_as_float(uint32_t(127 + shift) << 23);
+    F16QueryScale const qs = f16QueryScale(maxAbs);
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
         uint4 v;
@@ -487,23 +496,22 @@ __device__ __forceinline__ float loadQRowsScaledF16(AttentionKernelParams const&
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
             float2 const f = toFloat2(w[t]);
-            h[t] = Mma<__half>::pack(f.x * qScale, f.y * qScale);  // exact power-of-two scaling, then RN
+            h[t] = Mma<__half>::pack(f.x * qs.scale, f.y * qs.scale);  // exact power-of-two scaling, then RN
         }
         int const q = lane + 32 * i;
         *reinterpret_cast<uint4*>(sQ + blockedTileChunk<kRows>(firstRow + q / kChunks, q % kChunks)) =
             make_uint4(h[0], h[1], h[2], h[3]);
     }
-    return __uint_as_float(uint32_t(127 - shift) << 23);
+    return qs.unscale;
 }
 
 // ---- query rows for the 8-bit decode path, which runs Q K^T as an f16 MMA (8-bit K values are exact in f16
 // and convert with one cvt per pair). Like loadQRows, but (1) logical dim kl of the tile holds physical dim
 // Frag8<kD>::physDimK(kl) (pairs kl, kl + 1 of even kl are physical neighbours), and (2) the tile is f16:
-// bf16 queries are multiplied by 2^shift, one power of two for the whole CTA that puts the largest |q| in
-// [2^14, 2^15) -- no overflow, and every value above max|q| * 2^-28 keeps all 8 of its bf16 significant bits
-// in f16 (11 bits), i.e. converts exactly. Returns 2^-shift, the factor the logits must be multiplied by
-// (1 for f16 and fp8 queries, which convert exactly as they are). Every thread of the CTA must call it: it
-// synchronizes the CTA once (sWarpMax: kThreads / 32 floats of scratch); the caller synchronizes again
+// bf16 queries are multiplied by 2^shift, one power of two for the whole CTA (f16QueryScale: the largest |q| in
+// [2^14, 2^15), no overflow, exact conversion above max|q| * 2^-28). Returns 2^-shift, the factor the logits must
+// be multiplied by (1 for f16 and fp8 queries, which convert exactly as they are). Every thread of the CTA must
+// call it: it synchronizes the CTA once (sWarpMax: kThreads / 32 floats of scratch); the caller synchronizes again
 // before reading sQ.
 template <typename CT, int kD, int kRows, int kThreads>
 __device__ __forceinline__ float loadQRowsK8(AttentionKernelParams const& p, unsigned char* sQ, float* sWarpMax,
@@ -553,12 +561,9 @@ __device__ __forceinline__ float loadQRowsK8(AttentionKernelParams const& p, uns
             __syncthreads();
 #pragma unroll
             for (int w = 0; w < kThreads / 32; ++w) maxAbs = fmaxf(maxAbs, sWarpMax[w]);
-            // floor(log2(maxAbs)) from the exponent field (0 and subnormals read as -127; inf/NaN as 128 and
-            // stay inf/NaN whatever the scale); the shift is clamped so that both powers of two are normal.
-            int32_t const ex = int32_t((__float_as_uint(maxAbs) >> 23) & 0xFFu) - 127;
-            int32_t const shift = max(-100, min(100, 14 - ex));
-            qScale = __uint_as_float(uint32_t(127 + shift) << 23);
-            qUnscale = __uint_as_float(uint32_t(127 - shift) << 23);
+            F16QueryScale const qs = f16QueryScale(maxAbs);
+            qScale = qs.scale;
+            qUnscale = qs.unscale;
         }
     }
 #pragma unroll
