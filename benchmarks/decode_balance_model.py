@@ -65,14 +65,16 @@ def slot_speeds(runs: dict[int, float], sms: int, slots: int) -> list[float]:
 
 
 def list_schedule(costs_at, speeds: list[float], count: int) -> float:
-    """Items 0..count-1 handed in order to whichever slot frees first; costs_at(i, speed) is item i's time on a slot
-    of that speed. Returns when the last item ends."""
+    """Items 0..count-1 handed in order to whichever slot frees first; costs_at(i, speed, first) is item i's time on
+    a slot of that speed (first: the slot's first item). Returns when the last item ends."""
     free = [(0.0, s) for s in range(len(speeds))]
     heapq.heapify(free)
+    started: set[int] = set()
     end = 0.0
     for i in range(count):
         t, s = heapq.heappop(free)
-        t += costs_at(i, speeds[s])
+        t += costs_at(i, speeds[s], s not in started)
+        started.add(s)
         end = max(end, t)
         heapq.heappush(free, (t, s))
     return end
@@ -80,13 +82,12 @@ def list_schedule(costs_at, speeds: list[float], count: int) -> float:
 
 def static_time(speeds: list[float], units: int) -> float:
     """One CTA a unit, handed out in order (with every CTA resident at once when units <= slots)."""
-    return list_schedule(lambda i, v: 1.0 / v, speeds, units)
+    return list_schedule(lambda i, v, first: 1.0 / v, speeds, units)
 
 
-def split_time(speeds: list[float], units: int, n: int, ramp: float, merge_per_piece: float) -> float:
-    pieces = units * n
-    body = list_schedule(lambda i, v: ramp + (1.0 / n) / v, speeds, pieces)
-    return body + (merge_per_piece * pieces if n > 1 else 0.0)
+def split_body(speeds: list[float], units: int, n: int, ramp: float) -> float:
+    """The pieces' part of a split launch: n pieces a unit handed to slots as they free up, each paying `ramp`."""
+    return list_schedule(lambda i, v, first: ramp + (1.0 / n) / v, speeds, units * n)
 
 
 def tail_items(units: int, tail: float, piece: float) -> list[float]:
@@ -115,33 +116,33 @@ def queue_time(takers: list[float], sizes: list[float], ramp: float, item_cost: 
                merge_per_piece: float) -> float:
     """Persistent takers of the given speeds take the items (sizes in units) in order; each taker pays `ramp` once,
     `item_cost` an item and `merge_per_piece` for an item that is less than a whole unit."""
-    started: set[int] = set()
-    free = [(0.0, s) for s in range(len(takers))]
-    heapq.heapify(free)
-    end = 0.0
-    for size in sizes:
-        t, s = heapq.heappop(free)
-        t += size / takers[s] + item_cost + (merge_per_piece if size < 1.0 else 0.0) + (0.0 if s in started else ramp)
-        started.add(s)
-        end = max(end, t)
-        heapq.heappush(free, (t, s))
-    return end
+    def cost(i: int, speed: float, first: bool) -> float:
+        size = sizes[i]
+        return size / speed + item_cost + (merge_per_piece if size < 1.0 else 0.0) + (ramp if first else 0.0)
+
+    return list_schedule(cost, takers, len(sizes))
 
 
-def fit_split(speeds: list[float], units: int, sweep: dict[int, float]) -> tuple[float, float, float]:
-    """ramp, merge_per_piece (us) and the rms error (us) that fit split_time to the measured sweep, by grid search
-    (the model is monotone in both; a grid keeps it dependency-free and exact enough for a bound)."""
-    best = (float("inf"), 0.0, 0.0)
+def fit_split(speeds: list[float], units: int, sweep: dict[int, float]) -> dict:
+    """ramp and merge_per_piece (us) that fit a split launch (split_body, then a merge kernel of merge_per_piece a
+    piece for n > 1) to the measured sweep, by grid search (the model is monotone in both; a grid keeps it
+    dependency-free and exact enough for a bound), with the fixed offset, the rms error and every chunk count's
+    modelled time. The measured times include a fixed offset (launch, the dependency wait): fitted as the mean
+    residual."""
+    best: dict = {"rms": float("inf")}
     for ramp10 in range(201):  # 0 .. 20 us in 0.1 us
+        ramp = ramp10 / 10
+        body = {n: split_body(speeds, units, n, ramp) for n in sweep}  # the schedule does not depend on the merge
         for merge1000 in range(101):  # 0 .. 0.1 us a piece (a merge kernel's time over its pieces)
-            ramp, merge = ramp10 / 10, merge1000 / 1000
-            # the measured times include a fixed offset (launch, the dependency wait): fitted as the mean residual
-            model = {n: split_time(speeds, units, n, ramp, merge) for n in sweep}
-            offset = statistics.mean(sweep[n] - model[n] for n in sweep)
-            err = statistics.mean((sweep[n] - model[n] - offset) ** 2 for n in sweep) ** 0.5
-            if err < best[0]:
-                best = (err, ramp, merge)
-    return best[1], best[2], best[0]
+            merge = merge1000 / 1000
+            modelled = {n: body[n] + (merge * units * n if n > 1 else 0.0) for n in sweep}
+            offset = statistics.mean(sweep[n] - modelled[n] for n in sweep)
+            rms = statistics.mean((sweep[n] - modelled[n] - offset) ** 2 for n in sweep) ** 0.5
+            if rms < best["rms"]:
+                best = {"ramp": ramp, "merge_per_piece": merge, "offset": offset, "rms": rms,
+                        "rows": [{"chunks": n, "measured": sweep[n], "model": modelled[n] + offset}
+                                 for n in sorted(sweep)]}
+    return best
 
 
 def model(runs: dict[int, float], units: int, slots: int, sms: int, sweep: dict[int, float] | None, ramp: float,
@@ -153,12 +154,8 @@ def model(runs: dict[int, float], units: int, slots: int, sms: int, sweep: dict[
                  "units": units, "slots": slots, "sms": sms, "static": static_time(speeds, units),
                  "bound": units / sum(speeds)}
     if sweep:
-        ramp, merge, err = fit_split(speeds, units, sweep)
-        offset = statistics.mean(sweep[n] - split_time(speeds, units, n, ramp, merge) for n in sweep)
-        out["split_fit"] = {"ramp": ramp, "merge_per_piece": merge, "offset": offset, "rms": err,
-                            "rows": [{"chunks": n, "measured": sweep[n],
-                                      "model": split_time(speeds, units, n, ramp, merge) + offset}
-                                     for n in sorted(sweep)]}
+        out["split_fit"] = fit_split(speeds, units, sweep)
+        ramp, merge = out["split_fit"]["ramp"], out["split_fit"]["merge_per_piece"]
     # Persistent takers: takers_per_sm a SM, each at its share of what the SM streams (the measured CTAs ran `slots`
     # at a time, so an SM streams slots / run units an us).
     sm_speed = [slots * v for v in slot_speeds(runs, sms, 1)]
