@@ -15,6 +15,13 @@ per-SM rates and compares three schedules of one launch's work (``units`` equal 
   loads are issued under the current item's tail) plus ``item_cost`` per item, and every piece ``merge_per_piece``
   (read back and folded by the unit's last arrival).
 
+* ``kernel``: the balanced decode as the variants build it (``--unit-grains``: a unit's length in 64-token grains):
+  the closed-form guided intervals of ``attention_balance.h`` over the units laid end to end (each interval what is
+  left over d x takers, down to a floor, then floor-sized), an interval cut into one segment per unit it overlaps;
+  a taker claims an interval when it frees and pays ``item_cost`` for every segment. Reported over a range of
+  per-segment costs for the variants' schedule (d = 2, 256-token floor) and a coarser one (d = 1, 512-token floor):
+  which cost the measured A/B implies, and what cutting it (or the segment count) would give.
+
 A slot's rate is its SM's: with k CTAs resident on an SM, each of its slots runs at 1/k of what the SM streams, which
 is what the measured runs already say (they were measured k at a time). SMs that held no CTA in the measurement get
 the median rate. Bandwidth does not shift when SMs idle (the measured groups keep their rates), so this is the bound
@@ -28,7 +35,9 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import itertools
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -123,6 +132,53 @@ def queue_time(takers: list[float], sizes: list[float], ramp: float, item_cost: 
     return list_schedule(cost, takers, len(sizes))
 
 
+def kernel_boundaries(total: int, takers: int, divisor: int, floor: int) -> list[int]:
+    """attention_balance.h's interval boundaries (balanceIntervals) in grains: guided while first r^k >= floor (first
+    = total / (d T), r = 1 - 1 / (d T), d T >= 2), then floor-sized intervals; [0, ..., total]."""
+    if total <= 0:
+        return [0]
+    dt = max(2.0, float(divisor * takers))
+    log2r = math.log2(1.0 - 1.0 / dt)
+    first = total / dt
+    guided = 0
+    while first * 2.0 ** (guided * log2r) >= floor:
+        guided += 1
+    bounds = [0] + [math.floor(total * (1.0 - 2.0 ** (k * log2r))) for k in range(1, guided + 1)]
+    while bounds[-1] < total:
+        bounds.append(min(total, bounds[-1] + floor))
+    return bounds
+
+
+def kernel_items(units: int, unit_grains: int, takers: int, divisor: int, floor: int) -> list[list[float]]:
+    """Per interval (the order takers claim them), its segments' sizes in units: the interval cut at the units' ends."""
+    bounds = kernel_boundaries(units * unit_grains, takers, divisor, floor)
+    items = []
+    for a, b in itertools.pairwise(bounds):
+        segments, x = [], a
+        while x < b:
+            end = min(b, (x // unit_grains + 1) * unit_grains)
+            segments.append((end - x) / unit_grains)
+            x = end
+        items.append(segments)
+    return items
+
+
+def kernel_time(takers: list[float], items: list[list[float]], ramp: float, item_cost: float,
+                merge_per_piece: float) -> float:
+    """Takers claim intervals in order as they free; every segment costs item_cost plus its streaming, a partial one
+    merge_per_piece more; ramp once a taker."""
+    def cost(i: int, speed: float, first: bool) -> float:
+        return sum(seg / speed + item_cost + (merge_per_piece if seg < 1.0 else 0.0) for seg in items[i]) + (
+            ramp if first else 0.0)
+
+    return list_schedule(cost, takers, len(items))
+
+
+# (d, floor in grains): the schedule of decode-balanced.diff and -v2.diff, and a coarser one (fewer, longer segments)
+KERNEL_VERSIONS = {"variants": (2, 4), "coarse": (1, 8)}
+KERNEL_ITEM_COSTS = (0.3, 1.0, 2.0, 3.0, 4.0, 6.0)
+
+
 def fit_split(speeds: list[float], units: int, sweep: dict[int, float]) -> dict:
     """ramp and merge_per_piece (us) that fit a split launch (split_body, then a merge kernel of merge_per_piece a
     piece for n > 1) to the measured sweep, by grid search (the model is monotone in both; a grid keeps it
@@ -146,7 +202,7 @@ def fit_split(speeds: list[float], units: int, sweep: dict[int, float]) -> dict:
 
 
 def model(runs: dict[int, float], units: int, slots: int, sms: int, sweep: dict[int, float] | None, ramp: float,
-          merge: float, item_cost: float, takers_per_sm: int) -> dict:
+          merge: float, item_cost: float, takers_per_sm: int, unit_grains: int = 0) -> dict:
     """Every schedule's time (us); one unit of the launch = one measured CTA's work (the runs were measured at this
     shape)."""
     speeds = slot_speeds(runs, sms, slots)
@@ -169,6 +225,14 @@ def model(runs: dict[int, float], units: int, slots: int, sms: int, sweep: dict[
         sizes = guided_items(units, len(takers), divisor)
         out["queue"]["guided"].append({"divisor": divisor, "items": len(sizes),
                                        "us": queue_time(takers, sizes, ramp, item_cost, merge)})
+    if unit_grains > 0:
+        out["kernel"] = []
+        for version, (divisor, floor) in KERNEL_VERSIONS.items():
+            items = kernel_items(units, unit_grains, len(takers), divisor, floor)
+            segments = sum(len(i) for i in items)
+            out["kernel"].append({"version": version, "divisor": divisor, "floor_grains": floor,
+                                  "intervals": len(items), "segments": segments,
+                                  "us": {str(c): kernel_time(takers, items, ramp, c, merge) for c in KERNEL_ITEM_COSTS}})
     return out
 
 
@@ -194,6 +258,10 @@ def report(name: str, r: dict) -> str:
         lines.append(f"  {'all units cut' if tail == 1.0 else f'last {100 * tail:g} % cut':14s} " + "  ".join(cells))
     lines += [f"  guided, left / ({g['divisor']:g} x takers), >= 1/32: {g['items']} items, {g['us']:6.1f} "
               f"({pct(g['us'])})" for g in q["guided"]]
+    for k in r.get("kernel", []):
+        cells = "  ".join(f"{c} us: {t:6.1f} ({pct(t)})" for c, t in k["us"].items())
+        lines.append(f"kernel {k['version']} (d = {k['divisor']}, floor {64 * k['floor_grains']} tokens): "
+                     f"{k['intervals']} intervals, {k['segments']} segments; by cost a segment: {cells}")
     return "\n".join(lines)
 
 
@@ -221,11 +289,15 @@ def main() -> int:
     ap.add_argument("--merge-per-piece", type=float, default=0.005, help="us of merge per piece (without --sweep)")
     ap.add_argument("--item-cost", type=float, default=0.3, help="us a queue item costs a taker (claim, Q, epilogue)")
     ap.add_argument("--takers-per-sm", type=int, default=1, help="persistent takers a SM (default %(default)s)")
+    ap.add_argument("--unit-grains", type=int, default=0,
+                    help="a unit's length in 64-token grains: also model the balanced decode's kernel schedules")
     ap.add_argument("--json", type=Path, help="also write the figures to this file")
     args = ap.parse_args()
     for name in ("units", "slots", "sms", "takers_per_sm"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')}={getattr(args, name)}: expected >= 1")
+    if args.unit_grains < 0:
+        ap.error(f"--unit-grains={args.unit_grains}: expected >= 0 (0: no kernel schedules)")
     try:
         runs = per_sm_runs(args.cta_json)
         sweep = parse_sweep(args.sweep) if args.sweep else None
@@ -233,7 +305,7 @@ def main() -> int:
         print(f"decode_balance_model.py: {exc}", file=sys.stderr)
         return 2
     result = model(runs, args.units, args.slots, args.sms, sweep, args.ramp, args.merge_per_piece, args.item_cost,
-                   args.takers_per_sm)
+                   args.takers_per_sm, args.unit_grains)
     print(report(args.cta_json.name, result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

@@ -6,6 +6,7 @@ JSON, and ``--backend cuda`` without a GPU says why in one line.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import os
 import subprocess
@@ -268,6 +269,34 @@ def test_decode_balance_model_on_a_measured_launch(tmp_path):
     assert len(guided) == 3 and all(r["bound"] <= g["us"] < r["static"] for g in guided)
     assert all(g["items"] > r["units"] for g in guided)  # every unit cut at least once
     assert run.stdout.startswith("# h100-045fe8b-diag-decode-cta-16x8K-P64.json: 128 SMs measured")
+
+
+def test_decode_balance_model_kernel_schedule(tmp_path):
+    # The balanced decode's closed form (attention_balance.h) as the model lays it out: boundaries from 0 to W,
+    # increasing, guided intervals at least the floor less a grain's rounding; segments cover every unit exactly.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dbm", ROOT / "benchmarks" / "decode_balance_model.py")
+    dbm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dbm)
+    for total, takers, d, floor in ((32768, 528, 2, 4), (16384, 132, 1, 8), (100, 1, 1, 8), (5, 600, 2, 4)):
+        b = dbm.kernel_boundaries(total, takers, d, floor)
+        assert b[0] == 0 and b[-1] == total and all(y > x for x, y in itertools.pairwise(b))
+    items = dbm.kernel_items(units=7, unit_grains=10, takers=3, divisor=2, floor=4)
+    assert sum(sum(segs) for segs in items) == pytest.approx(7.0)
+    assert all(0 < seg <= 1.0 for segs in items for seg in segs)
+    measured = ROOT / "benchmarks" / "results" / "h100-045fe8b-diag-decode-cta-16x8K-P64.json"
+    out = tmp_path / "model.json"
+    run = _run("decode_balance_model.py", str(measured), "--units", "128", "--takers-per-sm", "4", "--unit-grains",
+               "128", "--json", str(out))
+    kernel = json.loads(out.read_text())["kernel"]
+    assert [k["version"] for k in kernel] == ["variants", "coarse"]
+    for k in kernel:
+        us = list(k["us"].values())
+        assert k["segments"] >= k["intervals"] > 128 and us == sorted(us)  # costlier segments, a longer launch
+    assert "kernel variants (d = 2, floor 256 tokens)" in run.stdout
+    run = _run("decode_balance_model.py", str(measured), "--units", "8", "--unit-grains", "-1", expect=2)
+    assert "--unit-grains=-1: expected >= 0" in run.stderr
 
 
 def test_decode_balance_model_fits_a_sweep_and_rejects_bad_input(tmp_path):
