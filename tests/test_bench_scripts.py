@@ -282,6 +282,7 @@ def test_decode_balance_model_kernel_schedule(tmp_path):
     for total, takers, d, floor in ((32768, 528, 2, 4), (16384, 132, 1, 8), (100, 1, 1, 8), (5, 600, 2, 4)):
         b = dbm.kernel_boundaries(total, takers, d, floor)
         assert b[0] == 0 and b[-1] == total and all(y > x for x, y in itertools.pairwise(b))
+        assert all(y - x >= floor - 1 for x, y in itertools.pairwise(b[:-1]))  # every interval but the last
     items = dbm.kernel_items(units=7, unit_grains=10, takers=3, divisor=2, floor=4)
     assert sum(sum(segs) for segs in items) == pytest.approx(7.0)
     assert all(0 < seg <= 1.0 for segs in items for seg in segs)
