@@ -13,7 +13,9 @@ e4m3 cache); ``--batch`` / ``--kv-len`` pick another decode shape (e.g.
 16 x 8192, one unsplit wave), ``--page`` the page size and ``--head-dim`` another head dim (bench_attention.py's
 ``headdim`` rows: D = 64's prefill trails fa3). ``--impl tc_fa2`` / ``xqa`` launches that FlashInfer
 decode path on the same step instead of ours (its kernels: ``regex:BatchPrefillWithPagedKVCache`` for tc_fa2), to
-profile both side by side. The timing figures belong to bench_attention.py; this script only launches.
+profile both side by side; ``--impl fa3`` launches FlashInfer's FlashAttention-3 prefill on a prefill case instead
+(e.g. to compare D = 64's warp states with ours). The timing figures belong to bench_attention.py; this script only
+launches.
 """
 
 from __future__ import annotations
@@ -38,13 +40,16 @@ def main() -> int:
     ap.add_argument("--kv-len", type=int, default=4096, help="decode / fp8: each sequence's KV length after the step")
     ap.add_argument("--cache", choices=["bf16", "fp8"], default="bf16",
                     help="prefill: the cache dtype (fp8: e4m3, its 8-bit tiles converted in shared memory)")
-    ap.add_argument("--impl", choices=["ours", "tc_fa2", "xqa"], default="ours",
-                    help="whose decode to launch (the peers: FlashInfer's, on the same K/V values)")
+    ap.add_argument("--impl", choices=["ours", "tc_fa2", "xqa", "fa3"], default="ours",
+                    help="whose kernels to launch (the peers: FlashInfer's, on the same K/V values; tc_fa2 and xqa "
+                         "decode, fa3 prefill)")
     ap.add_argument("--head-dim", type=int, default=None,
                     help="the head dim (default: bench_attention.py's 128); one the kernels are compiled for")
     args = ap.parse_args()
-    if args.impl != "ours" and args.case != "decode":
+    if args.impl in ("tc_fa2", "xqa") and args.case != "decode":
         ap.error(f"--impl {args.impl}: only with the decode case")
+    if args.impl == "fa3" and args.case != "prefill":
+        ap.error("--impl fa3: only with the prefill case")
     if args.cache != "bf16" and args.case != "prefill":
         ap.error(f"--cache {args.cache}: only with the prefill case (the fp8 case is the decode's)")
     for name in ("page", "batch", "kv_len"):
@@ -71,7 +76,8 @@ def main() -> int:
     else:
         import flashinfer
 
-        launch = Peers(torch, flashinfer).decode(step, args.impl)
+        peers = Peers(torch, flashinfer)
+        launch = peers.prefill(step, "fa3") if args.impl == "fa3" else peers.decode(step, args.impl)
     launch()  # first launch outside the range: lazy set-up (plans, JIT loads, attributes) is not profiled
     torch.cuda.synchronize()
     torch.cuda.profiler.start()

@@ -75,6 +75,8 @@ def test_profile_attention_checks_its_arguments():
     assert "--cache fp8: only with the prefill case (the fp8 case is the decode's)" in run.stderr
     run = _run("profile_attention.py", "prefill", "--impl", "xqa", expect=2)
     assert "--impl xqa: only with the decode case" in run.stderr
+    run = _run("profile_attention.py", "decode", "--impl", "fa3", expect=2)
+    assert "--impl fa3: only with the prefill case" in run.stderr
     run = _run("profile_attention.py", "prefill", "--head-dim", "72", expect=2)
     assert "--head-dim=72: expected one of (32, 64, 80, 96, 128, 256)" in run.stderr
 
