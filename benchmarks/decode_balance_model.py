@@ -174,7 +174,7 @@ def kernel_time(takers: list[float], items: list[list[float]], ramp: float, item
     return list_schedule(cost, takers, len(items))
 
 
-# (d, floor in grains): the schedule of decode-balanced.diff and -v2.diff, and a coarser one (fewer, longer segments)
+# (d, floor in grains): the schedule of decode-balanced.diff, and a coarser one (fewer, longer segments)
 KERNEL_VERSIONS = {"variants": (2, 4), "coarse": (1, 8)}
 KERNEL_ITEM_COSTS = (0.3, 1.0, 2.0, 3.0, 4.0, 6.0)
 
