@@ -60,7 +60,8 @@ cudaError_t multiKernelShape(IODType io, CacheDType cache, int32_t headDim, Kern
 // has (an error naming the sizes only when no width fits).
 cudaError_t decodeKernelOccupancies(IODType io, CacheDType cache, int32_t headDim,
                                     int32_t (&ctasPerSm)[kNumDecodeWidths]);
-cudaError_t multiKernelOccupancy(IODType io, CacheDType cache, int32_t headDim, int32_t& ctasPerSm);
+// multiKernelOccupancy also says the serving kernel's row tile (DeviceFacts::multiTileRows).
+cudaError_t multiKernelOccupancy(IODType io, CacheDType cache, int32_t headDim, int32_t& ctasPerSm, int32_t& tileRows);
 
 cudaError_t launchDecodeKernel(AttentionKernelParams const& kp, IODType io, CacheDType cache, int32_t headDim,
                                int32_t warps, dim3 grid, cudaStream_t stream);
@@ -79,7 +80,7 @@ cudaError_t readMultiKernelChoice(MultiKernelChoice& choice);
 // route to it themselves; nothing else calls these.
 bool multiKernelSm90Serves(IODType io, CacheDType cache, int32_t headDim, MultiKernelChoice choice);
 cudaError_t multiKernelSm90Occupancy(IODType io, CacheDType cache, int32_t headDim, MultiKernelChoice choice,
-                                     int32_t& ctasPerSm);
+                                     int32_t& ctasPerSm, int32_t& tileRows);
 cudaError_t launchMultiKernelSm90(AttentionKernelParams const& kp, IODType io, CacheDType cache, int32_t headDim,
                                   MultiKernelChoice choice, dim3 grid, cudaStream_t stream);
 

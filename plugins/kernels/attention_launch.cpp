@@ -102,7 +102,8 @@ cudaError_t planOnCurrentDevice(AttentionParams const& params, AttentionPlan& pl
         if (err != cudaSuccess) return err;
     }
     if (plan.runMulti) {
-        err = multiKernelOccupancy(params.ioDType, params.cacheDType, params.headDim, facts.multiCtasPerSm);
+        err = multiKernelOccupancy(params.ioDType, params.cacheDType, params.headDim, facts.multiCtasPerSm,
+                                   facts.multiTileRows);
         if (err != cudaSuccess) return err;
     }
     plan = planAttention(params, facts, settings);

@@ -338,14 +338,16 @@ cudaError_t readMultiKernelChoice(MultiKernelChoice& choice) {
 }
 
 // On an sm_90 device the Hopper kernel serves what it covers (every head dim and cache dtype: multiKernelSm90Serves);
-// both kernels share the planner's row tiles, so the plan does not depend on which one runs.
-cudaError_t multiKernelOccupancy(IODType io, CacheDType cache, int32_t headDim, int32_t& ctasPerSm) {
+// the plan takes the serving kernel's row tile (its CTAs' query rows: sm90TileRows or multiTileRows) with its
+// occupancy.
+cudaError_t multiKernelOccupancy(IODType io, CacheDType cache, int32_t headDim, int32_t& ctasPerSm, int32_t& tileRows) {
     MultiKernelChoice choice{};
     if (cudaError_t const err = readMultiKernelChoice(choice); err != cudaSuccess) return err;
 #if PAGEDKV_HAS_SM90A
     if (multiKernelSm90Serves(io, cache, headDim, choice))
-        return multiKernelSm90Occupancy(io, cache, headDim, choice, ctasPerSm);
+        return multiKernelSm90Occupancy(io, cache, headDim, choice, ctasPerSm, tileRows);
 #endif
+    tileRows = multiTileRows(headDim);
     return prepareOrLaunch<MultiFamily>(io, cache, headDim, ctasPerSm, nullptr, dim3(), nullptr);
 }
 

@@ -95,7 +95,7 @@ AttentionPlan planAttention(AttentionParams const& p, DeviceFacts const& facts, 
     int32_t const T = p.meta.numTokens, B = p.meta.numSeqs, H = p.numQHeads, KVH = p.numKVHeads, D = p.headDim;
     int32_t const G = H / KVH;
     plan.groupSize = G;
-    plan.multiTileRows = multiTileRows(D);
+    plan.multiTileRows = facts.multiTileRows > 0 ? facts.multiTileRows : multiTileRows(D);
     plan.split.decodeChunkLen = plan.split.multiChunkLen = kChunkAlign;
     plan.split.decodeGridChunks = plan.split.multiGridChunks = 1;
     plan.kvRowMapOffset = -1;

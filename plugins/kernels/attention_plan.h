@@ -26,6 +26,9 @@ struct DeviceFacts {
     // width is not compiled for the instance or does not fit the device. The plan picks among the others.
     int32_t decodeCtasPerSm[kNumDecodeWidths];
     int32_t multiCtasPerSm;
+    // Query rows per tile of the multi-token kernel that runs (its CTAs' row tile); 0: multiTileRows(D), the mma.sync
+    // kernel's, which the Hopper kernel shares but where sm90TileRows says otherwise (attention_schedule.h).
+    int32_t multiTileRows;
 };
 
 // Settings a plan takes from its caller rather than from the device: A/B knobs the launcher reads from the

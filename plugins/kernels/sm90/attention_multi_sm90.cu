@@ -59,9 +59,11 @@ namespace {
 
 // The variant: warp-specialized (the default; 1.35x the cooperative one at 4x2048 over 8192, bf16) unless the
 // cooperative one is chosen; every head dim of the capability table, through the one dispatch point.
+bool warpSpecializedFor(MultiKernelChoice choice) { return choice != MultiKernelChoice::kSm90Cooperative; }
+
 cudaError_t dispatchSm90(IODType io, CacheDType cache, int32_t headDim, MultiKernelChoice choice, int32_t& ctasPerSm,
                          AttentionKernelParams const* kp, dim3 grid, cudaStream_t stream) {
-    bool const warpSpecialized = choice != MultiKernelChoice::kSm90Cooperative;
+    bool const warpSpecialized = warpSpecializedFor(choice);
     return dispatchAttention(io, isCache8Bit(cache), headDim, [&](auto ct, auto k8, auto d) -> cudaError_t {
         using CT = typename decltype(ct)::type;
         constexpr bool k8Bit = decltype(k8)::value;
@@ -85,7 +87,8 @@ bool multiKernelSm90Serves(IODType io, CacheDType cache, int32_t headDim, MultiK
 }
 
 cudaError_t multiKernelSm90Occupancy(IODType io, CacheDType cache, int32_t headDim, MultiKernelChoice choice,
-                                     int32_t& ctasPerSm) {
+                                     int32_t& ctasPerSm, int32_t& tileRows) {
+    tileRows = sm90TileRows(warpSpecializedFor(choice), isCache8Bit(cache), headDim);
     return dispatchSm90(io, cache, headDim, choice, ctasPerSm, nullptr, dim3(), nullptr);
 }
 

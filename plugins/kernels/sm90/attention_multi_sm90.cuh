@@ -1,7 +1,8 @@
 // Multi-token attention kernel for sm_90a (H100 / H200): the chunked-prefill / long-prompt / draft rows of
 // attention_multi.cu on warpgroup MMAs. Same work split, same loader, same softmax; what changes is the math:
 //  * a CTA's 2 consumer warpgroups (256 threads) serve kRows = 128 query rows (consecutive tokens x the G heads of
-//    one KV head, the planner's row tile), each warpgroup 64 of them; at D = 256 one warpgroup, 64 rows;
+//    one KV head, the planner's row tile), each warpgroup 64 of them; at D = 256 one warpgroup, 64 rows; the
+//    warp-specialized kernel over 16-bit caches at D = 64 has 3, 192 rows (sm90ConsumerGroups);
 //  * KV tiles of kTile = 128 tokens (64 at D = 256) stream through a pipeline into blocked, 128-byte-swizzled tiles
 //    (blockedTileChunk), page by page through the block table (copyKVRows: one lookup per row, runs copied whole;
 //    in the warp-specialized kernel a 16-row run of an HND page by TMA, sm90/kv_row_map.cuh);
@@ -48,13 +49,14 @@ namespace {
 // ---- shapes. Both kernels: a CTA serves kRows = 128 query rows (the planner's row tile) as 2 consumer warpgroups
 // of 64 rows; KV tiles of kTile = 128 tokens in 3 stages (the pipeline holds tiles i, i + 1 and i + 2; the
 // warp-specialized 8-bit variant 2 + 2, below). At D = 256, 64 rows (one consumer warpgroup) and 64-token tiles.
+// The warp-specialized kernel over 16-bit caches at D = 64: 192 rows, 3 consumer warpgroups (512 threads).
 //  * cooperative (PAGEDKV_MULTI_KERNEL=sm90-cooperative): 256 threads; every thread loads its share of each tile
 //    and the CTA synchronizes once per tile (8-bit caches: a second time, after converting the tile into 16-bit
 //    ones: one K, two V buffers).
-//  * warp-specialized (the default): 384 threads; a producer warpgroup loads every tile (8-bit caches: and
-//    converts it) into the stage the MMAs read and hands it over through mbarriers, so the consumer warpgroups
-//    never wait on a CTA barrier, and take turns issuing their MMAs (named barriers), one's softmax under the
-//    other's MMAs.
+//  * warp-specialized (the default): 384 threads (512 with 3 consumer warpgroups); a producer warpgroup loads every
+//    tile (8-bit caches: and converts it) into the stage the MMAs read and hands it over through mbarriers, so the
+//    consumer warpgroups never wait on a CTA barrier; two take turns issuing their MMAs (named barriers), one's
+//    softmax under the other's MMAs, three issue whenever ready.
 template <typename CT, bool k8Bit, int kD, bool kWarpSpecialized_ = false>
 struct Sm90MultiConfig {
     static_assert(kD % 16 == 0 && (kD <= 128 || kD == 256), "whole k-steps of S; rows of 64, 128 or 256 elements");
@@ -63,12 +65,13 @@ struct Sm90MultiConfig {
     // D = 256: the planner's row tile is 64 rows (multiTileRows), so one consumer warpgroup, whose O (64 x 256) takes
     // 128 accumulator registers a thread; its KV tiles are 64 tokens (S is m64n64), so that Q and 3 stages of K and V
     // (32 KB each) fit. No ping-pong: the tensor cores overlap its softmax only with its own P V.
-    static constexpr int kConsumerGroups = kD == 256 ? 1 : 2;
+    static constexpr int kConsumerGroups = sm90ConsumerGroups(kWarpSpecialized, k8Bit, kD);
     static constexpr int kGroupThreads = 128;  // a warpgroup
     static constexpr int kConsumerThreads = kConsumerGroups * kGroupThreads;
     static constexpr int kThreads = kConsumerThreads + (kWarpSpecialized ? kGroupThreads : 0);  // + the producer
     static constexpr int kRows = 64 * kConsumerGroups;
-    static_assert(kRows == multiTileRows(kD), "the planner's row tiles (attention_plan.cpp) are this kernel's");
+    static_assert(kRows == sm90TileRows(kWarpSpecialized, k8Bit, kD),
+                  "the planner's row tiles (DeviceFacts::multiTileRows) are this kernel's");
     static constexpr int kTile = kD == 256 ? 64 : 128;  // KV tokens per stage = N of S = Q K^T
     static constexpr int kNT = kTile / 8;
     static constexpr int kQBytes = kRows * kDP * 2;
@@ -400,10 +403,10 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD>::kThreads, 1)
 // the same order, and tile numbers run on across them (g: the CTA's tiles so far), so the stages, positions and
 // mbarrier phases of one cell continue those of the one before and the producer loads the next cell's first tiles
 // while the consumers finish the current one.
-//  * 16-bit producer: warp 8 + q copies rows [32 q, 32 q + 32) of every tile straight into the stage the MMAs
+//  * 16-bit producer: producer warp q copies rows [32 q, 32 q + 32) of every tile straight into the stage the MMAs
 //    read. For tile g it resolves the rows it located during tile g - 1 (their block-table entries have been in
-//    flight since), locates tile g + 1's, waits until the stage is empty (both warpgroups released tile g - 3),
-//    issues the copies and arrives on full[g] twice: once through cp.async (counts once this lane's copies have
+//    flight since), locates tile g + 1's, waits until the stage is empty (every consumer warpgroup released tile
+//    g - 3), issues the copies and arrives on full[g] twice: once through cp.async (counts once this lane's copies have
 //    landed) and once now (release: the positions are ordinary stores). It never waits for its own copies, so tile
 //    g + 1's lookups and copies issue while tile g's are still in flight. With the CTA's tensor map (HND pool, a
 //    workspace slot), a half tile that is one run -- 16 rows of one page, every row holding a position -- is
@@ -414,28 +417,37 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD>::kThreads, 1)
 //    lanes'), converts its rows into the 16-bit blocked tiles (the exact dequantization of the other kernels),
 //    hands them to the async proxy and arrives on full[g % 2].
 //  * consumers: the cooperative kernel's pipeline with mbarrier waits instead of CTA barriers; after PV(i) each
-//    thread releases tile i's stage. Turns (FlashAttention-3's ping-pong): a warpgroup issues its MMAs only after the
-//    other issued its previous ones (named barriers 1 + group), so the tensor cores alternate between them and one
-//    warpgroup's softmax runs under the other's MMAs; every cell's turns are balanced (warpgroup 0 takes its first,
-//    warpgroup 1 hands none back after its last), so a cell starts with no arrival pending. 16-bit: S(i + 1) and
+//    thread releases tile i's stage. Turns (FlashAttention-3's ping-pong), with two consumer warpgroups: one issues its
+//    MMAs only after the other issued its previous ones (named barriers 1 + group), so the tensor cores alternate
+//    between them and one warpgroup's softmax runs under the other's MMAs; every cell's turns are balanced (warpgroup
+//    0 takes its first, warpgroup 1 hands none back after its last), so a cell starts with no arrival pending. Three
+//    (D = 64) take no turns: a round of three made each wait for the other two, and without it the D = 64 prefills
+//    ran 0.5-1 % faster (NOTES-attention.md, twenty-seventh session). 16-bit: S(i + 1) and
 //    PV(i) issued together (the intra-warpgroup overlap: 3 stages); 8-bit: S(i), softmax, PV(i) in turn, so that 2
 //    converted stages leave the producer half a tile to convert the next one. Each warpgroup loads its own 64 rows
 //    of Q once its MMAs of the previous cell are done (the only reader of those rows), so neither waits for the
 //    other between cells.
 constexpr uint32_t kQReadyBarrier = 3;  // named barriers 3 + group: a warpgroup's Q stores done (0 is __syncthreads)
-constexpr uint32_t kProducerBarrier = 5;  // named barrier: the producer warpgroup, once its CTA's tensor map is out
+constexpr uint32_t kProducerBarrier = 6;  // named barrier: the producer warpgroup, once its CTA's tensor map is out
 
 // Registers: sm_90 allocates them per warpgroup, so the 384 threads start with 65536 / 384 = 168 each; the
 // producer warpgroup then gives back down to kProducerRegisters and the consumers grow to kConsumerRegisters
-// (setmaxnreg; 128 x 56 + 256 x 224 = 64512).
+// (setmaxnreg; 128 x 56 + 256 x 224 = 64512). With three consumer warpgroups (512 threads: 128 each at the start)
+// the producer keeps 32 and they grow to 160 (128 x 32 + 384 x 160 = 65536: FlashAttention-3's split), which S, P and
+// O of a 128-token tile (64 + 32 + 32) need: at 152 (the producer at 56) they spilled and ptxas serialized their
+// wgmma. At 32 / 160 ptxas still spills 124 bytes, none on a wgmma.
 // At D = 80 / 96 (rows of 10 / 12 16-byte chunks, copied in flat chunk order) the producer's copy loop needs more: it
 // spilled 44-128 bytes inside the tile loop at 56, so those head dims split 72 / 216 (128 x 72 + 256 x 216 = 64512);
 // the consumers then keep 20 bytes of loop invariants in local memory (3 loads per tile, off the MMA chain).
 // At D = 256 (256 threads) nothing is moved: every thread may hold 255 registers from the start.
-template <int kD>
-constexpr uint32_t kProducerRegisters = kD % 64 == 0 || kD == 32 ? 56 : 72;
-template <int kD>
-constexpr uint32_t kConsumerRegisters = (384 * 168 - 128 * kProducerRegisters<kD>) / 256;  // all it gives back
+template <int kD, int kGroups>
+constexpr uint32_t kProducerRegisters = kGroups == 3 ? 32 : kD % 64 == 0 || kD == 32 ? 56 : 72;
+template <int kD, int kGroups>
+constexpr uint32_t kConsumerRegisters =  // all it gives back, in whole 8-register steps
+    (65536 / (128 * (kGroups + 1)) / 8 * 8 * 128 * (kGroups + 1) - 128 * kProducerRegisters<kD, kGroups>) /
+    (128 * kGroups) / 8 * 8;
+static_assert(kConsumerRegisters<64, 2> == 224 && kConsumerRegisters<80, 2> == 216 && kConsumerRegisters<64, 3> == 160,
+              "the splits above");
 
 template <typename CT, bool k8Bit, int kD>
 __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads, 1)
@@ -481,7 +493,8 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads
 
     if (warp >= Cfg::kConsumerThreads / 32) {
         // ---- producer warpgroup
-        if constexpr (Cfg::kConsumerGroups == 2) wgmma::setMaxRegisters<kProducerRegisters<kD>, false>();
+        if constexpr (Cfg::kConsumerGroups >= 2)
+            wgmma::setMaxRegisters<kProducerRegisters<kD, Cfg::kConsumerGroups>, false>();
         int32_t const row0 = (warp - Cfg::kConsumerThreads / 32) * kWarpRows;  // of each tile
         constexpr int kRowBytes = k8Bit ? kD : 128;  // a row's bytes in a staging tile / in column block 0
         // TMA (16-bit caches; sm90/kv_row_map.cuh): the first producer warp completes this CTA's tensor map in its
@@ -597,16 +610,18 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads
     }
 
     // ---- consumer warpgroups
-    if constexpr (Cfg::kConsumerGroups == 2) wgmma::setMaxRegisters<kConsumerRegisters<kD>, true>();
+    if constexpr (Cfg::kConsumerGroups >= 2)
+        wgmma::setMaxRegisters<kConsumerRegisters<kD, Cfg::kConsumerGroups>, true>();
     int32_t const group = warpUniform(tid >> 7);
     uint32_t const sQ = smemAddr(sm.q());
     uint32_t const myTurn = 1 + uint32_t(group), otherTurn = 2 - uint32_t(group);
-    // The ping-pong turns between two consumer warpgroups; a single one (D = 256) issues whenever it is ready.
+    // The ping-pong turns between two consumer warpgroups; one (D = 256) or three (D = 64) issue whenever ready.
+    constexpr bool kTurns = Cfg::kConsumerGroups == 2;
     auto takeTurn = [&] {
-        if constexpr (Cfg::kConsumerGroups == 2) wgmma::namedBarrierSync(myTurn, Cfg::kConsumerThreads);
+        if constexpr (kTurns) wgmma::namedBarrierSync(myTurn, Cfg::kConsumerThreads);
     };
     auto handTurn = [&] {
-        if constexpr (Cfg::kConsumerGroups == 2) wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads);
+        if constexpr (kTurns) wgmma::namedBarrierArrive(otherTurn, Cfg::kConsumerThreads);
     };
     int32_t g = 0;  // this CTA's tiles so far, as the producer counts them
     // Tile t has landed (every producer lane's copies and positions), and this thread's view of it is handed to the
@@ -651,7 +666,7 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads
         Sm90Consumer<CT, kD, Cfg> cons(p, w, group, warp, lane);
         cons.qUnscale = qUnscale;
         if (numTiles > 0) {
-            if (group == 1) wgmma::namedBarrierArrive(1, Cfg::kConsumerThreads);  // warpgroup 0 takes the first turn
+            if (kTurns && group == 1) handTurn();  // warpgroup 0 takes the first turn
             if constexpr (k8Bit) {
                 for (int32_t i = 0; i < numTiles; ++i) {
                     int32_t const t = g + i;
