@@ -435,7 +435,7 @@ constexpr uint32_t kProducerBarrier = 6;  // named barrier: the producer warpgro
 // (setmaxnreg; 128 x 56 + 256 x 224 = 64512). With three consumer warpgroups (512 threads: 128 each at the start)
 // the producer keeps 32 and they grow to 160 (128 x 32 + 384 x 160 = 65536: FlashAttention-3's split), which S, P and
 // O of a 128-token tile (64 + 32 + 32) need: at 152 (the producer at 56) they spilled and ptxas serialized their
-// wgmma. At 32 / 160 ptxas still spills 124 bytes, none on a wgmma.
+// wgmma. At 32 / 160 ptxas still spills 148 bytes, none on a wgmma.
 // At D = 80 / 96 (rows of 10 / 12 16-byte chunks, copied in flat chunk order) the producer's copy loop needs more: it
 // spilled 44-128 bytes inside the tile loop at 56, so those head dims split 72 / 216 (128 x 72 + 256 x 216 = 64512);
 // the consumers then keep 20 bytes of loop invariants in local memory (3 loads per tile, off the MMA chain).
