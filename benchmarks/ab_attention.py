@@ -4,7 +4,8 @@ One process times one build; a variant is another build (``.ci/gpu-ab.sh`` build
 machine and runs this once per build). The cases are bench_attention.py's (same shapes, values and seeds):
 ``prefill`` = 4 x 2048 over 8192 and 1 x 8192 over 0, ``decode`` = the six decode shapes, each at pages of 16 and 64;
 ``fp8prefill`` = the two prefills over an fp8 e4m3 cache (8-bit tiles converted in shared memory), at both pages;
-``prefill64`` = the two prefills at head dim 64 (where the softmax's exponentials weigh most against the MMAs).
+``prefill64`` = the two prefills at head dim 64 (where the softmax's exponentials weigh most against the MMAs);
+``prefill32`` = the same at head dim 32 (rows padded to 64 elements in the Hopper kernel's tiles).
 The rounds go over every case before the next round starts, so a drift of the machine (clocks, temperature) spreads
 over all cases instead of landing on one; each time is a ``triton.testing.do_bench`` median (L2 flushed between
 repetitions). With ``--outputs DIR`` the first build run with that DIR stores each case's output there and every
@@ -29,7 +30,7 @@ from pathlib import Path
 from bench_attention import DECODE_SHAPES, PREFILLS, Step, decode_case, prefill_case, time_us
 
 PAGES = (16, 64)
-CASES = ("prefill", "decode", "fp8prefill", "prefill64")
+CASES = ("prefill", "decode", "fp8prefill", "prefill64", "prefill32")
 
 
 def steps_for(torch, which: list[str]) -> dict[str, Step]:
@@ -41,8 +42,8 @@ def steps_for(torch, which: list[str]) -> dict[str, Step]:
                 cases += [prefill_case(torch, shape, page) for shape in PREFILLS]
             elif kind == "fp8prefill":
                 cases += [prefill_case(torch, shape, page, cache="fp8") for shape in PREFILLS]
-            elif kind == "prefill64":
-                cases += [prefill_case(torch, shape, page, head_dim=64) for shape in PREFILLS]
+            elif kind in ("prefill64", "prefill32"):
+                cases += [prefill_case(torch, shape, page, head_dim=int(kind[7:])) for shape in PREFILLS]
             else:
                 cases += [decode_case(torch, batch, length, page) for batch, length in DECODE_SHAPES]
     return dict(cases)
