@@ -73,7 +73,7 @@ PKV_HD constexpr int32_t multiTileRows(int32_t headDim) { return kMultiWarps * 1
 // The Hopper multi-token kernel's consumer warpgroups, 64 query rows each (sm90/attention_multi_sm90.cuh): one at
 // D = 256 (its O takes 128 registers a thread), three in the warp-specialized kernel over 16-bit caches at D = 64
 // (FlashAttention-3's 192-row tiles: at D = 64 the softmax's dependent chains outlast the MMAs, and a third warpgroup
-// gives the schedulers more warps to switch to; measured 1-6 % faster than two, NOTES-attention.md, twenty-seventh
+// gives the schedulers more warps to switch to; measured 1-7 % faster than two, NOTES-attention.md, twenty-seventh
 // session), two otherwise. Its row tile is 64 times that, which the plan takes from DeviceFacts::multiTileRows when
 // that kernel runs.
 PKV_HD constexpr int32_t sm90ConsumerGroups(bool warpSpecialized, bool cache8Bit, int32_t headDim) {
