@@ -55,6 +55,11 @@ LONG_CASES = [
     # time)
     ((8, 2, 256, 24, CacheDType.BF16, PageLayout.HND, 0, 0, 0), (300, 2), (400, 30)),
     ((4, 2, 256, 16, CacheDType.FP8_E4M3, PageLayout.HND, 0, 0, 0), (300,), (200,)),
+    # three consumer warpgroups (the Hopper kernel over a 16-bit cache at D = 64 and 32: 192-row tiles, no turns, the
+    # producer at 32 registers) through more KV tiles than stages, in more cells (32 row tiles x 8 KV heads) than an
+    # H100 / H200 has CTAs: D = 64 HND with pages of 24 (TMA and cp.async halves), D = 32 NHD (cp.async only)
+    ((32, 8, 64, 24, CacheDType.BF16, PageLayout.HND, 0, 0, 0), (1500, 2), (600, 30)),
+    ((32, 8, 32, 16, CacheDType.FP16, PageLayout.NHD, 0, 0, 0), (1500, 2), (600, 30)),
     # over 4 x the resident write warps in tokens (132 SMs x 24 on an H200): the QKV write's grid of one warp per
     # token over several waves, its CTAs following each other on an SM; short sequences keep the attention small
     ((4, 2, 64, 16, CacheDType.FP16, PageLayout.NHD, 0, 0, 0), (100,) * 132 + (7,), (0,) * 132 + (50,)),

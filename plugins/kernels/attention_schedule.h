@@ -71,13 +71,14 @@ PKV_HD constexpr int32_t decodeDefaultWidth(bool cache8Bit, int32_t headDim) {
 PKV_HD constexpr int32_t multiWarpMTiles(int32_t headDim) { return headDim == 256 ? 1 : 2; }
 PKV_HD constexpr int32_t multiTileRows(int32_t headDim) { return kMultiWarps * 16 * multiWarpMTiles(headDim); }
 // The Hopper multi-token kernel's consumer warpgroups, 64 query rows each (sm90/attention_multi_sm90.cuh): one at
-// D = 256 (its O takes 128 registers a thread), three in the warp-specialized kernel over 16-bit caches at D = 64
-// (FlashAttention-3's 192-row tiles: at D = 64 the softmax's dependent chains outlast the MMAs, and a third warpgroup
-// gives the schedulers more warps to switch to; measured 1-7 % faster than two, NOTES-attention.md, twenty-seventh
-// session), two otherwise. Its row tile is 64 times that, which the plan takes from DeviceFacts::multiTileRows when
-// that kernel runs.
+// D = 256 (its O takes 128 registers a thread), three in the warp-specialized kernel over 16-bit caches at D = 64 and
+// D = 32 (whose rows are padded to 64 elements) -- FlashAttention-3's 192-row tiles: there the softmax's dependent
+// chains outlast the MMAs, and a third warpgroup gives the schedulers more warps to switch to; measured 1-7 % faster
+// than two at D = 64 and 7-11 % at D = 32 (NOTES-attention.md, twenty-seventh and twenty-eighth sessions) -- two
+// otherwise. Its row tile is 64 times that, which the plan takes from DeviceFacts::multiTileRows when that kernel
+// runs.
 PKV_HD constexpr int32_t sm90ConsumerGroups(bool warpSpecialized, bool cache8Bit, int32_t headDim) {
-    return headDim == 256 ? 1 : warpSpecialized && !cache8Bit && headDim == 64 ? 3 : 2;
+    return headDim == 256 ? 1 : warpSpecialized && !cache8Bit && (headDim == 64 || headDim == 32) ? 3 : 2;
 }
 PKV_HD constexpr int32_t sm90TileRows(bool warpSpecialized, bool cache8Bit, int32_t headDim) {
     return 64 * sm90ConsumerGroups(warpSpecialized, cache8Bit, headDim);

@@ -2,7 +2,7 @@
 // attention_multi.cu on warpgroup MMAs. Same work split, same loader, same softmax; what changes is the math:
 //  * a CTA's 2 consumer warpgroups (256 threads) serve kRows = 128 query rows (consecutive tokens x the G heads of
 //    one KV head, the planner's row tile), each warpgroup 64 of them; at D = 256 one warpgroup, 64 rows; the
-//    warp-specialized kernel over 16-bit caches at D = 64 has 3, 192 rows (sm90ConsumerGroups);
+//    warp-specialized kernel over 16-bit caches at D = 32 / 64 has 3, 192 rows (sm90ConsumerGroups);
 //  * KV tiles of kTile = 128 tokens (64 at D = 256) stream through a pipeline into blocked, 128-byte-swizzled tiles
 //    (blockedTileChunk), page by page through the block table (copyKVRows: one lookup per row, runs copied whole;
 //    in the warp-specialized kernel a 16-row run of an HND page by TMA, sm90/kv_row_map.cuh);
@@ -49,7 +49,7 @@ namespace {
 // ---- shapes. Both kernels: a CTA serves kRows = 128 query rows (the planner's row tile) as 2 consumer warpgroups
 // of 64 rows; KV tiles of kTile = 128 tokens in 3 stages (the pipeline holds tiles i, i + 1 and i + 2; the
 // warp-specialized 8-bit variant 2 + 2, below). At D = 256, 64 rows (one consumer warpgroup) and 64-token tiles.
-// The warp-specialized kernel over 16-bit caches at D = 64: 192 rows, 3 consumer warpgroups (512 threads).
+// The warp-specialized kernel over 16-bit caches at D = 32 / 64: 192 rows, 3 consumer warpgroups (512 threads).
 //  * cooperative (PAGEDKV_MULTI_KERNEL=sm90-cooperative): 256 threads; every thread loads its share of each tile
 //    and the CTA synchronizes once per tile (8-bit caches: a second time, after converting the tile into 16-bit
 //    ones: one K, two V buffers).
@@ -421,7 +421,7 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD>::kThreads, 1)
 //    MMAs only after the other issued its previous ones (named barriers 1 + group), so the tensor cores alternate
 //    between them and one warpgroup's softmax runs under the other's MMAs; every cell's turns are balanced (warpgroup
 //    0 takes its first, warpgroup 1 hands none back after its last), so a cell starts with no arrival pending. Three
-//    (D = 64) take no turns: a round of three made each wait for the other two, and without it the D = 64 prefills
+//    (D = 32 / 64) take no turns: a round of three made each wait for the other two, and without it the D = 64 prefills
 //    ran 0.5-1 % faster (NOTES-attention.md, twenty-seventh session). 16-bit: S(i + 1) and
 //    PV(i) issued together (the intra-warpgroup overlap: 3 stages); 8-bit: S(i), softmax, PV(i) in turn, so that 2
 //    converted stages leave the producer half a tile to convert the next one. Each warpgroup loads its own 64 rows
@@ -435,7 +435,7 @@ constexpr uint32_t kProducerBarrier = 6;  // named barrier: the producer warpgro
 // (setmaxnreg; 128 x 56 + 256 x 224 = 64512). With three consumer warpgroups (512 threads: 128 each at the start)
 // the producer keeps 32 and they grow to 160 (128 x 32 + 384 x 160 = 65536: FlashAttention-3's split), which S, P and
 // O of a 128-token tile (64 + 32 + 32) need: at 152 (the producer at 56) they spilled and ptxas serialized their
-// wgmma. At 32 / 160 ptxas still spills 148 bytes, none on a wgmma.
+// wgmma. At 32 / 160 ptxas still spills 148 bytes (156 at D = 32), none on a wgmma.
 // At D = 80 / 96 (rows of 10 / 12 16-byte chunks, copied in flat chunk order) the producer's copy loop needs more: it
 // spilled 44-128 bytes inside the tile loop at 56, so those head dims split 72 / 216 (128 x 72 + 256 x 216 = 64512);
 // the consumers then keep 20 bytes of loop invariants in local memory (3 loads per tile, off the MMA chain).
@@ -615,7 +615,7 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads
     int32_t const group = warpUniform(tid >> 7);
     uint32_t const sQ = smemAddr(sm.q());
     uint32_t const myTurn = 1 + uint32_t(group), otherTurn = 2 - uint32_t(group);
-    // The ping-pong turns between two consumer warpgroups; one (D = 256) or three (D = 64) issue whenever ready.
+    // The ping-pong turns between two consumer warpgroups; one (D = 256) or three (D = 32 / 64) issue whenever ready.
     constexpr bool kTurns = Cfg::kConsumerGroups == 2;
     auto takeTurn = [&] {
         if constexpr (kTurns) wgmma::namedBarrierSync(myTurn, Cfg::kConsumerThreads);
