@@ -30,7 +30,8 @@ from pathlib import Path
 from bench_attention import DECODE_SHAPES, PREFILLS, Step, decode_case, prefill_case, time_us
 
 PAGES = (16, 64)
-CASES = ("prefill", "decode", "fp8prefill", "prefill64", "prefill32")
+PREFILL_HEAD_DIMS = {"prefill64": 64, "prefill32": 32}  # the prefills at another head dim than bench_attention's 128
+CASES = ("prefill", "decode", "fp8prefill", *PREFILL_HEAD_DIMS)
 
 
 def steps_for(torch, which: list[str]) -> dict[str, Step]:
@@ -42,8 +43,8 @@ def steps_for(torch, which: list[str]) -> dict[str, Step]:
                 cases += [prefill_case(torch, shape, page) for shape in PREFILLS]
             elif kind == "fp8prefill":
                 cases += [prefill_case(torch, shape, page, cache="fp8") for shape in PREFILLS]
-            elif kind in ("prefill64", "prefill32"):
-                cases += [prefill_case(torch, shape, page, head_dim=int(kind[7:])) for shape in PREFILLS]
+            elif kind in PREFILL_HEAD_DIMS:
+                cases += [prefill_case(torch, shape, page, head_dim=PREFILL_HEAD_DIMS[kind]) for shape in PREFILLS]
             else:
                 cases += [decode_case(torch, batch, length, page) for batch, length in DECODE_SHAPES]
     return dict(cases)
