@@ -217,9 +217,9 @@ HEAD_DIM_CASES = [
     Case(((5, 1), (0, 77), (1000, 1), (250, 130)), head_dim=96, loose_bounds=True, seed=87),
 ]
 
-# The sm_90a multi-token kernel (D = 64, 128, every cache dtype; the multi-token cases above reach it too on an
-# H100 / H200): many KV tiles of 128 tokens through its 3-stage pipeline, pages of 64 and 128 tokens (a tile is 2
-# or 1 pages), Llama-70B-like G = 8, fp16, window + sinks + soft-cap in one case, a cyclic ring, 8-bit caches.
+# The sm_90a multi-token kernel (D = 32, 64, 128, 256, every cache dtype; the multi-token cases above reach it too on
+# an H100 / H200): many KV tiles of 128 tokens through its pipeline, pages of 64 and 128 tokens (a tile is 2 or 1
+# pages), Llama-70B-like G = 8, fp16, window + sinks + soft-cap in one case, a cyclic ring, 8-bit caches.
 HOPPER_MULTI_CASES = [
     Case(((0, 1000),), page_size=64, seed=100),
     Case(((1500, 700), (0, 260)), cache=CacheDType.FP16, io="float16", seed=101),
@@ -249,6 +249,12 @@ HOPPER_MULTI_CASES = [
     Case(((800, 129),), head_dim=256, cache=CacheDType.FP8_E4M3, q_fp8=True, window=256, sinks=4, seed=147),
     Case(((0, 600), (4000, 1), (300, 500), (9, 1)), head_dim=256, seed=148),  # more cells than CTAs: persistent walk
     Case(((16000, 20),), head_dim=256, seed=149),  # few rows over a long past: chunks split, partials merged
+    # D = 32 (rows padded to D = 64's tiles, cp.async only): three consumer warpgroups of 64 rows over 16-bit caches,
+    # many KV tiles a cell and more cells than CTAs; fp16 NHD pages of 32 with window + sinks + soft-cap; a cyclic ring
+    Case(((1500, 600), (0, 300)), head_dim=32, seed=150),
+    Case(((700, 400), (3, 1), (0, 30)), head_dim=32, cache=CacheDType.FP16, io="float16", layout=PageLayout.NHD,
+         page_size=32, window=300, sinks=4, softcap=30.0, seed=151),
+    Case(((900, 257), (3, 1), (0, 20)), head_dim=32, window=300, sinks=8, cyclic_pages=50, seed=152),
 ]
 
 CASES = [

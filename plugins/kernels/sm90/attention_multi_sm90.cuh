@@ -88,7 +88,9 @@ struct Sm90MultiConfig {
     // then scaled into f16 by a power of two per consumer warp's 16 rows (loadQRowsScaledF16), undone on the logits.
     using QKType = std::conditional_t<kWS8, __half, CT>;
     static constexpr bool kScaledQ = kWS8 && std::is_same_v<CT, __nv_bfloat16>;
-    static constexpr int kStages = kWS8 ? 2 : 3;
+    // Three consumer warpgroups (D = 32 / 64, 16-bit) take no turns and drift apart: a stage is refilled only once the
+    // slowest has released it, so they get 5 (the shared memory of D <= 64 tiles holds them).
+    static constexpr int kStages = kWS8 ? 2 : kWarpSpecialized && kConsumerGroups == 3 ? 5 : 3;
     static constexpr int kRawTileBytes = k8Bit ? kTile * kD : kKVTileBytes;
     // converted tiles: cooperative one K, two V (tile j's V at 1 + (j & 1)); warp-specialized 2 x (K, V)
     static constexpr int kConvBytes = !k8Bit ? 0 : kWS8 ? 4 * kKVTileBytes : 3 * kKVTileBytes;
