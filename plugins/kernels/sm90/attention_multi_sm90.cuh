@@ -49,7 +49,7 @@ namespace {
 // ---- shapes. Both kernels: a CTA serves kRows = 128 query rows (the planner's row tile) as 2 consumer warpgroups
 // of 64 rows; KV tiles of kTile = 128 tokens in 3 stages (the pipeline holds tiles i, i + 1 and i + 2; the
 // warp-specialized 8-bit variant 2 + 2, below). At D = 256, 64 rows (one consumer warpgroup) and 64-token tiles.
-// The warp-specialized kernel over 16-bit caches at D = 32 / 64: 192 rows, 3 consumer warpgroups (512 threads).
+// The warp-specialized kernel over 16-bit caches at D = 32 / 64: 192 rows (3 consumer warpgroups), 5 stages.
 //  * cooperative (PAGEDKV_MULTI_KERNEL=sm90-cooperative): 256 threads; every thread loads its share of each tile
 //    and the CTA synchronizes once per tile (8-bit caches: a second time, after converting the tile into 16-bit
 //    ones: one K, two V buffers).
@@ -88,8 +88,8 @@ struct Sm90MultiConfig {
     // then scaled into f16 by a power of two per consumer warp's 16 rows (loadQRowsScaledF16), undone on the logits.
     using QKType = std::conditional_t<kWS8, __half, CT>;
     static constexpr bool kScaledQ = kWS8 && std::is_same_v<CT, __nv_bfloat16>;
-    // Three consumer warpgroups (D = 32 / 64, 16-bit) take no turns and drift apart: a stage is refilled only once the
-    // slowest has released it, so they get 5 (the shared memory of D <= 64 tiles holds them).
+    // Three consumer warpgroups (D = 32 / 64, 16-bit) take no turns and drift apart, and a stage is refilled only once
+    // the slowest released it: 5 stages (D <= 64's tiles fit) ran 2-6 % faster at D = 64 than 3, 4 about half that.
     static constexpr int kStages = kWS8 ? 2 : kWarpSpecialized && kConsumerGroups == 3 ? 5 : 3;
     static constexpr int kRawTileBytes = k8Bit ? kTile * kD : kKVTileBytes;
     // converted tiles: cooperative one K, two V (tile j's V at 1 + (j & 1)); warp-specialized 2 x (K, V)
@@ -406,29 +406,29 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD>::kThreads, 1)
 // mbarrier phases of one cell continue those of the one before and the producer loads the next cell's first tiles
 // while the consumers finish the current one.
 //  * 16-bit producer: producer warp q copies rows [32 q, 32 q + 32) of every tile straight into the stage the MMAs
-//    read. For tile g it resolves the rows it located during tile g - 1 (their block-table entries have been in
-//    flight since), locates tile g + 1's, waits until the stage is empty (every consumer warpgroup released tile
-//    g - 3), issues the copies and arrives on full[g] twice: once through cp.async (counts once this lane's copies have
-//    landed) and once now (release: the positions are ordinary stores). It never waits for its own copies, so tile
-//    g + 1's lookups and copies issue while tile g's are still in flight. With the CTA's tensor map (HND pool, a
-//    workspace slot), a half tile that is one run -- 16 rows of one page, every row holding a position -- is
-//    instead one TMA box per 64-column block of K and of V, issued by lane 0 after it raised full[g]'s expected
-//    bytes: one instruction per 2 KB where cp.async takes 128 lane copies.
+//    read. For tile g it resolves the rows it located during tile g - 1 (their block-table entries have been in flight
+//    since), locates tile g + 1's, waits until the stage is empty (every consumer warpgroup released tile g - kStages),
+//    issues the copies and arrives on full[g] twice: once through cp.async (counts once this lane's copies have landed)
+//    and once now (release: the positions are ordinary stores). It never waits for its own copies, so tile g + 1's
+//    lookups and copies issue while tile g's are still in flight. With the CTA's tensor map (HND pool, a workspace
+//    slot), a half tile that is one run -- 16 rows of one page, every row holding a position -- is instead one TMA box
+//    per 64-column block of K and of V, issued by lane 0 after it raised full[g]'s expected bytes: one instruction per
+//    2 KB where cp.async takes 128 lane copies.
 //  * 8-bit producer: the same rows into one of 2 staging stages, one tile ahead; for tile g it waits until the
 //    converted stage g % 2 is empty (tile g - 2 released), issues tile g + 1's copies, waits for tile g's (its own
 //    lanes'), converts its rows into the 16-bit blocked tiles (the exact dequantization of the other kernels),
 //    hands them to the async proxy and arrives on full[g % 2].
-//  * consumers: the cooperative kernel's pipeline with mbarrier waits instead of CTA barriers; after PV(i) each
-//    thread releases tile i's stage. Turns (FlashAttention-3's ping-pong), with two consumer warpgroups: one issues its
-//    MMAs only after the other issued its previous ones (named barriers 1 + group), so the tensor cores alternate
-//    between them and one warpgroup's softmax runs under the other's MMAs; every cell's turns are balanced (warpgroup
-//    0 takes its first, warpgroup 1 hands none back after its last), so a cell starts with no arrival pending. Three
+//  * consumers: the cooperative kernel's pipeline with mbarrier waits instead of CTA barriers; after PV(i) each thread
+//    releases tile i's stage. Turns (FlashAttention-3's ping-pong), with two consumer warpgroups: one issues its MMAs
+//    only after the other issued its previous ones (named barriers 1 + group), so the tensor cores alternate between
+//    them and one warpgroup's softmax runs under the other's MMAs; every cell's turns are balanced (warpgroup 0 takes
+//    its first, warpgroup 1 hands none back after its last), so a cell starts with no arrival pending. Three
 //    (D = 32 / 64) take no turns: a round of three made each wait for the other two, and without it the D = 64 prefills
-//    ran 0.5-1 % faster (NOTES-attention.md, twenty-seventh session). 16-bit: S(i + 1) and
-//    PV(i) issued together (the intra-warpgroup overlap: 3 stages); 8-bit: S(i), softmax, PV(i) in turn, so that 2
-//    converted stages leave the producer half a tile to convert the next one. Each warpgroup loads its own 64 rows
-//    of Q once its MMAs of the previous cell are done (the only reader of those rows), so neither waits for the
-//    other between cells.
+//    ran 0.5-1 % faster (NOTES-attention.md, twenty-seventh session). 16-bit: S(i + 1) and PV(i) issued together (the
+//    intra-warpgroup overlap: 3 stages, 5 with three warpgroups); 8-bit: S(i), softmax, PV(i) in turn, so that 2
+//    converted stages leave the producer half a tile to convert the next one. Each warpgroup loads its own 64 rows of Q
+//    once its MMAs of the previous cell are done (the only reader of those rows), so neither waits for the other
+//    between cells.
 constexpr uint32_t kQReadyBarrier = 3;  // named barriers 3 + group: a warpgroup's Q stores done (0 is __syncthreads)
 constexpr uint32_t kProducerBarrier = 6;  // named barrier: the producer warpgroup, once its CTA's tensor map is out
 
