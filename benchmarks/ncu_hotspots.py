@@ -8,7 +8,10 @@ On the GPU machine (``benchmarks/profile_attention.py`` launches the case)::
 
 then, anywhere: ``python benchmarks/ncu_hotspots.py sass.csv [--top 40]``. It prints the kernel's stall samples by
 reason and the ``--top`` instructions with the most samples (address, samples, share, warp-level executions, the two
-largest reasons, the instruction).
+largest reasons, the instruction). ``--range 0x116c0:0x21be0`` keeps the instructions at those offsets from the
+kernel's first one (a loop, a warp role's code: read the offsets off ``cuobjdump -sass``), and ``--by-opcode`` adds
+their samples summed per opcode (HGMMA, MUFU, FMNMX, ..., the waits as WARPGROUP.DEPBAR / SYNCS.PHASECHK), which is
+how two kernels' loops compare when their instructions do not line up.
 """
 
 from __future__ import annotations
@@ -58,34 +61,96 @@ def read_export(path: Path) -> tuple[str, list[Instruction]]:
     return rows[0][1], out
 
 
-def report(kernel: str, instructions: list[Instruction], top: int) -> str:
+def opcode(source: str) -> str:
+    """The instruction's opcode without its modifiers (a predicate skipped); the two wait families keep their first
+    modifier, which says what they wait for (WARPGROUP.DEPBAR: an MMA; SYNCS.PHASECHK: an mbarrier)."""
+    words = source.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    if not words:
+        return "?"
+    parts = words[0].rstrip(";").split(".")
+    return ".".join(parts[:2]) if parts[0] in ("WARPGROUP", "SYNCS") else parts[0]
+
+
+def in_range(instructions: list[Instruction], start: int, end: int) -> list[Instruction]:
+    """The instructions at offsets [start, end) from the kernel's first one."""
+    if not instructions:
+        return []
+    base = int(instructions[0].address, 16)
+    return [i for i in instructions if start <= int(i.address, 16) - base < end]
+
+
+def report(kernel: str, instructions: list[Instruction], top: int, by_opcode: bool = False, span: str = "") -> str:
     total = sum(i.samples for i in instructions)
     by_reason: Counter[str] = Counter()
     for i in instructions:
         by_reason.update(i.stalls)
-    lines = [f"# {kernel}", f"# {len(instructions)} SASS instructions, {total} samples",
-             "# samples by reason: " + ", ".join(f"{r} {n}" for r, n in by_reason.most_common()),
-             f"{'address':>18} {'samples':>8} {'%':>5} {'executed':>10}  {'top stall reasons':40s} instruction"]
+
+    def share(n: int) -> float:
+        return 100 * n / total if total else 0.0
+
+    def top2(stalls: dict[str, int]) -> str:  # the two largest reasons
+        return ", ".join(f"{r} {n}" for r, n in sorted(stalls.items(), key=lambda kv: -kv[1])[:2])
+
+    lines = [f"# {kernel}", f"# {span}{len(instructions)} SASS instructions, {total} samples",
+             "# samples by reason: " + ", ".join(f"{r} {n}" for r, n in by_reason.most_common())]
+    if by_opcode:
+        samples: Counter[str] = Counter()
+        executed: Counter[str] = Counter()
+        reasons_by_op: dict[str, Counter[str]] = {}
+        for i in instructions:
+            op = opcode(i.source)
+            samples[op] += i.samples
+            executed[op] += i.executed
+            reasons_by_op.setdefault(op, Counter()).update(i.stalls)
+        lines.append(f"{'opcode':>18} {'samples':>8} {'%':>5} {'executed':>10}  top stall reasons")
+        for op, n in samples.most_common():
+            lines.append(f"{op:>18} {n:8d} {share(n):5.1f} {executed[op]:10d}  {top2(reasons_by_op[op])}")
+    lines.append(f"{'address':>18} {'samples':>8} {'%':>5} {'executed':>10}  {'top stall reasons':40s} instruction")
     for i in sorted(instructions, key=lambda i: -i.samples)[:top]:
-        reasons = ", ".join(f"{r} {n}" for r, n in sorted(i.stalls.items(), key=lambda kv: -kv[1])[:2])
-        share = 100 * i.samples / total if total else 0.0
-        lines.append(f"{i.address:>18} {i.samples:8d} {share:5.1f} {i.executed:10d}  {reasons:40s} {i.source.strip()}")
+        lines.append(f"{i.address:>18} {i.samples:8d} {share(i.samples):5.1f} {i.executed:10d}  "
+                     f"{top2(i.stalls):40s} {i.source.strip()}")
     return "\n".join(lines)
+
+
+def parse_range(text: str) -> tuple[int, int]:
+    """START:END, each hexadecimal (0x...) or decimal, START < END; ValueError otherwise."""
+    start, sep, end = text.partition(":")
+    if not sep:
+        raise ValueError(text)
+    lo, hi = int(start, 0), int(end, 0)
+    if not 0 <= lo < hi:
+        raise ValueError(text)
+    return lo, hi
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("export", type=Path, help="ncu --page source --csv --print-source sass output")
     ap.add_argument("--top", type=int, default=40, help="instructions listed (default %(default)s)")
+    ap.add_argument("--range", default=None, metavar="START:END",
+                    help="only the instructions at these offsets from the kernel's first one (hex 0x... or decimal)")
+    ap.add_argument("--by-opcode", action="store_true", help="also the samples summed per opcode")
     args = ap.parse_args()
     if args.top < 1:
         ap.error(f"--top={args.top}: expected >= 1")
+    span = None
+    if args.range is not None:
+        try:
+            span = parse_range(args.range)
+        except ValueError:
+            ap.error(f"--range={args.range}: expected START:END offsets with 0 <= START < END (e.g. 0x116c0:0x21be0)")
     try:
         kernel, instructions = read_export(args.export)
     except (OSError, ValueError) as exc:
         print(f"ncu_hotspots.py: {exc}", file=sys.stderr)
         return 2
-    print(report(kernel, instructions, args.top))
+    label = ""
+    if span is not None:
+        instructions = in_range(instructions, *span)
+        label = f"offsets [{span[0]:#x}, {span[1]:#x}): "
+    print(report(kernel, instructions, args.top, args.by_opcode, label))
     return 0
 
 

@@ -248,6 +248,27 @@ def test_ncu_hotspots_ranks_instructions_and_reasons(tmp_path):
     assert "barrier 20, wait 10" in top[1]
 
 
+def test_ncu_hotspots_range_and_opcodes(tmp_path, monkeypatch):
+    # offsets 0x10 and 0x20 from the first instruction (0x10): the MUFU and the branch; the HGMMA is left out
+    run = _run("ncu_hotspots.py", str(_ncu_export(tmp_path / "sass.csv")), "--range", "0x10:0x30", "--by-opcode")
+    lines = run.stdout.splitlines()
+    assert lines[1] == "# offsets [0x10, 0x30): 2 SASS instructions, 70 samples"
+    assert lines[2] == "# samples by reason: wait 60, long_sb 10"
+    assert lines[3].split()[0] == "opcode"
+    assert lines[4].split()[:4] == ["MUFU", "60", "85.7", "400"] and lines[5].split()[:4] == ["BRA", "10", "14.3", "50"]
+    assert lines[6].split()[0] == "address" and "MUFU.EX2" in lines[7] and "BRA" in lines[8] and len(lines) == 9
+    # the waits keep the modifier that names what they wait for; a predicate is skipped
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ncu_hotspots", ROOT / "benchmarks" / "ncu_hotspots.py")
+    hot = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "ncu_hotspots", hot)  # its dataclass resolves annotations through sys.modules
+    spec.loader.exec_module(hot)
+    assert hot.opcode("  WARPGROUP.DEPBAR.LE gsb0, 0x1") == "WARPGROUP.DEPBAR"
+    assert hot.opcode("@!P0 SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR19], R6") == "SYNCS.PHASECHK"
+    assert hot.opcode("@P0 FMNMX R10, R13, R6, !PT") == "FMNMX" and hot.opcode("   ") == "?"
+
+
 def test_ncu_hotspots_rejects_what_is_not_an_export(tmp_path):
     bad = tmp_path / "log.txt"
     bad.write_text("==PROF== Connected to process 1\n")
@@ -256,6 +277,9 @@ def test_ncu_hotspots_rejects_what_is_not_an_export(tmp_path):
     assert run.stderr == expected
     run = _run("ncu_hotspots.py", str(tmp_path / "sass.csv"), "--top", "0", expect=2)
     assert "--top=0: expected >= 1" in run.stderr
+    for bad_range in ("0x30:0x10", "16", "a:b", "-1:4"):
+        run = _run("ncu_hotspots.py", str(tmp_path / "sass.csv"), f"--range={bad_range}", expect=2)
+        assert f"--range={bad_range}: expected START:END offsets" in run.stderr
 
 
 def test_decode_balance_model_on_a_measured_launch(tmp_path):
