@@ -6,6 +6,7 @@ JSON, and ``--backend cuda`` without a GPU says why in one line.
 from __future__ import annotations
 
 import csv
+import importlib.util
 import itertools
 import json
 import os
@@ -25,6 +26,17 @@ def _run(script: str, *args: str, expect: int = 0) -> subprocess.CompletedProces
                          timeout=300, cwd=ROOT)
     assert run.returncode == expect, run.stdout + run.stderr
     return run
+
+
+def _module(script: str, monkeypatch):
+    """A benchmark script imported as a module (registered in sys.modules while it loads: dataclasses resolve their
+    annotations through it)."""
+    name = script.removesuffix(".py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / script)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_bench_serving_on_the_references(tmp_path):
@@ -258,12 +270,7 @@ def test_ncu_hotspots_range_and_opcodes(tmp_path, monkeypatch):
     assert lines[4].split()[:4] == ["MUFU", "60", "85.7", "400"] and lines[5].split()[:4] == ["BRA", "10", "14.3", "50"]
     assert lines[6].split()[0] == "address" and "MUFU.EX2" in lines[7] and "BRA" in lines[8] and len(lines) == 9
     # the waits keep the modifier that names what they wait for; a predicate is skipped
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("ncu_hotspots", ROOT / "benchmarks" / "ncu_hotspots.py")
-    hot = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "ncu_hotspots", hot)  # its dataclass resolves annotations through sys.modules
-    spec.loader.exec_module(hot)
+    hot = _module("ncu_hotspots.py", monkeypatch)
     assert hot.opcode("  WARPGROUP.DEPBAR.LE gsb0, 0x1") == "WARPGROUP.DEPBAR"
     assert hot.opcode("@!P0 SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR19], R6") == "SYNCS.PHASECHK"
     assert hot.opcode("@P0 FMNMX R10, R13, R6, !PT") == "FMNMX" and hot.opcode("   ") == "?"
@@ -297,14 +304,10 @@ def test_decode_balance_model_on_a_measured_launch(tmp_path):
     assert run.stdout.startswith("# h100-045fe8b-diag-decode-cta-16x8K-P64.json: 128 SMs measured")
 
 
-def test_decode_balance_model_kernel_schedule(tmp_path):
+def test_decode_balance_model_kernel_schedule(tmp_path, monkeypatch):
     # The balanced decode's closed form (attention_balance.h) as the model lays it out: boundaries from 0 to W,
     # increasing, guided intervals at least the floor less a grain's rounding; segments cover every unit exactly.
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("dbm", ROOT / "benchmarks" / "decode_balance_model.py")
-    dbm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(dbm)
+    dbm = _module("decode_balance_model.py", monkeypatch)
     for total, takers, d, floor in ((32768, 528, 2, 4), (16384, 132, 1, 8), (100, 1, 1, 8), (5, 600, 2, 4)):
         b = dbm.kernel_boundaries(total, takers, d, floor)
         assert b[0] == 0 and b[-1] == total and all(y > x for x, y in itertools.pairwise(b))
