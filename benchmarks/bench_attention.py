@@ -34,7 +34,9 @@ on their own, under their own timeout.
 
 Timing: median of ``triton.testing.do_bench`` (L2 flushed between repetitions) after warm-up, plain launches
 (no CUDA graphs: both libraries pay their Python launch cost, hidden behind the GPU time for these sizes).
-Bytes count each KV element read once (decode); TB/s = bytes / time; % is of the 4.28 TB/s copy ceiling.
+Bytes count each KV element read once (decode); TB/s = bytes / time; %4.28 is of the H200's 4.28 TB/s copy ceiling
+(ANCHORS.md), %card of this card's, measured first in the same process (the two "ceiling" rows: a 4 GiB bf16 copy,
+read + write counted, and a read-only sum over it): an H100 copies at ~3 TB/s, so only %card reads alike on both.
 Prefill TFLOP/s counts 4*H*D (the row's H) per attended (query, key) pair. Each row names the best peer and "best/ours" (its
 time over ours: > 1 means ours is faster); the note has every peer's time, ratio and max |ours - peer|.
 benchmarks/NOTES-attention.md has the byte counts, floors and predictions.
@@ -80,7 +82,8 @@ class Result:
     impl: str
     us: float
     tbs: float | None = None         # decode: KV bytes / time
-    pct_ceiling: float | None = None
+    pct_ceiling: float | None = None  # of COPY_CEILING_TBS (the H200's)
+    pct_card: float | None = None     # of this card's copy rate, measured in the same run
     tflops: float | None = None      # prefill
     best_peer: str | None = None     # the fastest FlashInfer path on this row
     best_peer_us: float | None = None
@@ -253,6 +256,22 @@ def time_us(fn, torch, triton, rep: int = 100) -> float:
     return 1000.0 * triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median")
 
 
+def card_ceilings(torch, triton) -> list[Result]:
+    """This card's copy and read-only rates over 4 GiB of bf16 (ANCHORS.md's method), as two rows: the decode rows'
+    %card is of the copy's."""
+    src = torch.randn(2 << 30, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    rows = []
+    for impl, fn, nbytes in (("torch copy_ (read + write)", lambda: dst.copy_(src), 2 * src.nbytes),
+                             ("torch sum (read-only)", lambda: src.sum(dtype=torch.float32), src.nbytes)):
+        us = time_us(fn, torch, triton)
+        tbs = nbytes / (us * 1e-6) / 1e12
+        rows.append(Result("ceiling 4 GiB bf16", impl, us, tbs, 100 * tbs / COPY_CEILING_TBS))
+    del src, dst
+    torch.cuda.empty_cache()
+    return rows
+
+
 def decode_case(torch, batch: int, length: int, page: int) -> tuple[str, Step]:
     """A decode row's name and step (bf16 cache): `batch` sequences of `length` tokens, the last one the query."""
     return f"decode P{page} {batch}x{length}", Step(torch, num_seqs=batch, q_len=1, past_len=length - 1,
@@ -327,7 +346,10 @@ def run(which: set[str], peers: tuple[str, ...], head_dims: tuple[int, ...] = HE
 
     flashinfer, fi_error = import_flashinfer()
     lib = Peers(torch, flashinfer) if flashinfer is not None else None
-    results: list[Result] = []
+    results: list[Result] = card_ceilings(torch, triton)
+    card_tbs = results[0].tbs
+    for r in results:
+        r.pct_card = 100 * r.tbs / card_tbs
 
     def time_peers(step: Step, ours, kind: str, names, flops=None):
         """Each peer's median time and a note with its ratio to ours, its max |ours - peer| (and TFLOP/s)."""
@@ -352,8 +374,9 @@ def run(which: set[str], peers: tuple[str, ...], head_dims: tuple[int, ...] = HE
     def row(case, impl, step, ours, us, times, notes, *, tbs=None, tflops=None, extra=""):
         ranked = {peer: t for peer, t in times.items() if peer not in REFERENCES}
         best = min(ranked, key=ranked.get) if ranked else None
-        results.append(Result(case, impl, us, tbs, 100 * tbs / COPY_CEILING_TBS if tbs else None, tflops, best,
-                              times[best] if best else None, times[best] / us if best else None, times or None,
+        results.append(Result(case, impl, us, tbs, 100 * tbs / COPY_CEILING_TBS if tbs else None,
+                              100 * tbs / card_tbs if tbs else None, tflops, best, times[best] if best else None,
+                              times[best] / us if best else None, times or None,
                               "; ".join(notes + ([extra] if extra else []))))
 
     decode_peers = [p for p in peers if p in ("fa2", "tc_fa2", "xqa")]
@@ -554,7 +577,7 @@ def run(which: set[str], peers: tuple[str, ...], head_dims: tuple[int, ...] = HE
 
 
 def print_table(results: list[Result]) -> None:
-    header = (f"{'case':<34} {'implementation':<30} {'us':>9} {'TB/s':>6} {'%4.28':>6} {'TFLOP/s':>8} "
+    header = (f"{'case':<34} {'implementation':<30} {'us':>9} {'TB/s':>6} {'%4.28':>6} {'%card':>6} {'TFLOP/s':>8} "
               f"{'best peer':>9} {'peer us':>9} {'best/ours':>9}  note")
     print(header)
     print("-" * len(header))
@@ -563,7 +586,7 @@ def print_table(results: list[Result]) -> None:
         return format(x, fmt) if x is not None else "-"
 
     for r in results:
-        print(f"{r.case:<34} {r.impl:<30} {r.us:9.1f} {f(r.tbs, '6.2f'):>6} {f(r.pct_ceiling, '6.1f'):>6} "
+        print(f"{r.case:<34} {r.impl:<30} {r.us:9.1f} {f(r.tbs, '6.2f'):>6} {f(r.pct_ceiling, '6.1f'):>6} {f(r.pct_card, '6.1f'):>6} "
               f"{f(r.tflops, '8.0f'):>8} {r.best_peer or '-':>9} {f(r.best_peer_us, '9.1f'):>9} "
               f"{f(r.best_over_ours, '9.2f'):>9}  {r.note}")
 
