@@ -5,7 +5,10 @@ machine and runs this once per build). The cases are bench_attention.py's (same 
 ``prefill`` = 4 x 2048 over 8192 and 1 x 8192 over 0, ``decode`` = the six decode shapes, each at pages of 16 and 64;
 ``fp8prefill`` = the two prefills over an fp8 e4m3 cache (8-bit tiles converted in shared memory), at both pages;
 ``prefill64`` = the two prefills at head dim 64 (where the softmax's exponentials weigh most against the MMAs);
-``prefill32`` = the same at head dim 32 (rows padded to 64 elements in the Hopper kernel's tiles).
+``prefill32`` = the same at head dim 32 (rows padded to 64 elements in the Hopper kernel's tiles);
+``plugin`` = the 64 x 4K and 256 x 1K decodes at both pages under the attention plugin's bounds (maxQLen = T, maxKVLen
+= the block table's reach: the multi-token kernel is launched too and finds nothing to do), bench_attention.py's
+"plugin bounds" rows.
 The rounds go over every case before the next round starts, so a drift of the machine (clocks, temperature) spreads
 over all cases instead of landing on one; each time is a ``triton.testing.do_bench`` median (L2 flushed between
 repetitions). With ``--outputs DIR`` the first build run with that DIR stores each case's output there and every
@@ -31,11 +34,13 @@ from bench_attention import DECODE_SHAPES, PREFILLS, Step, decode_case, prefill_
 
 PAGES = (16, 64)
 PREFILL_HEAD_DIMS = {"prefill64": 64, "prefill32": 32}  # the prefills at another head dim than bench_attention's 128
-CASES = ("prefill", "decode", "fp8prefill", *PREFILL_HEAD_DIMS)
+CASES = ("prefill", "decode", "fp8prefill", "plugin", *PREFILL_HEAD_DIMS)
+PLUGIN_DECODES = ((64, 4096), (256, 1024))  # bench_attention.py's "plugin bounds" rows
 
 
-def steps_for(torch, which: list[str]) -> dict[str, Step]:
-    """The cases' steps, named as bench_attention.py names its rows."""
+def steps_for(torch, which: list[str]) -> dict[str, tuple[Step, bool]]:
+    """The cases' steps, named as bench_attention.py names its rows, each with whether it runs under the plugin's
+    bounds."""
     cases = []
     for kind in which:
         for page in PAGES:
@@ -45,9 +50,12 @@ def steps_for(torch, which: list[str]) -> dict[str, Step]:
                 cases += [prefill_case(torch, shape, page, cache="fp8") for shape in PREFILLS]
             elif kind in PREFILL_HEAD_DIMS:
                 cases += [prefill_case(torch, shape, page, head_dim=PREFILL_HEAD_DIMS[kind]) for shape in PREFILLS]
+            elif kind == "plugin":
+                cases += [(f"{name} plugin bounds", step) for name, step in
+                          (decode_case(torch, batch, length, page) for batch, length in PLUGIN_DECODES)]
             else:
                 cases += [decode_case(torch, batch, length, page) for batch, length in DECODE_SHAPES]
-    return dict(cases)
+    return {name: (step, name.endswith(" plugin bounds")) for name, step in cases}
 
 
 def max_diff_to_stored(torch, out, path: Path) -> float | None:
@@ -89,7 +97,7 @@ def main() -> int:
     import triton
 
     steps = steps_for(torch, which)
-    launchers = {case: step.our_launcher() for case, step in steps.items()}
+    launchers = {case: step.our_launcher(plugin_bounds=loose) for case, (step, loose) in steps.items()}
     times: dict[str, list[float]] = {case: [] for case in steps}
     for _ in range(args.rounds):
         for case, launch in launchers.items():
@@ -99,7 +107,7 @@ def main() -> int:
     if outputs is not None:
         outputs.mkdir(parents=True, exist_ok=True)
     width = max(len(case) for case in steps)
-    for case, step in steps.items():
+    for case, (step, _) in steps.items():
         diff = None
         if outputs is not None:
             launchers[case]()
