@@ -657,6 +657,22 @@ def test_schedule_with_loose_plugin_bounds():
     assert np.all((res["direct_writes"] == 1) ^ (res["partial_writes"] > 0))
 
 
+def test_schedule_of_a_decode_step_under_plugin_bounds():
+    # A decode step (q_len 1, one sequence with nothing this step) under the plugin's bounds launches the multi-token
+    # kernel too; none of its cells has work, so the Hopper kernel's CTAs may end at once (the replay checks that).
+    case = Case(((300, 1), (20, 0), (77, 1), (5, 1), (0, 1), (64, 1), (129, 1)), 2, 4, 128, 16, sm_count=32)
+    cfg, meta, num_blocks = _build(case)
+    max_pos = int(meta.kv_lens.max())
+    max_kv_len = meta.max_blocks * cfg.pool.page_size
+    params = A.attention_params(cfg, io_dtype=A.IODType.FP16, num_tokens=meta.num_tokens, num_seqs=meta.num_seqs,
+                                max_blocks=meta.max_blocks, max_q_len=meta.num_tokens, max_kv_len=max_kv_len)
+    assert A.attention_plan(params, sm_count=32)["run_multi"]
+    res = A.schedule_check(cfg, meta, num_blocks, max_q_len=meta.num_tokens, max_kv_len=max_kv_len, sm_count=32,
+                           max_pos=max_pos)
+    assert np.array_equal(res["coverage"], _expected_coverage(cfg, meta, num_blocks, max_pos))
+    assert np.all((res["direct_writes"] == 1) ^ (res["partial_writes"] > 0)) and not res["poisoned"].any()
+
+
 def test_schedule_with_too_small_kv_bound_still_covers_everything():
     # maxKVLen only sizes the split: the last chunk of the grid takes whatever remains of a longer span.
     case = Case(((2000, 1),), 1, 4, 128, 16, sm_count=64)
