@@ -323,6 +323,8 @@ CASES = [
     # the TensorRT plugin's loose bounds (max_q_len = T, max_kv_len = MB * page_size)
     Case(((5, 1), (0, 77), (1000, 1), (250, 130)), loose_bounds=True, seed=21),
     Case(((3000, 1), (10, 1)), loose_bounds=True, seed=22),
+    # a decode step whose loose bound launches the multi-token kernel too (T x G > 16), which finds nothing to do
+    Case(((3000, 1), (10, 1), (77, 0), (500, 1), (1, 1), (64, 1), (129, 1)), loose_bounds=True, seed=23),
     *HEAD_DIM_CASES,
     *HOPPER_MULTI_CASES,
 ]
