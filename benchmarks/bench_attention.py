@@ -586,7 +586,8 @@ def print_table(results: list[Result]) -> None:
         return format(x, fmt) if x is not None else "-"
 
     for r in results:
-        print(f"{r.case:<34} {r.impl:<30} {r.us:9.1f} {f(r.tbs, '6.2f'):>6} {f(r.pct_ceiling, '6.1f'):>6} {f(r.pct_card, '6.1f'):>6} "
+        print(f"{r.case:<34} {r.impl:<30} {r.us:9.1f} {f(r.tbs, '6.2f'):>6} {f(r.pct_ceiling, '6.1f'):>6} "
+              f"{f(r.pct_card, '6.1f'):>6} "
               f"{f(r.tflops, '8.0f'):>8} {r.best_peer or '-':>9} {f(r.best_peer_us, '9.1f'):>9} "
               f"{f(r.best_over_ours, '9.2f'):>9}  {r.note}")
 
