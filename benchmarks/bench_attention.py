@@ -267,6 +267,8 @@ def card_ceilings(torch, triton) -> list[Result]:
         us = time_us(fn, torch, triton)
         tbs = nbytes / (us * 1e-6) / 1e12
         rows.append(Result("ceiling 4 GiB bf16", impl, us, tbs, 100 * tbs / COPY_CEILING_TBS))
+    for r in rows:
+        r.pct_card = 100 * r.tbs / rows[0].tbs
     del src, dst
     torch.cuda.empty_cache()
     return rows
@@ -347,9 +349,7 @@ def run(which: set[str], peers: tuple[str, ...], head_dims: tuple[int, ...] = HE
     flashinfer, fi_error = import_flashinfer()
     lib = Peers(torch, flashinfer) if flashinfer is not None else None
     results: list[Result] = card_ceilings(torch, triton)
-    card_tbs = results[0].tbs
-    for r in results:
-        r.pct_card = 100 * r.tbs / card_tbs
+    card_tbs = results[0].tbs  # the copy's
 
     def time_peers(step: Step, ours, kind: str, names, flops=None):
         """Each peer's median time and a note with its ratio to ours, its max |ours - peer| (and TFLOP/s)."""
