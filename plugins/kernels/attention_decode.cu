@@ -391,8 +391,12 @@ __device__ __forceinline__ void decodeBody(AttentionKernelParams const& p) {
     constexpr int kStages = Cfg::kStages;
     extern __shared__ __align__(16) unsigned char smem[];
 
-    int32_t const seq = blockIdx.x;
-    int32_t const kvHead = blockIdx.y;
+    // The grid is (B, KVH, Z) but its CTAs take (sequence, KV head) with the KV head fastest in launch order: the
+    // CTAs resident at once then read the same pages' K and V for all the heads (a page's rows of every head are
+    // one contiguous span in either layout), not one head's rows of twice as many pages.
+    uint32_t const unit = blockIdx.x + gridDim.x * blockIdx.y;
+    int32_t const seq = int32_t(unit / gridDim.y);
+    int32_t const kvHead = int32_t(unit % gridDim.y);
     int32_t const z = blockIdx.z;
     int32_t const tid = threadIdx.x;
     int32_t const warp = tid >> 5;

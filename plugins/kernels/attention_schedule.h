@@ -315,6 +315,14 @@ struct StepView {  // the step metadata and attention settings the decisions rea
     int32_t attentionSinks;
 };
 
+// Whether thread `tid` of `threads` sees a sequence of the step that the multi-token kernel serves: it reads
+// sequences tid, tid + threads, ... (a CTA ORs its threads' answers: one coalesced read of cu_q_lens).
+PKV_HD bool seesMultiTokenSequence(StepView const& v, int32_t tid, int32_t threads) {
+    for (int32_t b = tid; b < v.numSeqs; b += threads)
+        if (!isDecodeClass(v.cuQLens[b + 1] - v.cuQLens[b], v.groupSize)) return true;
+    return false;
+}
+
 // Decode kernel CTA (sequence b, any KV head, chunk z): all rows of the sequence.
 PKV_HD CtaWork decodeCtaWork(SplitPlan const& plan, StepView const& v, int32_t b, int32_t z) {
     CtaWork w{};

@@ -96,6 +96,9 @@ cudaError_t replayAttentionSchedule(AttentionParams const& p, int64_t numBlocks,
         int64_t const cells = int64_t(plan.multiGrid.x) * plan.multiGrid.y * plan.multiGrid.z;
         std::vector<uint8_t> dealt(static_cast<size_t>(cells), 0);
         int32_t const ctas = persistentCtas(cells, facts.smCount, facts.multiCtasPerSm);
+        // The Hopper kernel's CTAs end at once where no thread sees a multi-token sequence: exact only if no cell of
+        // such a step has work, which the walk below checks.
+        bool const stepHasMulti = seesMultiTokenSequence(view, 0, 1);  // one thread sees every sequence
         for (int32_t cta = 0; cta < ctas; ++cta) {
             PersistentDeal deal = persistentDeal(plan.split, B, p.numKVHeads, ctas, cta);
             MultiCell cell{};
@@ -110,6 +113,8 @@ cudaError_t replayAttentionSchedule(AttentionParams const& p, int64_t numBlocks,
                 once = 1;
                 CtaWork const w = multiCtaWork(plan.split, view, plan.multiTileRows, tileTokens, cell.slot, cell.z);
                 if (!w.active) continue;
+                PKV_REQUIRE(stepHasMulti, "multi-token cell", cell.slot,
+                            "active only in a step with a multi-token sequence (the Hopper kernel's early exit)");
                 BlockTableRow const table = tableOf(w.seqIndex);
                 int32_t const qa = rowQueryPos(w.seq, w.rowBegin, G);
                 int32_t const qb = rowQueryPos(w.seq, w.rowEnd - 1, G);

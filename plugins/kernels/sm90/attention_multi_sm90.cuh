@@ -49,7 +49,8 @@ namespace {
 // ---- shapes. Both kernels: a CTA serves kRows = 128 query rows (the planner's row tile) as 2 consumer warpgroups
 // of 64 rows; KV tiles of kTile = 128 tokens in 3 stages (the pipeline holds tiles i, i + 1 and i + 2; the
 // warp-specialized 8-bit variant 2 + 2, below). At D = 256, 64 rows (one consumer warpgroup) and 64-token tiles.
-// The warp-specialized kernel over 16-bit caches at D = 32 / 64: 192 rows (3 consumer warpgroups), 5 stages.
+// The warp-specialized kernel over 16-bit caches at D = 32 / 64: 192 rows (3 consumer warpgroups), 5 stages
+// at D = 32 and 6 at D = 64.
 //  * cooperative (PAGEDKV_MULTI_KERNEL=sm90-cooperative): 256 threads; every thread loads its share of each tile
 //    and the CTA synchronizes once per tile (8-bit caches: a second time, after converting the tile into 16-bit
 //    ones: one K, two V buffers).
@@ -89,8 +90,9 @@ struct Sm90MultiConfig {
     using QKType = std::conditional_t<kWS8, __half, CT>;
     static constexpr bool kScaledQ = kWS8 && std::is_same_v<CT, __nv_bfloat16>;
     // Three consumer warpgroups (D = 32 / 64, 16-bit) take no turns and drift apart, and a stage is refilled only once
-    // the slowest released it: 5 stages (D <= 64's tiles fit) ran 2-6 % faster at D = 64 than 3, 4 about half that.
-    static constexpr int kStages = kWS8 ? 2 : kWarpSpecialized && kConsumerGroups == 3 ? 5 : 3;
+    // the slowest released it: 5 stages (D <= 64's tiles fit) ran 2-6 % faster at D = 64 than 3, 4 about half that;
+    // a sixth gained 0-1 % more at D = 64 and lost 0.7-1.2 % at D = 32 (NOTES-attention.md, thirty-first session).
+    static constexpr int kStages = kWS8 ? 2 : kWarpSpecialized && kConsumerGroups == 3 ? (kD == 64 ? 6 : 5) : 3;
     static constexpr int kRawTileBytes = k8Bit ? kTile * kD : kKVTileBytes;
     // converted tiles: cooperative one K, two V (tile j's V at 1 + (j & 1)); warp-specialized 2 x (K, V)
     static constexpr int kConvBytes = !k8Bit ? 0 : kWS8 ? 4 * kKVTileBytes : 3 * kKVTileBytes;
@@ -425,7 +427,7 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD>::kThreads, 1)
 //    its first, warpgroup 1 hands none back after its last), so a cell starts with no arrival pending. Three
 //    (D = 32 / 64) take no turns: a round of three made each wait for the other two, and without it the D = 64 prefills
 //    ran 0.5-1 % faster (NOTES-attention.md, twenty-seventh session). 16-bit: S(i + 1) and PV(i) issued together (the
-//    intra-warpgroup overlap: 3 stages, 5 with three warpgroups); 8-bit: S(i), softmax, PV(i) in turn, so that 2
+//    intra-warpgroup overlap: 3 stages; 5 / 6 with three warpgroups); 8-bit: S(i), softmax, PV(i) in turn, so that 2
 //    converted stages leave the producer half a tile to convert the next one. Each warpgroup loads its own 64 rows of Q
 //    once its MMAs of the previous cell are done (the only reader of those rows), so neither waits for the other
 //    between cells.
@@ -437,7 +439,7 @@ constexpr uint32_t kProducerBarrier = 6;  // named barrier: the producer warpgro
 // (setmaxnreg; 128 x 56 + 256 x 224 = 64512). With three consumer warpgroups (512 threads: 128 each at the start)
 // the producer keeps 32 and they grow to 160 (128 x 32 + 384 x 160 = 65536: FlashAttention-3's split), which S, P and
 // O of a 128-token tile (64 + 32 + 32) need: at 152 (the producer at 56) they spilled and ptxas serialized their
-// wgmma. At 32 / 160 ptxas still spills 148 bytes (156 at D = 32), none on a wgmma.
+// wgmma. At 32 / 160 ptxas still spills 152 bytes at D = 64 (148 with 5 stages), 156 at D = 32, none on a wgmma.
 // At D = 80 / 96 (rows of 10 / 12 16-byte chunks, copied in flat chunk order) the producer's copy loop needs more: it
 // spilled 44-128 bytes inside the tile loop at 56, so those head dims split 72 / 216 (128 x 72 + 256 x 216 = 64512);
 // the consumers then keep 20 bytes of loop invariants in local memory (3 loads per tile, off the MMA chain).
@@ -474,6 +476,11 @@ __global__ void __launch_bounds__(Sm90MultiConfig<CT, k8Bit, kD, true>::kThreads
     int32_t const warp = warpUniform(tid >> 5);
     int32_t const lane = tid & 31;
     Sm90Smem<Cfg> const sm(smemRaw);
+    // A step without a multi-token sequence (a decode step under the plugin's bound maxQLen = T, which cannot tell)
+    // ends here, after one read of cu_q_lens, instead of every CTA walking its dealt cells' metadata lookups one
+    // after another (the plugin-bound decodes ran 7-8 us longer than the decode alone at 64 x 4K and 15-17 us at
+    // 256 x 1K without this exit, 1.7-2.5 us with it on an H100).
+    if (!__syncthreads_or(seesMultiTokenSequence(p.stepView(), tid, Cfg::kThreads))) return;
     if (tid == 0) {
         for (int st = 0; st < kMmaStages; ++st) {
             wgmma::mbarrierInit(sm.full(st), kProducerWarps * 32);          // every producer lane, each tile
