@@ -1,17 +1,21 @@
-"""Fused QKV-preprocess + paged KV write (pagedkv) against FlashInfer 0.7.2's unfused pipeline
-(``flashinfer.rope.apply_rope_pos_ids`` + ``flashinfer.page.append_paged_kv_cache``), side by side in one process
-on the same activations, each with its own pool (ours HND and NHD, FlashInfer NHD), pages shuffled.
+"""Fused QKV-preprocess + paged KV write (pagedkv) against FlashInfer 0.7.2, side by side in one process on the same
+activations, each with its own pool (ours HND and NHD, FlashInfer NHD), pages shuffled:
+  bf16 cache: FlashInfer's unfused pipeline, ``flashinfer.rope.apply_rope_pos_ids`` + ``flashinfer.page.
+  append_paged_kv_cache`` (q out in bf16);
+  fp8 e4m3 cache: FlashInfer's fused ``flashinfer.rope.rope_quantize_fp8_append_paged_kv_cache`` (RoPE, quantize,
+  append in one kernel; q out in fp8 too), beside ours with q out in fp8 (WriteConfig.q_out_fp8) -- the same bytes --
+  and ours with q out in bf16 (the attention plugin's default input).
 
 Shapes (benchmarks/NOTES-write.md has byte counts, floors and predictions): H=32, KVH=8, D=128, bf16
 activations, NeoX RoPE over the full head, pages of 16 and 64 tokens:
   prefill 1 x 16384 and 8 x 2048 new tokens (nothing cached)
   decode  64 and 256 sequences x 1 new token over 4096 cached (timed as CUDA-graph replays)
-and the same with an fp8 e4m3 cache (ours only: FlashInfer's append copies, it does not quantize).
+and the same with an fp8 e4m3 cache.
 Head dims (``--cases headdim``): prefill 8 x 2048 and decode 256 x 1 @4096 (P16) at D = 80 and 96 (a warp pass
 of 3 / 2 head rows on 30 / 24 lanes instead of 2 rows on 32 at D = 128), FlashInfer tried at those D too.
 
 Timing: median of ``triton.testing.do_bench`` (which flushes L2 between repetitions) after warm-up. "GB" is
-the minimal traffic (read the packed QKV once, write q once, write K and V once); TB/s = GB / time; the copy
+the minimal traffic (read the packed QKV once, write q once in its dtype, write K and V once); TB/s = GB / time; the copy
 ceiling is the measured 4.28 TB/s device-to-device copy (../shared/ANCHORS.md).
 
 Run on the GPU machine from the repository root (pagedkv installed, torch + triton, FlashInfer importable):
@@ -30,6 +34,7 @@ COPY_CEILING_TBS = 4.28
 H, KVH, D = 32, 8, 128
 HEAD_DIMS = (80, 96)  # --cases headdim
 THETA = 10000.0
+KV_SCALE = 0.05  # our pools store K / KV_SCALE and V / KV_SCALE in 8 bits; FlashInfer multiplies by 1 / KV_SCALE
 
 
 @dataclass
@@ -40,7 +45,7 @@ class Result:
     gb: float
     tbs: float
     pct_ceiling: float
-    vs_flashinfer: float | None = None  # our time / FlashInfer's time (< 1: faster)
+    vs_flashinfer: float | None = None  # our time / FlashInfer's time on the same bytes (< 1: faster)
     note: str = ""
 
 
@@ -78,9 +83,9 @@ def shapes(which: set[str]) -> list[Shape]:
     return out
 
 
-def minimal_bytes(shape: Shape, cache_bytes: int) -> int:
+def minimal_bytes(shape: Shape, cache_bytes: int, q_bytes: int = 2) -> int:
     t, d = shape.tokens, shape.head_dim
-    return t * (H + 2 * KVH) * d * 2 + t * H * d * 2 + t * 2 * KVH * d * cache_bytes
+    return t * (H + 2 * KVH) * d * 2 + t * H * d * q_bytes + t * 2 * KVH * d * cache_bytes
 
 
 class Step:
@@ -101,14 +106,16 @@ class Step:
         self.past_lens = torch.full((shape.num_seqs,), shape.past_len, device=dev, dtype=torch.int32)
         self.positions = (shape.past_len + torch.arange(t, device=dev, dtype=torch.int32) % shape.q_len)
         self.q_out = torch.empty(t, H * d, device=dev, dtype=torch.bfloat16)
+        self.q_out_fp8 = torch.empty(t, H * d, device=dev, dtype=torch.float8_e4m3fn)
         self.status = torch.zeros(4, device=dev, dtype=torch.int32)
         self.kv_len = kv_len
 
 
-def our_launcher(step: Step, torch, cache: str, layout: str, rope=None, explicit_positions: bool = False):
+def our_launcher(step: Step, torch, cache: str, layout: str, rope=None, explicit_positions: bool = False,
+                 q_fp8: bool = False):
     """A zero-argument launch of our kernel on torch's current stream (graph-capturable), and its pool. ``rope``
     (a RopeConfig; default NeoX at THETA) and ``explicit_positions`` (RoPE positions from step.positions) are the
-    knobs of benchmarks/write_experiments.py."""
+    knobs of benchmarks/write_experiments.py; ``q_fp8``: q out in fp8 e4m3 (scale 1) into ``step.q_out_fp8``."""
     from pagedkv.config import PoolConfig, RopeConfig, WriteConfig
     from pagedkv.kernels import write
     from pagedkv.layout import CacheDType, PageLayout
@@ -117,10 +124,10 @@ def our_launcher(step: Step, torch, cache: str, layout: str, rope=None, explicit
     page_layout = {"HND": PageLayout.HND, "NHD": PageLayout.NHD}[layout]
     shape = step.shape
     cfg = WriteConfig(num_q_heads=H, rope=rope if rope is not None else RopeConfig(theta=THETA),
-                      explicit_positions=explicit_positions,
+                      explicit_positions=explicit_positions, q_out_fp8=q_fp8,
                       pool=PoolConfig(num_kv_heads=KVH, head_dim=shape.head_dim, page_size=shape.page_size, num_layers=1,
                                       layer_index=0, cache_dtype=cache_dtype, page_layout=page_layout,
-                                      k_scale=0.05, v_scale=0.05))
+                                      k_scale=KV_SCALE, v_scale=KV_SCALE))
     torch_dtype = torch.bfloat16 if cache == "bf16" else torch.float8_e4m3fn
     pool = torch.zeros(cfg.pool.layout().pool_shape(step.num_blocks), device="cuda", dtype=torch_dtype)
     descs = torch.tensor([[pool.data_ptr(), step.num_blocks, 0, 0]], device="cuda", dtype=torch.int64)
@@ -128,7 +135,8 @@ def our_launcher(step: Step, torch, cache: str, layout: str, rope=None, explicit
                               step.past_lens.data_ptr(), num_seqs=shape.num_seqs, num_tokens=shape.tokens,
                               max_blocks=step.pages_per_seq,
                               position_ids=step.positions.data_ptr() if explicit_positions else 0)
-    args = write.write_params(cfg, write.IODType.BF16, qkv=step.qkv.data_ptr(), q_out=step.q_out.data_ptr(),
+    q_out = step.q_out_fp8 if q_fp8 else step.q_out
+    args = write.write_params(cfg, write.IODType.BF16, qkv=step.qkv.data_ptr(), q_out=q_out.data_ptr(),
                               status=step.status.data_ptr(), meta=meta)
     lib = write._capi()
     keep = (pool, descs, args)
@@ -182,6 +190,65 @@ def flashinfer_launcher(step: Step, torch, flashinfer):
     return launch, kv_cache, note, keep
 
 
+def rope_cos_sin_cache(max_position: int, rotary_dim: int, torch, device: str = "cuda"):
+    """FlashInfer's ``cos_sin_cache`` for NeoX RoPE at THETA: row p = [cos(p f_0..f_{R/2-1}), sin(p f_0..)], float32,
+    with f_i = THETA^(-2i/R), computed in float64 and rounded once."""
+    inv_freq = THETA ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    angles = torch.arange(max_position, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return torch.cat([angles.cos(), angles.sin()], dim=1).float().to(device)
+
+
+def flashinfer_fp8_launcher(step: Step, torch, flashinfer):
+    """FlashInfer's fused RoPE + fp8 quantize + append (one kernel) into its own NHD fp8 caches; q out in fp8 at scale
+    1, K and V at 1 / KV_SCALE (our pools' scale)."""
+    shape = step.shape
+    t, D = shape.tokens, shape.head_dim  # noqa: N806 - the head dim, as in the module's legend
+    fp8 = torch.float8_e4m3fn
+    k_cache = torch.zeros(step.num_blocks, shape.page_size, KVH, D, device="cuda", dtype=fp8)
+    v_cache = torch.zeros_like(k_cache)
+    kv_indices = step.block_table.reshape(-1).contiguous()
+    kv_indptr = (torch.arange(shape.num_seqs + 1, device="cuda", dtype=torch.int32) * step.pages_per_seq)
+    seq_lens = torch.full((shape.num_seqs,), step.kv_len, device="cuda", dtype=torch.int32)
+    batch_indices, positions = flashinfer.page.get_batch_indices_positions(step.cu_q_lens, seq_lens, t)
+    cos_sin = rope_cos_sin_cache(step.kv_len, D, torch)
+    q = step.qkv[:, : H * D].view(t, H, D)  # strided views: the op wants only the last dim contiguous
+    k = step.qkv[:, H * D:(H + KVH) * D].view(t, KVH, D)
+    v = step.qkv[:, (H + KVH) * D:].view(t, KVH, D)
+    q_out = torch.empty(t, H, D, device="cuda", dtype=fp8)
+
+    def launch():
+        flashinfer.rope.rope_quantize_fp8_append_paged_kv_cache(
+            q, k, None, None, v, cos_sin, step.positions, (k_cache, v_cache), kv_indices, kv_indptr, batch_indices,
+            positions, is_neox=True, quantize_dtype=fp8, quant_scale_q=1.0, quant_scale_kv=1.0 / KV_SCALE,
+            page_size=shape.page_size, kv_layout="NHD", q_rope_out=q_out)
+        return q_out
+
+    keep = (kv_indices, kv_indptr, batch_indices, positions, cos_sin, q, k, v)
+    return launch, (k_cache, v_cache, q_out), keep
+
+
+def check_fp8_against_flashinfer(step: Step, our_pool, fi_out, torch) -> str:
+    """Our NHD fp8 pool and fp8 q against FlashInfer's fused fp8 append (same inputs, same scales): the share of K/V
+    and q bytes that differ, and the largest difference in fp8 units of the stored value."""
+    shape = step.shape
+    t = shape.tokens
+    k_cache, v_cache, q_fi = fi_out
+    seq = torch.arange(t, device="cuda") // shape.q_len
+    pos = step.positions.long()
+    page = step.block_table.long()[seq, pos // shape.page_size]
+    off = pos % shape.page_size
+    fp8 = torch.float8_e4m3fn  # gathered as bytes: advanced indexing of float8 tensors is not in every torch
+    ours_kv = our_pool.view(torch.uint8)[page, 0, :, off].view(fp8).float()  # [T, 2, KVH, D]
+    theirs_kv = torch.stack([k_cache.view(torch.uint8)[page, off], v_cache.view(torch.uint8)[page, off]],
+                            dim=1).view(fp8).float()
+    kv_diff = (ours_kv != theirs_kv).float().mean().item()
+    kv_max = (ours_kv - theirs_kv).abs().max().item()
+    q_ours = step.q_out_fp8.float().view(t, H, shape.head_dim)
+    q_diff = (q_ours != q_fi.float()).float().mean().item()
+    return (f"vs FlashInfer: K/V bytes differing {100 * kv_diff:.2f} % (max {kv_max:.1f} in stored units), "
+            f"q {100 * q_diff:.2f} %")
+
+
 def time_us(fn, torch, triton, graph: bool) -> float:
     fn()  # warm-up outside capture: JIT, module loading, occupancy query
     torch.cuda.synchronize()
@@ -219,8 +286,8 @@ def run(which: set[str], check: bool) -> list[Result]:
     results: list[Result] = []
     for shape in shapes(which):
         step = Step(shape, torch)
-        fi_us = None
-        fi_pool = None
+        fi_us = fi8_us = None
+        fi_pool = fi8_out = None
         if flashinfer is not None:
             try:
                 fi_launch, fi_pool, note, fi_keep = flashinfer_launcher(step, torch, flashinfer)
@@ -230,6 +297,15 @@ def run(which: set[str], check: bool) -> list[Result]:
             except Exception as exc:  # noqa: BLE001 - e.g. a head dim FlashInfer has no kernel for: ours alone
                 fi_us = fi_pool = None
                 print(f"{shape.name}: flashinfer failed: {type(exc).__name__}: {str(exc)[:100]}", flush=True)
+            try:
+                fi8_launch, fi8_out, fi8_keep = flashinfer_fp8_launcher(step, torch, flashinfer)
+                fi8_us = time_us(fi8_launch, torch, triton, graph=shape.decode)
+                gb = minimal_bytes(shape, 1, q_bytes=1) / 1e9
+                results.append(Result(shape.name, "flashinfer rope+fp8 quantize+append (NHD, q fp8)", fi8_us, gb,
+                                      0.0, 0.0, None))
+            except Exception as exc:  # noqa: BLE001 - ours alone
+                fi8_us = fi8_out = None
+                print(f"{shape.name}: flashinfer fp8 failed: {type(exc).__name__}: {str(exc)[:100]}", flush=True)
         if shape.decode:
             # The floor of a one-kernel graph replay under this timing (L2 flush, events): what any decode kernel
             # pays before its first instruction and after its last store. Decode time minus this is the kernel's
@@ -262,6 +338,18 @@ def run(which: set[str], check: bool) -> list[Result]:
                     results.append(Result(shape.name, "pagedkv bf16 HND x2 in one graph", us_2, 2 * gb, 0.0, 0.0,
                                           None, f"second launch: {us_2 - us:.1f} us"))
                 del pool, keep
+        for layout in ("HND", "NHD"):  # the bytes of FlashInfer's fused fp8 row: q out in fp8 too
+            launch, _, pool, keep = our_launcher(step, torch, "fp8", layout, q_fp8=True)
+            us = time_us(launch, torch, triton, graph=shape.decode)
+            note = ""
+            if check and fi8_out is not None and layout == "NHD":
+                launch()
+                torch.cuda.synchronize()
+                note = check_fp8_against_flashinfer(step, pool, fi8_out, torch)
+            results.append(Result(shape.name, f"pagedkv fp8 cache {layout}, q fp8", us,
+                                  minimal_bytes(shape, 1, q_bytes=1) / 1e9, 0.0, 0.0,
+                                  us / fi8_us if fi8_us else None, note))
+            del pool, keep
         del step
         torch.cuda.empty_cache()
     for r in results:

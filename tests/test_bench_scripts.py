@@ -353,3 +353,31 @@ def test_decode_balance_model_fits_a_sweep_and_rejects_bad_input(tmp_path):
     assert "--sweep=2:10: expected chunks:us pairs including 1 and at least two more" in run.stderr
     run = _run("decode_balance_model.py", str(reduced), "--units", "0", expect=2)
     assert "--units=0: expected >= 1" in run.stderr
+
+
+def test_bench_write_gives_flashinfer_our_rope(monkeypatch):
+    # The fp8 peer of bench_write.py (FlashInfer's fused rope + quantize + append) takes its RoPE as a cos / sin table.
+    # That table must rotate by the angles our kernel uses: position x the library's invFreq for the benchmark's
+    # RopeConfig (computeRopeParams, the table the plugin builds), pair i in column i (cos) and R/2 + i (sin).
+    torch = pytest.importorskip("torch", reason="bench_write.py builds FlashInfer's table with torch")
+    bench = _module("bench_write.py", monkeypatch)
+    from pagedkv.config import PoolConfig, RopeConfig, WriteConfig
+    from pagedkv.kernels import write
+
+    rotary = bench.D
+    cfg = WriteConfig(num_q_heads=bench.H, rope=RopeConfig(theta=bench.THETA),
+                      pool=PoolConfig(num_kv_heads=bench.KVH, head_dim=rotary, page_size=16, num_layers=1,
+                                      layer_index=0))
+    params = write.rope_params(cfg)
+    assert params.rotaryDim == rotary
+    inv_freq = [params.invFreq[i] for i in range(rotary // 2)]
+    positions = [0, 1, 2, 15, 16, 1023, 4095, 16383]
+    table = bench.rope_cos_sin_cache(max(positions) + 1, rotary, torch, device="cpu").double()
+    assert table.shape == (max(positions) + 1, rotary) and table.dtype == torch.float64
+    angle = torch.tensor(positions, dtype=torch.float64)[:, None] * torch.tensor(inv_freq, dtype=torch.float64)
+    # float32 invFreq against float64 exponents: < 1e-7 relative, so < 2e-3 rad at position 16383 at most
+    torch.testing.assert_close(table[positions, : rotary // 2], angle.cos(), atol=2e-3, rtol=0)
+    torch.testing.assert_close(table[positions, rotary // 2:], angle.sin(), atol=2e-3, rtol=0)
+    # the fp8 rows' bytes: q out in 8 bits as well, so 1 byte less per q element than the bf16-q rows
+    shape = bench.Shape("prefill 1x16384 P16", 1, 16384, 0, 16)
+    assert bench.minimal_bytes(shape, 1) - bench.minimal_bytes(shape, 1, q_bytes=1) == 16384 * bench.H * bench.D
