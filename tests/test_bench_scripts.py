@@ -126,6 +126,17 @@ def test_bench_attention_split_sweep_forces_plans_the_launcher_makes():
                 assert (grid > 1) == (n > 1), "every count past 1 splits: the sweep never times the plan twice"
 
 
+def test_profile_write_checks_its_arguments():
+    run = _run("profile_write.py", "decode", "--impl", "flashinfer", "--cache", "fp8", expect=2)
+    assert "--impl flashinfer: its append copies into a bf16 cache, not --cache fp8" in run.stderr
+    run = _run("profile_write.py", "decode", "--impl", "flashinfer_fp8", expect=2)
+    assert "--impl flashinfer_fp8: only with --cache fp8" in run.stderr
+    run = _run("profile_write.py", "decode", "--impl", "flashinfer_fp8", "--cache", "fp8", "--q-fp8", expect=2)
+    assert "--q-fp8: only with --impl ours" in run.stderr
+    run = _run("profile_write.py", "prefill", "--batch", "0", expect=2)
+    assert "--batch=0: expected >= 1" in run.stderr
+
+
 @pytest.mark.skipif(cuda.why_no_gpu() is None, reason="a GPU is present: the A/B tool would time its kernels")
 def test_ab_attention_says_why_without_a_gpu():
     run = _run("ab_attention.py", "--label", "base", expect=2)
