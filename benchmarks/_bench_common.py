@@ -29,3 +29,16 @@ def import_flashinfer():
         print(f"FlashInfer not importable ({reason}): timing pagedkv only", flush=True)
         return None, reason
     return flashinfer, None
+
+
+def launch_in_profiler_range(launch: Callable[[], object], launches: int, torch) -> None:
+    """What the profile_*.py scripts run: ``launch()`` once outside the profiler range (lazy set-up: plans, JIT loads,
+    attributes), then ``launches`` times inside cudaProfilerStart / Stop, so that ``ncu --profile-from-start off``
+    sees only those."""
+    launch()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for _ in range(launches):
+        launch()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()

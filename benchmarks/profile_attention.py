@@ -26,6 +26,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _bench_common import launch_in_profiler_range  # noqa: E402
 from bench_attention import PREFILLS, Peers, Step  # noqa: E402
 
 
@@ -78,13 +79,7 @@ def main() -> int:
 
         peers = Peers(torch, flashinfer)
         launch = peers.prefill(step, "fa3") if args.impl == "fa3" else peers.decode(step, args.impl)
-    launch()  # first launch outside the range: lazy set-up (plans, JIT loads, attributes) is not profiled
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
-    for _ in range(args.launches):
-        launch()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
+    launch_in_profiler_range(launch, args.launches, torch)
     print(f"{args.case} ({args.impl}): {args.launches} launches" +
           (f", plan {launch.plan}" if args.impl == "ours" else ""))
     return 0

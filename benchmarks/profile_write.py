@@ -21,6 +21,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _bench_common import launch_in_profiler_range  # noqa: E402
 from bench_write import Shape, Step, flashinfer_fp8_launcher, flashinfer_launcher, our_launcher  # noqa: E402
 
 
@@ -63,13 +64,7 @@ def main() -> int:
         import flashinfer
 
         launch, _, keep = flashinfer_fp8_launcher(step, torch, flashinfer)
-    launch()  # first launch outside the range: JIT loads, module loading, attributes are not profiled
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
-    for _ in range(args.launches):
-        launch()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
+    launch_in_profiler_range(launch, args.launches, torch)
     print(f"{shape.name} ({args.impl}, cache {args.cache}{', q fp8' if args.q_fp8 else ''}): {args.launches} launches")
     del keep
     return 0
