@@ -15,8 +15,8 @@ Head dims (``--cases headdim``): prefill 8 x 2048 and decode 256 x 1 @4096 (P16)
 of 3 / 2 head rows on 30 / 24 lanes instead of 2 rows on 32 at D = 128), FlashInfer tried at those D too.
 
 Timing: median of ``triton.testing.do_bench`` (which flushes L2 between repetitions) after warm-up. "GB" is
-the minimal traffic (read the packed QKV once, write q once in its dtype, write K and V once); TB/s = GB / time; the copy
-ceiling is the measured 4.28 TB/s device-to-device copy (../shared/ANCHORS.md).
+the minimal traffic (read the packed QKV once, write q once in its dtype, write K and V once); TB/s = GB / time;
+the copy ceiling is the measured 4.28 TB/s device-to-device copy (../shared/ANCHORS.md).
 
 Run on the GPU machine from the repository root (pagedkv installed, torch + triton, FlashInfer importable):
     python benchmarks/bench_write.py [--json out.json] [--cases prefill,decode,headdim] [--no-check]
@@ -229,7 +229,7 @@ def flashinfer_fp8_launcher(step: Step, torch, flashinfer):
 
 def check_fp8_against_flashinfer(step: Step, our_pool, fi_out, torch) -> str:
     """Our NHD fp8 pool and fp8 q against FlashInfer's fused fp8 append (same inputs, same scales): the share of K/V
-    and q bytes that differ, and the largest difference in fp8 units of the stored value."""
+    and q bytes that differ, and the largest K/V difference between the stored values (before the scale)."""
     shape = step.shape
     t = shape.tokens
     k_cache, v_cache, q_fi = fi_out
