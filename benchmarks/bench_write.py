@@ -158,20 +158,41 @@ def our_launcher(step: Step, torch, cache: str, layout: str, rope=None, explicit
     return launch, launch_with_status_reset, pool, keep
 
 
+def flashinfer_paging(step: Step, torch, flashinfer):
+    """What FlashInfer's appends take of the step's paging: (kv_indices, kv_indptr, batch_indices, positions) --
+    the block table flattened, each sequence's first entry, each token's sequence and position in it."""
+    shape = step.shape
+    kv_indices = step.block_table.reshape(-1).contiguous()
+    kv_indptr = (torch.arange(shape.num_seqs + 1, device="cuda", dtype=torch.int32) * step.pages_per_seq)
+    seq_lens = torch.full((shape.num_seqs,), step.kv_len, device="cuda", dtype=torch.int32)
+    batch_indices, positions = flashinfer.page.get_batch_indices_positions(step.cu_q_lens, seq_lens, shape.tokens)
+    return kv_indices, kv_indptr, batch_indices, positions
+
+
+def qkv_heads(step: Step):
+    """q [T, H, D], k and v [T, KVH, D]: strided views of the packed qkv rows (only the last dim contiguous)."""
+    t, d = step.shape.tokens, step.shape.head_dim
+    return (step.qkv[:, : H * d].view(t, H, d), step.qkv[:, H * d:(H + KVH) * d].view(t, KVH, d),
+            step.qkv[:, (H + KVH) * d:].view(t, KVH, d))
+
+
+def written_slots(step: Step, torch):
+    """(page, offset) of every token's K/V row: the block-table entry and the row in that page its position takes."""
+    shape = step.shape
+    seq = torch.arange(shape.tokens, device="cuda") // shape.q_len
+    pos = step.positions.long()
+    return step.block_table.long()[seq, pos // shape.page_size], pos % shape.page_size
+
+
 def flashinfer_launcher(step: Step, torch, flashinfer):
     """FlashInfer's unfused pipeline on its own NHD pool: rope (out of place) then append."""
     shape = step.shape
-    t, D = shape.tokens, shape.head_dim  # noqa: N806 - the head dim, as in the module's legend
+    D = shape.head_dim  # noqa: N806 - the head dim, as in the module's legend
     kv_cache = torch.zeros(step.num_blocks, 2, shape.page_size, KVH, D, device="cuda", dtype=torch.bfloat16)
-    kv_indices = step.block_table.reshape(-1).contiguous()
-    kv_indptr = (torch.arange(shape.num_seqs + 1, device="cuda", dtype=torch.int32) * step.pages_per_seq)
+    kv_indices, kv_indptr, batch_indices, positions = flashinfer_paging(step, torch, flashinfer)
     last_page = step.kv_len - (step.pages_per_seq - 1) * shape.page_size
     kv_last_page_len = torch.full((shape.num_seqs,), last_page, device="cuda", dtype=torch.int32)
-    seq_lens = torch.full((shape.num_seqs,), step.kv_len, device="cuda", dtype=torch.int32)
-    batch_indices, positions = flashinfer.page.get_batch_indices_positions(step.cu_q_lens, seq_lens, t)
-    q = step.qkv[:, : H * D].view(t, H, D)
-    k = step.qkv[:, H * D:(H + KVH) * D].view(t, KVH, D)
-    v = step.qkv[:, (H + KVH) * D:].view(t, KVH, D)
+    q, k, v = qkv_heads(step)
     pos_ids = step.positions
     note = ""
     try:
@@ -206,14 +227,9 @@ def flashinfer_fp8_launcher(step: Step, torch, flashinfer):
     fp8 = torch.float8_e4m3fn
     k_cache = torch.zeros(step.num_blocks, shape.page_size, KVH, D, device="cuda", dtype=fp8)
     v_cache = torch.zeros_like(k_cache)
-    kv_indices = step.block_table.reshape(-1).contiguous()
-    kv_indptr = (torch.arange(shape.num_seqs + 1, device="cuda", dtype=torch.int32) * step.pages_per_seq)
-    seq_lens = torch.full((shape.num_seqs,), step.kv_len, device="cuda", dtype=torch.int32)
-    batch_indices, positions = flashinfer.page.get_batch_indices_positions(step.cu_q_lens, seq_lens, t)
+    kv_indices, kv_indptr, batch_indices, positions = flashinfer_paging(step, torch, flashinfer)
     cos_sin = rope_cos_sin_cache(step.kv_len, D, torch)
-    q = step.qkv[:, : H * D].view(t, H, D)  # strided views: the op wants only the last dim contiguous
-    k = step.qkv[:, H * D:(H + KVH) * D].view(t, KVH, D)
-    v = step.qkv[:, (H + KVH) * D:].view(t, KVH, D)
+    q, k, v = qkv_heads(step)  # the op wants only the last dim contiguous
     q_out = torch.empty(t, H, D, device="cuda", dtype=fp8)
 
     def launch():
@@ -233,10 +249,7 @@ def check_fp8_against_flashinfer(step: Step, our_pool, fi_out, torch) -> str:
     shape = step.shape
     t = shape.tokens
     k_cache, v_cache, q_fi = fi_out
-    seq = torch.arange(t, device="cuda") // shape.q_len
-    pos = step.positions.long()
-    page = step.block_table.long()[seq, pos // shape.page_size]
-    off = pos % shape.page_size
+    page, off = written_slots(step, torch)
     fp8 = torch.float8_e4m3fn  # gathered as bytes: advanced indexing of float8 tensors is not in every torch
     ours_kv = our_pool.view(torch.uint8)[page, 0, :, off].view(fp8).float()  # [T, 2, KVH, D]
     theirs_kv = torch.stack([k_cache.view(torch.uint8)[page, off], v_cache.view(torch.uint8)[page, off]],
@@ -264,12 +277,7 @@ def time_us(fn, torch, triton, graph: bool) -> float:
 
 def check_against_flashinfer(step: Step, our_pool, fi_pool, torch) -> str:
     """Max |ours - FlashInfer| over the written K/V rows (our NHD bf16 pool vs FlashInfer's; same inputs)."""
-    shape = step.shape
-    t = shape.tokens
-    seq = torch.arange(t, device="cuda") // shape.q_len
-    pos = step.positions.long()
-    page = step.block_table.long()[seq, pos // shape.page_size]
-    off = pos % shape.page_size
+    page, off = written_slots(step, torch)
     ours_kv = our_pool[page, 0, :, off].float()      # [T, 2, KVH, D] (NHD: [NB, L, 2, P, KVH, D])
     theirs_kv = fi_pool[page, :, off].float()        # [T, 2, KVH, D]
     return f"max|K,V ours - FlashInfer| = {(ours_kv - theirs_kv).abs().max().item():.4f}"
@@ -315,18 +323,24 @@ def run(which: set[str], check: bool) -> list[Result]:
             results.append(Result(shape.name, "floor: 1-element torch kernel (graph replay)", floor_us, 0.0, 0.0, 0.0,
                                   None, "launch + timing floor"))
             del one
-        for cache in ("bf16", "fp8"):
+        # Ours beside FlashInfer's row on the same bytes, and our NHD pool checked against its pool: bf16 cache ->
+        # its unfused pipeline; fp8 cache with q out in fp8 -> its fused op; fp8 cache with q in bf16 (the attention
+        # plugin's default input) -> none.
+        ours = (("bf16", False, fi_us, fi_pool, check_against_flashinfer),
+                ("fp8", False, None, None, None),
+                ("fp8", True, fi8_us, fi8_out, check_fp8_against_flashinfer))
+        for cache, q_fp8, fi_same_us, fi_written, check_written in ours:
             for layout in ("HND", "NHD"):
-                launch, launch_reset, pool, keep = our_launcher(step, torch, cache, layout)
+                launch, launch_reset, pool, keep = our_launcher(step, torch, cache, layout, q_fp8=q_fp8)
                 us = time_us(launch, torch, triton, graph=shape.decode)
-                gb = minimal_bytes(shape, 2 if cache == "bf16" else 1) / 1e9
-                ratio = us / fi_us if (fi_us and cache == "bf16") else None
+                gb = minimal_bytes(shape, 2 if cache == "bf16" else 1, q_bytes=1 if q_fp8 else 2) / 1e9
                 note = ""
-                if check and fi_pool is not None and cache == "bf16" and layout == "NHD":
+                if check and fi_written is not None and layout == "NHD":
                     launch()
                     torch.cuda.synchronize()
-                    note = check_against_flashinfer(step, pool, fi_pool, torch)
-                results.append(Result(shape.name, f"pagedkv {cache} cache {layout}", us, gb, 0.0, 0.0, ratio, note))
+                    note = check_written(step, pool, fi_written, torch)
+                results.append(Result(shape.name, f"pagedkv {cache} cache {layout}" + (", q fp8" if q_fp8 else ""),
+                                      us, gb, 0.0, 0.0, us / fi_same_us if fi_same_us else None, note))
                 if shape.decode and cache == "bf16" and layout == "HND":
                     us_r = time_us(launch_reset, torch, triton, graph=True)
                     results.append(Result(shape.name, "pagedkv bf16 HND + status memset (plugin enqueue)", us_r,
@@ -338,18 +352,6 @@ def run(which: set[str], check: bool) -> list[Result]:
                     results.append(Result(shape.name, "pagedkv bf16 HND x2 in one graph", us_2, 2 * gb, 0.0, 0.0,
                                           None, f"second launch: {us_2 - us:.1f} us"))
                 del pool, keep
-        for layout in ("HND", "NHD"):  # the bytes of FlashInfer's fused fp8 row: q out in fp8 too
-            launch, _, pool, keep = our_launcher(step, torch, "fp8", layout, q_fp8=True)
-            us = time_us(launch, torch, triton, graph=shape.decode)
-            note = ""
-            if check and fi8_out is not None and layout == "NHD":
-                launch()
-                torch.cuda.synchronize()
-                note = check_fp8_against_flashinfer(step, pool, fi8_out, torch)
-            results.append(Result(shape.name, f"pagedkv fp8 cache {layout}, q fp8", us,
-                                  minimal_bytes(shape, 1, q_bytes=1) / 1e9, 0.0, 0.0,
-                                  us / fi8_us if fi8_us else None, note))
-            del pool, keep
         del step
         torch.cuda.empty_cache()
     for r in results:
